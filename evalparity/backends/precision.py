@@ -1,0 +1,42 @@
+"""Precision modes: probe and set them per cell, so that TF32 or reduced-precision reductions are
+recorded (and, for fp32 cells, turned off) instead of passing for drift.
+
+On an H200, vLLM's Triton attention runs "fp32" in TF32 unless ``TRITON_F32_DEFAULT=ieee``; torch matmuls
+and cuDNN can use TF32 too. All of these are settings: an fp32 cell is true fp32 on both backends unless
+the user asks for a TF32 cell.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def environment(true_fp32: bool) -> dict[str, str]:
+    """Environment for the cell process, set before torch/triton import."""
+    return {"TRITON_F32_DEFAULT": "ieee" if true_fp32 else "tf32"}
+
+
+def apply(true_fp32: bool) -> None:
+    """Set torch's own switches in this process (after import)."""
+    import torch
+
+    torch.set_float32_matmul_precision("highest" if true_fp32 else "high")
+    torch.backends.cuda.matmul.allow_tf32 = not true_fp32
+    torch.backends.cudnn.allow_tf32 = not true_fp32
+
+
+def probe() -> dict:
+    """What this process will actually do, read back from torch and the environment."""
+    import torch
+
+    out = {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "cuda_matmul_allow_bf16_reduced_precision_reduction":
+            bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
+        "cuda_matmul_allow_fp16_reduced_precision_reduction":
+            bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
+        "triton_f32_default": os.environ.get("TRITON_F32_DEFAULT", "(unset: tf32 on GPUs that have it)"),
+    }
+    return out

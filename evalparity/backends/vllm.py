@@ -1,0 +1,100 @@
+"""vLLM through lm-eval's ``vllm`` model type, aligned for scoring."""
+
+from __future__ import annotations
+
+from evalparity.backends import compat, parse_extra_args, precision
+from evalparity.spec import CellSpec, RunSpec
+
+LM_EVAL_TYPE = "vllm"
+CPU_KVCACHE_GIB = "2"
+
+
+def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
+    a = spec.alignment
+    args: dict = {
+        "pretrained": model_path,
+        "dtype": cell.dtype,
+        "batch_size": cell.batch_size,
+        "max_model_len": a.max_length,
+        "seed": a.seed,
+        # Prefix caching can return stale prompt logprobs; scoring needs them fresh.
+        "enable_prefix_caching": a.prefix_caching,
+        # CUDA graphs / torch.compile cost minutes of start-up and change nothing we measure.
+        "enforce_eager": True,
+        "max_gen_toks": a.max_gen_toks,
+    }
+    if spec.device != "cpu":
+        args["gpu_memory_utilization"] = 0.3
+    if a.add_bos_token is not None:
+        args["add_bos_token"] = a.add_bos_token
+    args.update(parse_extra_args(spec.vllm_args))
+    return args
+
+
+def environment(spec: RunSpec, cell: CellSpec) -> dict[str, str]:
+    env = precision.environment(spec.alignment.true_fp32 and cell.dtype == "float32")
+    # The in-process engine starts in seconds instead of a minute, and the multi-process engine hangs
+    # on some GPU hosts; nothing here needs the separate engine process.
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if spec.device == "cpu":
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+    else:
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    return env
+
+
+def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
+    return {
+        "log_softmax_dtype": "float32 (vLLM computes logprobs in fp32)",
+        "add_bos_token": args.get("add_bos_token", "tokenizer default"),
+        "max_length": args.get("max_model_len"),
+        "batch_size": args.get("batch_size"),
+        "max_gen_toks": args.get("max_gen_toks"),
+        "generation": "greedy (temperature 0) unless the task sets otherwise",
+        "prefix_caching": args.get("enable_prefix_caching"),
+        "enforce_eager": args.get("enforce_eager"),
+        "seed": args.get("seed"),
+    }
+
+
+def create_lm(args: dict):
+    """A VLLM LM that also keeps the generated token ids, keyed by the prompt text."""
+    compat.apply()
+    from lm_eval.models.vllm_causallms import VLLM
+
+    class RecordingVLLM(VLLM):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.generated_ids: dict[str, list[int]] = {}
+            self._by_prompt_ids: dict[tuple, list[int]] = {}
+
+        def _model_generate(self, requests=None, generate=False, sampling_params=None, **kw):
+            out = super()._model_generate(requests=requests, generate=generate,
+                                          sampling_params=sampling_params, **kw)
+            if generate:
+                for req, o in zip(requests, out):
+                    self._by_prompt_ids[tuple(req)] = list(o.outputs[0].token_ids)
+            return out
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            res = super().generate_until(requests, disable_tqdm)
+            for req in requests:
+                context = req.args[0]
+                toks = tuple(self.tok_encode(context))
+                ids = self._by_prompt_ids.get(toks)
+                if ids is None:  # left-truncated prompt: match on the kept suffix
+                    ids = next((v for k, v in self._by_prompt_ids.items() if toks[-len(k):] == k), None)
+                if ids is not None:
+                    self.generated_ids[context] = ids
+            return res
+
+    return RecordingVLLM(**args)
+
+
+def attention_backend(lm) -> str:
+    try:
+        cfg = lm.model.llm_engine.vllm_config
+        return str(getattr(getattr(cfg, "attention_config", None), "backend", None) or "auto")
+    except Exception:  # noqa: BLE001 - best effort; the log says which backend vLLM chose
+        return "see cell.log"

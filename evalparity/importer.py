@@ -1,0 +1,76 @@
+"""``evalparity compare``: turn existing lm-eval output directories into cells of a run directory.
+
+Each directory (what ``lm_eval --log_samples --output_path`` wrote, from any model type) becomes one cell:
+its samples go through the same table builder as ``evalparity run``'s cells, so the statistics and report
+that follow are the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from evalparity import cells, samples
+from evalparity.errors import EvalParityError
+from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE
+
+
+def cell_name_for(results: dict, fallback: str) -> str:
+    """'<model type>-<dtype>' from lm-eval's config (e.g. hf-fp32, vllm-bf16), else the folder name."""
+    cfg = results.get("config", {}) or {}
+    mtype = str(cfg.get("model") or "").lower()
+    args = cfg.get("model_args") or ""
+    dtype = None
+    if isinstance(args, dict):
+        dtype = args.get("dtype")
+    else:
+        m = re.search(r"dtype=([A-Za-z0-9_.]+)", str(args))
+        dtype = m.group(1) if m else None
+    dtype = DTYPE_ALIASES.get(str(dtype).replace("torch.", "").lower()) if dtype else None
+    if mtype and mtype != "custom":
+        base = re.sub(r"[^A-Za-z0-9_.-]+", "_", mtype)
+        return f"{base}-{SHORT_DTYPE[dtype]}" if dtype else base
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", fallback) or "cell"
+
+
+def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> list[str]:
+    if names and len(names) != len(paths):
+        raise EvalParityError(f"--name was given {len(names)} times for {len(paths)} paths: give one per path")
+    loaded = []
+    for i, p in enumerate(paths):
+        results, task_samples = samples.read_lm_eval_dir(Path(p))
+        table = samples.samples_to_table(task_samples, results)
+        name = names[i] if names else cell_name_for(results, Path(p).name)
+        loaded.append((name, p, results, table))
+    used: dict[str, int] = {}
+    final = []
+    for name, p, results, table in loaded:
+        used[name] = used.get(name, 0) + 1
+        final.append(name if used[name] == 1 else f"{name}-{used[name]}")
+    tasks = [set(t["task"]) for *_, t in loaded]
+    common = set.intersection(*tasks)
+    if not common:
+        raise EvalParityError("the lm-eval outputs have no task in common: compare runs of the same tasks")
+    tables = {n: t[t["task"].isin(common)].reset_index(drop=True) for n, (*_, t) in zip(final, loaded)}
+    samples.check_alignment(tables)
+    (run_dir / "cells").mkdir(parents=True, exist_ok=True)
+    for name, (_, p, results, _) in zip(final, loaded):
+        tmp = cells.tmp_dir(run_dir, name)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        t = tables[name].copy()
+        t.insert(0, "cell", name)
+        samples.write_table(t, tmp / "samples.parquet")
+        cfg = results.get("config", {}) or {}
+        cells.write_json(tmp / "lm_eval_results.json", {k: results.get(k) for k in ("results", "configs", "config")})
+        cells.write_json(tmp / "cell.json", {
+            "cell": name, "status": cells.STATUS_OK, "source": str(Path(p).resolve()), "tag": "", "base_cell": name,
+            "backend": cfg.get("model"), "model_args": cfg.get("model_args"), "batch_size": cfg.get("batch_size"),
+            "versions": {"lm_eval": (results.get("lm_eval_version") or "?")},
+            "finished": json.dumps(results.get("date")),
+        })
+        cells.publish(run_dir, name, cells.STATUS_OK)
+    return final

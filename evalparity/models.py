@@ -1,0 +1,50 @@
+"""Resolve --model to a local folder both backends load, and the context length both will use."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from evalparity.errors import EvalParityError
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", ".", "~")) or model.count("/") != 1 or Path(model).exists()
+
+
+def resolve_model(model: str | None, max_length: int, say: Callable[[str], None]) -> tuple[str, Path | str, int]:
+    """(model id for the report, path or hub id to load, max length capped at the model's)."""
+    from evalparity.data import embedded
+
+    if model is None:
+        path = embedded.model_path(say=say)
+        model_id = f"{embedded.MODEL_NAME} (embedded, from {embedded.MODEL_PIN})"
+        return model_id, path, _cap(path, max_length)
+    if _looks_like_path(model):
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise EvalParityError(f"model path {model} does not exist: give a local model folder or a hub id "
+                                  "(org/name)")
+        if not (path / "config.json").exists():
+            raise EvalParityError(f"{model} has no config.json: give a Hugging Face model folder")
+        return model, path.resolve(), _cap(path, max_length)
+    # A hub id: it must be reachable or already in the local HF cache.
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))
+    except Exception as err:  # noqa: BLE001
+        raise EvalParityError(f"model {model} could not be fetched from the hub nor found in its cache "
+                              f"({type(err).__name__}): download it where the hub is reachable and pass its "
+                              "folder with --model PATH") from None
+    return model, local, _cap(local, max_length)
+
+
+def _cap(path: Path, max_length: int) -> int:
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return max_length
+    limit = cfg.get("max_position_embeddings") or cfg.get("n_positions")
+    return min(max_length, int(limit)) if limit else max_length

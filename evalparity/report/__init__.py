@@ -1,0 +1,291 @@
+"""The report stage: reads ``stats/`` and ``cells/*/cell.json``, writes ``report/report.md``,
+``report/report.html`` (self-contained: CSS inline, figures embedded as data URIs) and ``report/figures/``.
+
+Sections, in the order a reviewer reads them: sign-off and why; the verdict matrix (tasks x cells, group
+members folded under their group); the run's setup; the paired statistics per comparison; figures;
+loglikelihood drift, flips and generations; the noise floor; the most consequential flipped samples.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from evalparity.report import figures
+
+COLORS = {"EQUIVALENT": "#1a7f37", "DIFFERENT": "#cf222e", "INCONCLUSIVE": "#bf8700",
+          "PASS": "#1a7f37", "FAIL": "#cf222e"}
+
+
+def _read(run_dir: Path, name: str) -> pd.DataFrame:
+    p = run_dir / "stats" / f"{name}.parquet"
+    return pd.read_parquet(p) if p.exists() else pd.DataFrame()
+
+
+def _f(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _pp(x) -> str:
+    return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{100 * x:+.2f}"
+
+
+class Doc:
+    """Builds markdown and HTML side by side, so the two reports never say different things."""
+
+    def __init__(self):
+        self.md: list[str] = []
+        self.html: list[str] = []
+
+    def h(self, level: int, text: str) -> None:
+        self.md.append(f"\n{'#' * level} {text}\n")
+        self.html.append(f"<h{level}>{html.escape(text)}</h{level}>")
+
+    def p(self, text: str, raw_html: str | None = None) -> None:
+        self.md.append(text + "\n")
+        self.html.append(f"<p>{raw_html if raw_html is not None else html.escape(text)}</p>")
+
+    def table(self, header: list[str], rows: list[list[str]], colors: list[str | None] | None = None,
+              fold: list[tuple[str, list[list[str]]]] | None = None) -> None:
+        self.md.append("| " + " | ".join(header) + " |")
+        self.md.append("|" + "---|" * len(header))
+        for r in rows:
+            self.md.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+        self.md.append("")
+        h = ["<table><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in header) + "</tr></thead><tbody>"]
+        for i, r in enumerate(rows):
+            h.append("<tr>" + "".join(_cell_html(c) for c in r) + "</tr>")
+        h.append("</tbody></table>")
+        self.html.append("".join(h))
+
+    def image(self, path: Path | None, alt: str, rel: str) -> None:
+        if path is None or not path.exists():
+            return
+        self.md.append(f"![{alt}]({rel})\n")
+        data = base64.b64encode(path.read_bytes()).decode()
+        self.html.append(f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+                         f"<figcaption>{html.escape(alt)}</figcaption></figure>")
+
+    def raw(self, md: str, html_text: str) -> None:
+        self.md.append(md)
+        self.html.append(html_text)
+
+
+def _cell_html(c: str) -> str:
+    color = COLORS.get(c.split(" ")[0]) if c else None
+    if color:
+        return f'<td class="v" style="background:{color}1f;color:{color};font-weight:600">{html.escape(c)}</td>'
+    return f"<td>{html.escape(c)}</td>"
+
+
+CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#1f2328;line-height:1.45}table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:13px}
+th,td{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f6f8fa}
+.signoff{font-size:1.5em;font-weight:700;padding:.5em .8em;border-radius:6px;display:inline-block}
+details{margin:.2em 0 .8em 1em}summary{cursor:pointer;color:#0969da}img{max-width:100%}
+figure{margin:1em 0}figcaption{font-size:12px;color:#57606a}code,pre{background:#f6f8fa;font-size:12px}
+pre{padding:.5em;white-space:pre-wrap}"""
+
+
+def write_report(run_dir: Path) -> dict[str, Path]:
+    run_dir = Path(run_dir)
+    v = json.loads((run_dir / "stats" / "verdicts.json").read_text())
+    comp = _read(run_dir, "comparisons")
+    out = run_dir / "report"
+    figdir = out / "figures"
+    figdir.mkdir(parents=True, exist_ok=True)
+    metas = {}
+    for d in sorted((run_dir / "cells").iterdir()):
+        if (d / "cell.json").exists() and not d.name.startswith("."):
+            metas[d.name] = json.loads((d / "cell.json").read_text())
+    spec = json.loads((run_dir / "spec.json").read_text()) if (run_dir / "spec.json").exists() else {}
+    doc = Doc()
+    so = v["sign_off"]
+    doc.h(1, f"evalparity sign-off: {v.get('model')}")
+    color = COLORS.get(so["status"], "#bf8700")
+    doc.raw(f"**Sign-off: {so['status']}** — {so['reason']}\n",
+            f'<div class="signoff" style="background:{color}1f;color:{color}">Sign-off: {so["status"]}</div>'
+            f"<p>{html.escape(so['reason'])}</p>")
+    opts = v["options"]
+    doc.p(f"Every cell is compared with the reference cell {opts['reference']} on the same documents. "
+          f"EQUIVALENT: the paired difference is shown to lie within ±{100 * opts['margin']:g} percentage points "
+          f"(TOST at α = {opts['alpha']}, {opts['multiple']}-adjusted over the family); DIFFERENT: a real change "
+          "not shown to be within the margin; INCONCLUSIVE: neither, at this number of documents.")
+
+    _verdict_matrix(doc, comp)
+    _setup(doc, spec, metas)
+    _paired_stats(doc, comp)
+    doc.h(2, "Figures")
+    doc.image(figures.score_differences(comp, figdir), "Score differences with paired confidence intervals",
+              "figures/score_differences.png")
+    doc.image(figures.delta_distributions(run_dir, figdir), "Distribution of |Δ loglikelihood| per cell",
+              "figures/delta_loglikelihood.png")
+    flipped = _read(run_dir, "flipped_samples")
+    doc.image(figures.flips_vs_margin(flipped, figdir), "Flipped decisions against the reference margin",
+              "figures/flips_vs_margin.png")
+    divs = _read(run_dir, "first_divergence")
+    doc.image(figures.first_divergence(divs, figdir), "First divergence of greedy generations",
+              "figures/first_divergence.png")
+    _deltas(doc, _read(run_dir, "deltas"))
+    _flips(doc, _read(run_dir, "flips"))
+    _generations(doc, _read(run_dir, "generations"))
+    _noise_floor(doc, comp)
+    _flipped_samples(doc, flipped)
+
+    md_path, html_path = out / "report.md", out / "report.html"
+    _atomic(md_path, "\n".join(doc.md))
+    _atomic(html_path, "<!doctype html><html><head><meta charset='utf-8'><title>evalparity report</title>"
+                       f"<style>{CSS}</style></head><body>" + "\n".join(doc.html) + "</body></html>")
+    return {"md": md_path, "html": html_path, "figures": figdir}
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def _verdict_matrix(doc: Doc, comp: pd.DataFrame) -> None:
+    doc.h(2, "Verdicts")
+    c = comp[(comp["kind"] == "cross") & (comp["metric"] != "loglikelihood")]
+    if c.empty:
+        doc.p("No score comparisons.")
+        return
+    cells = sorted(c["cell"].unique())
+    header = ["task", "metric", *cells]
+
+    def row(g: pd.DataFrame, label: str) -> list[str]:
+        by_cell = {r.cell: r for r in g.itertuples()}
+        return [label, g["metric"].iloc[0] + ("" if g["filter"].iloc[0] == "none" else f" ({g['filter'].iloc[0]})"),
+                *[f"{by_cell[x].verdict} {_pp(by_cell[x].effect)}" if x in by_cell else "–" for x in cells]]
+
+    top = c[(c["level"] == "group") | (c["group"] == c["task"])]
+    rows = [row(g, task) for (task, _m, _f), g in top.groupby(["task", "metric", "filter"], sort=True)]
+    doc.table(header, rows)
+    members = c[(c["level"] == "task") & (c["group"] != c["task"])]
+    for group, gm in members.groupby("group", sort=True):
+        mrows = [row(g, task) for (task, _m, _f), g in gm.groupby(["task", "metric", "filter"], sort=True)]
+        doc.md.append(f"<details><summary>{group}: {gm['task'].nunique()} member tasks</summary>\n")
+        doc.table(header, mrows)
+        doc.md.append("</details>\n")
+        last = doc.html.pop()
+        doc.html.append(f"<details><summary>{html.escape(group)}: {gm['task'].nunique()} member tasks "
+                        f"(the group's pooled verdict above gates)</summary>{last}</details>")
+    doc.p("Cells show the verdict and the paired difference in percentage points (cell − reference).")
+
+
+def _setup(doc: Doc, spec: dict, metas: dict[str, dict]) -> None:
+    doc.h(2, "Setup")
+    al = spec.get("alignment", {})
+    doc.table(["setting", "value"], [
+        ["model", str(spec.get("model"))], ["tasks", ", ".join(spec.get("tasks", []))],
+        ["limit", str(spec.get("limit"))], ["num_fewshot", str(spec.get("num_fewshot"))],
+        ["device", str(spec.get("device"))], ["seed", str(al.get("seed"))],
+        ["HF log-softmax in fp32", str(al.get("softmax_fp32"))], ["BOS token", str(al.get("add_bos_token"))],
+        ["max length (both)", str(al.get("max_length"))], ["vLLM prefix caching", str(al.get("prefix_caching"))],
+        ["true fp32 (no TF32)", str(al.get("true_fp32"))],
+    ] if spec else [["run", "imported lm-eval outputs (evalparity compare)"]])
+    rows = []
+    for name, m in metas.items():
+        ver = m.get("versions", {})
+        prec = m.get("precision", {})
+        rows.append([name, m.get("status", "?"), str(m.get("batch_size", "–")), m.get("device_name", "–"),
+                     f"{_f(m.get('load_s'))} / {_f(m.get('eval_s'))}", _f(m.get("peak_rss_gib")),
+                     f"torch {ver.get('torch', '?')}, transformers {ver.get('transformers', '?')}, "
+                     f"vllm {ver.get('vllm', '?')}, lm_eval {ver.get('lm_eval', '?')}" if ver else m.get("source", "–"),
+                     f"matmul {prec.get('float32_matmul_precision', '–')}, TF32 {prec.get('cuda_matmul_allow_tf32', '–')}, "
+                     f"triton {prec.get('triton_f32_default', '–')}, attn {prec.get('attention_backend', '–')}"
+                     if prec else "–"])
+    doc.table(["cell", "status", "batch", "device", "load / eval s", "peak RSS GiB", "versions", "precision"], rows)
+    settings = {n: m.get("settings", {}) for n, m in metas.items() if m.get("settings")}
+    if settings:
+        keys = sorted({k for s in settings.values() for k in s if k not in ("seeds",)})
+        doc.table(["setting", *settings], [[k, *[str(s.get(k, "–"))[:60] for s in settings.values()]] for k in keys])
+
+
+def _paired_stats(doc: Doc, comp: pd.DataFrame) -> None:
+    doc.h(2, "Paired statistics (gating comparisons)")
+    c = comp[comp["gating"]]
+    rows = [[r.task, r.metric, r.cell, str(int(r.n)), _f(r.ref_score), _f(r.cell_score), _pp(r.effect),
+             f"[{_pp(r.ci_low)}, {_pp(r.ci_high)}]", _f(r.p_diff_adj), _f(r.p_equiv_adj), r.verdict, r.reason]
+            for r in c.itertuples()]
+    doc.table(["task", "metric", "cell", "n", "ref", "cell", "Δ pp", "CI pp", "p diff (adj)", "p equiv (adj)",
+               "verdict", "reason"], rows)
+
+
+def _deltas(doc: Doc, d: pd.DataFrame) -> None:
+    if d.empty:
+        return
+    doc.h(2, "Loglikelihood drift per request")
+    d = d[d["kind"] == "cross"]
+    rows = [[r.task, r.cell, str(int(r.n)), _f(r.mean), f"[{_f(r.ci_low)}, {_f(r.ci_high)}]", _f(r.abs_mean),
+             _f(r.abs_median), _f(r.abs_p95), _f(r.abs_p99), _f(r.abs_max), _f(r.wilcoxon_p),
+             str(int(r.n_nonfinite_cell))] for r in d.itertuples()]
+    doc.table(["task", "cell", "requests", "mean Δ", "bootstrap CI", "mean |Δ|", "median |Δ|", "p95 |Δ|",
+               "p99 |Δ|", "max |Δ|", "Wilcoxon p", "non-finite"], rows)
+
+
+def _flips(doc: Doc, f: pd.DataFrame) -> None:
+    if f.empty:
+        return
+    doc.h(2, "Decision flips")
+    doc.p("Observed: docs whose chosen answer changed. Expected: flips that the measured Δ distribution would "
+          "cause on these reference margins if Δ were noise unrelated to the doc. Many more observed than "
+          "expected (small p) points to systematic drift.")
+    rows = [[r.task, r.cell, r.kind, str(int(r.n_docs)), str(int(r.observed)), _f(r.expected), _f(r.pvalue)]
+            for r in f.itertuples()]
+    doc.table(["task", "cell", "kind", "docs", "observed", "expected", "p (more than expected)"], rows)
+
+
+def _generations(doc: Doc, g: pd.DataFrame) -> None:
+    if g.empty:
+        return
+    doc.h(2, "Generations")
+    rows = [[r.task, r.cell, r.kind, str(int(r.n)), f"{100 * r.identical_ids:.1f}%", f"{100 * r.identical_text:.1f}%",
+             str(int(r.n_diverged)), _f(r.median_first_divergence), str(int(r.n_without_ids))]
+            for r in g.itertuples()]
+    doc.table(["task", "cell", "kind", "docs", "identical token ids", "identical text", "diverged",
+               "median first divergence", "docs without ids"], rows)
+
+
+def _noise_floor(doc: Doc, comp: pd.DataFrame) -> None:
+    nf = comp[comp["kind"] == "noise_floor"]
+    doc.h(2, "Noise floor")
+    if nf.empty:
+        doc.p("No repeat cells in this run. Add one with --repeat backend:dtype:batch_size to see each "
+              "backend's own run-to-run variation next to the cross-backend drift.")
+        return
+    rows = [[r.task, r.metric, f"{r.reference} vs {r.cell}", str(int(r.n)), _pp(r.effect) if r.metric != "loglikelihood"
+             else _f(r.effect), r.verdict] for r in nf.itertuples()]
+    doc.table(["task", "metric", "repeat pair", "n", "Δ", "verdict"], rows)
+
+
+def _flipped_samples(doc: Doc, flipped: pd.DataFrame, k: int = 10) -> None:
+    if flipped.empty:
+        return
+    doc.h(2, "Most consequential flipped samples")
+    f = flipped[flipped["kind"] == "cross"].copy()
+    if f.empty:
+        return
+    gold = pd.to_numeric(f["gold"], errors="coerce")
+    f["consequence"] = (f["ref_choice"] == gold).astype(int) + (f["cell_choice"] == gold).astype(int)
+    f = f.sort_values(["consequence", "ref_margin"], ascending=[False, False]).head(k)
+    for r in f.itertuples():
+        choices = list(r.choices) if r.choices is not None else []
+        lines = []
+        for i, ch in enumerate(choices):
+            mark = " ".join(x for x, ok in (("gold", i == r.gold), ("ref", i == r.ref_choice),
+                                            ("cell", i == r.cell_choice)) if ok)
+            lines.append(f"  {i}: {str(ch)[:120]!r}" + (f"   <- {mark}" if mark else ""))
+        text = (f"{r.task} doc {r.doc_id} · {r.cell}: reference margin {_f(r.ref_margin)}, max |Δ| "
+                f"{_f(r.max_abs_delta)}\n  prompt: {str(r.context)[-300:]!r}\n" + "\n".join(lines))
+        doc.raw(f"```\n{text}\n```\n", f"<pre>{html.escape(text)}</pre>")

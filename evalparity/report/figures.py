@@ -1,0 +1,136 @@
+"""The report's figures, as PNG files (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def delta_distributions(run_dir: Path, out: Path) -> Path | None:
+    """|Δ loglikelihood| per cell against the reference (log scale), pooled over tasks."""
+    tables = _cell_tables(run_dir)
+    spec_ref = _reference(run_dir)
+    if spec_ref not in tables:
+        return None
+    ref = tables[spec_ref]
+    ref = ref[np.isfinite(ref["loglikelihood"])]
+    if ref.empty:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    key = ["task", "filter", "doc_id", "choice"]
+    drawn = False
+    for name, t in tables.items():
+        if name == spec_ref:
+            continue
+        j = ref[key + ["loglikelihood"]].merge(t[key + ["loglikelihood"]], on=key, suffixes=("_r", "_c"))
+        d = np.abs(j["loglikelihood_c"] - j["loglikelihood_r"]).to_numpy()
+        d = d[np.isfinite(d)]
+        if d.size == 0:
+            continue
+        d = np.maximum(d, 1e-9)
+        ax.hist(d, bins=np.logspace(-9, 1, 50), histtype="step", linewidth=1.6, label=f"{name} (n={d.size})")
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log")
+    ax.set_xlabel(f"|Δ loglikelihood| vs {spec_ref} (nats per request; 1e-9 = identical)")
+    ax.set_ylabel("requests")
+    ax.legend(fontsize=8)
+    ax.set_title("Loglikelihood drift per request")
+    return _save(fig, out / "delta_loglikelihood.png")
+
+
+def flips_vs_margin(flipped: pd.DataFrame, out: Path) -> Path | None:
+    if flipped is None or flipped.empty:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for name, g in flipped.groupby("cell"):
+        ax.scatter(g["ref_margin"].clip(lower=1e-6), g["max_abs_delta"].clip(lower=1e-6), s=14, label=name, alpha=0.7)
+    lim = [1e-6, max(1.0, float(flipped[["ref_margin", "max_abs_delta"]].max().max()) * 1.5)]
+    ax.plot(lim, lim, color="grey", linestyle="--", linewidth=1, label="|Δ| = margin")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("reference margin between its top two choices (nats)")
+    ax.set_ylabel("largest |Δ| among the doc's choices")
+    ax.set_title("Flipped decisions: near-ties (left) or large drift (top)")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "flips_vs_margin.png")
+
+
+def score_differences(comp: pd.DataFrame, out: Path) -> Path | None:
+    """Paired differences with their CIs, for the gating score comparisons."""
+    c = comp[(comp["gating"]) & (comp["metric"] != "loglikelihood")].copy()
+    if c.empty:
+        return None
+    plt = _plt()
+    c = c.head(40)
+    labels = [f"{r.task} {r.metric} · {r.cell}" for r in c.itertuples()]
+    fig, ax = plt.subplots(figsize=(7.5, 0.35 * len(c) + 1.4))
+    y = np.arange(len(c))
+    colors = c["verdict"].map({"EQUIVALENT": "#1a7f37", "DIFFERENT": "#cf222e", "INCONCLUSIVE": "#bf8700"})
+    lo = (c["effect"] - c["ci_low"].clip(lower=-1)).clip(lower=0)
+    hi = (c["ci_high"].clip(upper=1) - c["effect"]).clip(lower=0)
+    ax.errorbar(100 * c["effect"], y, xerr=[100 * lo, 100 * hi], fmt="none", ecolor="grey", capsize=3)
+    ax.scatter(100 * c["effect"], y, c=list(colors), zorder=3)
+    m = 100 * float(c["margin"].iloc[0])
+    ax.axvspan(-m, m, color="#1a7f37", alpha=0.08, label=f"±{m:g} pp margin")
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("cell − reference (percentage points), paired CI")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title("Score differences")
+    return _save(fig, out / "score_differences.png")
+
+
+def first_divergence(divs: pd.DataFrame, out: Path) -> Path | None:
+    if divs is None or divs.empty:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for name, g in divs[divs["kind"] == "cross"].groupby("cell"):
+        ax.hist(g["position"], bins=range(0, int(divs["position"].max()) + 2), histtype="step", linewidth=1.6,
+                label=f"{name} ({len(g)} diverged)")
+    ax.set_xlabel("first generated token that differs from the reference")
+    ax.set_ylabel("generations")
+    ax.legend(fontsize=8)
+    ax.set_title("Where greedy generations diverge")
+    return _save(fig, out / "first_divergence.png")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def _cell_tables(run_dir: Path) -> dict[str, pd.DataFrame]:
+    from evalparity.stats.compare import load_cells
+
+    return load_cells(run_dir)[0]
+
+
+def _reference(run_dir: Path) -> str:
+    import json
+
+    return json.loads((run_dir / "stats" / "verdicts.json").read_text())["options"]["reference"]

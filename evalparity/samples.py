@@ -1,0 +1,255 @@
+"""lm-eval samples -> the per-sample table; the alignment check; reading plain lm-eval output directories.
+
+Every cell, whether ``evalparity run`` made it or plain ``lm_eval --log_samples`` did, is read through the
+same path: lm-eval's own ``results_*.json`` and ``samples_<task>_*.jsonl`` files. That is what makes
+``evalparity compare`` give the same verdicts as ``evalparity run`` for the same cells.
+
+The table has one row per (task, filter, doc_id, choice):
+- loglikelihood / multiple_choice tasks: one row per choice, with the loglikelihood and is_greedy;
+- generate_until tasks: one row per doc (choice 0), with the generated text and, where the run recorded
+  them, the generated token ids;
+- every row: lm-eval's doc, prompt and target hashes, the gold index or target, and the doc's metric
+  values as ``m:<metric>`` columns.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from evalparity.errors import EvalParityError
+
+KEY = ["task", "filter", "doc_id", "choice"]
+HASHES = ["doc_hash", "prompt_hash", "target_hash"]
+METRIC_PREFIX = "m:"
+
+
+# ---------------------------------------------------------------- reading lm-eval output directories
+def find_lm_eval_files(path: Path) -> tuple[Path, dict[str, Path]]:
+    """The newest ``results_*.json`` under ``path`` and, per task, the newest ``samples_<task>_*.jsonl``."""
+    path = Path(path)
+    if not path.exists():
+        raise EvalParityError(f"{path} does not exist: give a directory that lm-eval wrote with --log_samples")
+    results = sorted(path.rglob("results_*.json"), key=lambda p: p.name)
+    samples = sorted(path.rglob("samples_*.jsonl"), key=lambda p: p.name)
+    if not samples:
+        raise EvalParityError(f"no samples_*.jsonl under {path}: rerun lm-eval with --log_samples "
+                              "--output_path, or point at the folder it wrote")
+    if not results:
+        raise EvalParityError(f"no results_*.json under {path}: point at the folder lm-eval wrote "
+                              "(it holds results_<date>.json beside the samples)")
+    by_task: dict[str, Path] = {}
+    for p in samples:
+        m = re.match(r"samples_(.+)_(\d{4}-\d{2}-\d{2}T[\d\-\.]+)\.jsonl$", p.name)
+        task = m.group(1) if m else p.stem[len("samples_"):]
+        by_task[task] = p  # sorted by name, so the newest date wins
+    return results[-1], by_task
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise EvalParityError(f"{path}:{i} is not valid JSON ({err.msg}): the file is truncated or "
+                                      "corrupt; rerun that task or remove the file") from None
+    return out
+
+
+def read_lm_eval_dir(path: Path) -> tuple[dict, dict[str, list[dict]]]:
+    results_path, by_task = find_lm_eval_files(path)
+    results = json.loads(results_path.read_text())
+    return results, {task: read_jsonl(p) for task, p in by_task.items()}
+
+
+# ---------------------------------------------------------------- samples -> table
+def group_of_tasks(results: dict) -> dict[str, str]:
+    """leaf task -> its top-level group (itself when it is not in a group), from ``group_subtasks``."""
+    subtasks: dict[str, list[str]] = results.get("group_subtasks", {}) or {}
+    parent: dict[str, str] = {}
+    for group, members in subtasks.items():
+        for m in members:
+            parent[m] = group
+
+    def top(t: str) -> str:
+        seen = set()
+        while t in parent and t not in seen:
+            seen.add(t)
+            t = parent[t]
+        return t
+
+    return {t: top(t) for t in set(parent) | set(subtasks) if t not in subtasks or not subtasks[t]}
+
+
+def _scalar(v) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return None
+
+
+def _args(sample: dict) -> list[list]:
+    """Request arguments, whether in lm-eval's in-memory form (tuples) or its jsonl form (gen_args_i)."""
+    a = sample.get("arguments", [])
+    if isinstance(a, dict):
+        return [[v[f"arg_{j}"] for j in range(len(v))] for _, v in sorted(a.items(), key=lambda kv: int(kv[0][9:]))]
+    return [list(x) for x in a]
+
+
+def _gold_index(target, continuations: list[str]) -> int | None:
+    try:
+        return int(target)
+    except (TypeError, ValueError):
+        pass
+    for i, c in enumerate(continuations):
+        if c.strip() == str(target).strip():
+            return i
+    return None
+
+
+def _output_type(sample: dict, config: dict | None) -> str:
+    if config and config.get("output_type"):
+        return config["output_type"]
+    args = _args(sample)
+    if args and len(args[0]) > 1 and isinstance(args[0][1], dict):
+        return "generate_until"
+    if args and len(args[0]) == 1:
+        return "loglikelihood_rolling"
+    return "multiple_choice" if len(args) > 1 else "loglikelihood"
+
+
+def samples_to_table(
+    task_samples: dict[str, list[dict]],
+    results: dict,
+    generated_ids: dict[str, list[int]] | None = None,
+) -> pd.DataFrame:
+    """Build the per-sample table. ``generated_ids`` maps a prompt (context) to its generated token ids."""
+    configs = results.get("configs", {}) or {}
+    groups = group_of_tasks(results)
+    rows: list[dict] = []
+    for task, samples in task_samples.items():
+        for s in samples:
+            out_type = _output_type(s, configs.get(task))
+            base = {
+                "task": task, "group": groups.get(task, task), "filter": s.get("filter", "none"),
+                "doc_id": int(s["doc_id"]), "output_type": out_type,
+                **{h: str(s.get(h, "")) for h in HASHES},
+                "target": str(s.get("target", "")),
+            }
+            for m in s.get("metrics", []):
+                v = _scalar(s.get(m))
+                if v is not None:
+                    base[METRIC_PREFIX + m] = v
+            args = _args(s)
+            resps = s.get("filtered_resps", [])
+            if out_type == "generate_until":
+                context = args[0][0] if args else ""
+                raw = s.get("resps", [[None]])
+                raw_text = raw[0][0] if raw and raw[0] else None
+                ids = (generated_ids or {}).get(context)
+                rows.append(base | {
+                    "choice": 0, "context": context, "continuation": None,
+                    "generated_text": raw_text if isinstance(raw_text, str) else str(raw_text),
+                    "response": str(resps[0]) if resps else None,
+                    "generated_ids": ids,
+                })
+                continue
+            continuations = [a[1] if len(a) > 1 else "" for a in args]
+            gold = _gold_index(s.get("target"), continuations)
+            for i, a in enumerate(args):
+                r = resps[i] if i < len(resps) else None
+                if isinstance(r, (list, tuple)):
+                    ll, greedy = r[0], (bool(r[1]) if len(r) > 1 else None)
+                else:
+                    ll, greedy = r, None
+                rows.append(base | {
+                    "choice": i, "context": a[0], "continuation": continuations[i],
+                    "loglikelihood": _float(ll), "is_greedy": greedy, "gold": gold,
+                })
+    if not rows:
+        raise EvalParityError("the lm-eval output holds no samples: check --limit and the task names")
+    df = pd.DataFrame(rows)
+    for col in ("loglikelihood",):
+        if col not in df:
+            df[col] = np.nan
+    for col in ("generated_text", "response", "continuation", "generated_ids", "is_greedy", "gold"):
+        if col not in df:
+            df[col] = None
+    df["gold"] = pd.array(df["gold"], dtype="Int64")
+    df = df.sort_values(KEY, kind="stable").reset_index(drop=True)
+    dup = df.duplicated(KEY)
+    if dup.any():
+        k = df.loc[dup, KEY].iloc[0].to_dict()
+        raise EvalParityError(f"two samples share the key {k}: the lm-eval output mixes two runs of one task; "
+                              "keep one samples file per task")
+    return df
+
+
+def _float(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def metric_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c.startswith(METRIC_PREFIX)]
+
+
+def write_table(df: pd.DataFrame, path: Path) -> None:
+    """Parquet through pyarrow; written to a temp name and renamed, so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_suffix(".parquet.tmp")
+    df.to_parquet(tmp, engine="pyarrow", index=False)
+    tmp.replace(path)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path, engine="pyarrow")
+
+
+# ---------------------------------------------------------------- alignment across cells
+def check_alignment(tables: dict[str, pd.DataFrame]) -> None:
+    """Every cell must hold the same (task, filter, doc_id, choice) set with the same hashes.
+
+    Raises a one-line error naming the first doc that differs and why; returns None when aligned.
+    """
+    names = list(tables)
+    if len(names) < 2:
+        return
+    ref_name = names[0]
+    ref = tables[ref_name].set_index(KEY)[HASHES]
+    for name in names[1:]:
+        other = tables[name].set_index(KEY)[HASHES]
+        missing = ref.index.difference(other.index)
+        extra = other.index.difference(ref.index)
+        if len(missing) or len(extra):
+            key, where, lacks = (missing[0], ref_name, name) if len(missing) else (extra[0], name, ref_name)
+            raise EvalParityError(
+                f"cells are not aligned: {_key_str(key)} is in {where} but not in {lacks}: "
+                "run every cell with the same tasks, --limit and --num-fewshot (or --force the stale cell)")
+        joined = ref.join(other, rsuffix="_other")
+        for h in HASHES:
+            bad = joined[h] != joined[h + "_other"]
+            if bad.any():
+                key = joined.index[bad.to_numpy()][0]
+                what = {"doc_hash": "document", "prompt_hash": "prompt", "target_hash": "target"}[h]
+                raise EvalParityError(
+                    f"cells are not aligned: {_key_str(key)} has a different {what} in {ref_name} and "
+                    f"{name} ({h} differs): the cells used different task versions, data or few-shot "
+                    "settings; rerun them with one spec")
+
+
+def _key_str(key) -> str:
+    task, filt, doc_id, choice = key
+    return f"task {task} doc {doc_id}" + (f" (filter {filt})" if filt != "none" else "")

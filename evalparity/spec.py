@@ -1,0 +1,153 @@
+"""RunSpec and CellSpec: what to run, validated before any model loads.
+
+A run is a matrix of cells, one per (backend, dtype[, repeat tag]). Everything that must be identical
+across cells (tasks, limit, few-shot, seeds, alignment settings) lives on the RunSpec; only the backend,
+dtype and batch size vary per cell. The spec is written to ``spec.json`` in the run directory, and a rerun
+into the same directory must present the same spec (else it would mix two experiments).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from evalparity.errors import EvalParityError
+
+BACKENDS = ("hf", "vllm")
+DTYPE_ALIASES = {
+    "fp32": "float32", "float32": "float32", "float": "float32",
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16", "half": "float16",
+}
+SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def parse_dtype(name: str) -> str:
+    """'bf16' -> 'bfloat16'; raises a one-line error naming the accepted spellings."""
+    key = name.strip().lower()
+    if key not in DTYPE_ALIASES:
+        raise EvalParityError(f"unknown dtype {name!r}: use fp32/float32, bf16/bfloat16 or fp16/float16")
+    return DTYPE_ALIASES[key]
+
+
+def parse_backend(name: str) -> str:
+    key = name.strip().lower()
+    if key not in BACKENDS:
+        raise EvalParityError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
+    return key
+
+
+def split_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """Settings that would otherwise differ between backends and pass for drift. Each one is recorded in
+    the cell metadata; each one can be overridden from the CLI (``--no-align-softmax`` etc.)."""
+
+    softmax_fp32: bool = True          # HF computes log_softmax in the model dtype unless told; vLLM uses fp32
+    add_bos_token: bool | None = None  # None: the tokenizer's own default, applied identically on both sides
+    max_length: int = 2048             # same context window on both backends
+    prefix_caching: bool = False       # vLLM prefix caching can return stale prompt logprobs
+    seed: int = 1234
+    true_fp32: bool = True             # no TF32 in fp32 cells (torch matmul, cuDNN, Triton)
+    max_gen_toks: int = 256
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    backend: str
+    dtype: str
+    batch_size: int
+    tag: str = ""
+
+    @property
+    def name(self) -> str:
+        base = f"{self.backend}-{SHORT_DTYPE[self.dtype]}"
+        return f"{base}-{self.tag}" if self.tag else base
+
+    @property
+    def base_name(self) -> str:
+        """The cell this one repeats (itself when it is not a repeat)."""
+        return f"{self.backend}-{SHORT_DTYPE[self.dtype]}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model: str
+    tasks: tuple[str, ...]
+    cells: tuple[CellSpec, ...]
+    limit: int | None = None
+    num_fewshot: int | None = None
+    device: str = "cpu"
+    include_paths: tuple[str, ...] = ()
+    datasets_dir: str | None = None
+    alignment: Alignment = field(default_factory=Alignment)
+    hf_args: str = ""
+    vllm_args: str = ""
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["cells"] = [asdict(c) | {"name": c.name} for c in self.cells]
+        return d
+
+    def identity(self) -> str:
+        """A hash of what the results depend on: the same identity means the same experiment. The cells
+        are left out so that a rerun may add cells to a run directory; the repeat cells' settings are
+        in their own cell.json."""
+        d = self.to_json()
+        d.pop("cells")
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_json(cls, d: dict) -> RunSpec:
+        cells = tuple(CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", "")) for c in d["cells"])
+        return cls(
+            model=d["model"], tasks=tuple(d["tasks"]), cells=cells, limit=d.get("limit"),
+            num_fewshot=d.get("num_fewshot"), device=d.get("device", "cpu"),
+            include_paths=tuple(d.get("include_paths", ())), datasets_dir=d.get("datasets_dir"),
+            alignment=Alignment(**d.get("alignment", {})), hf_args=d.get("hf_args", ""),
+            vllm_args=d.get("vllm_args", ""),
+        )
+
+
+def build_cells(backends: list[str], dtypes: list[str], batch_size: int,
+                repeats: list[str]) -> tuple[CellSpec, ...]:
+    """The matrix backends x dtypes, plus repeat cells given as 'backend:dtype:batch_size'.
+
+    A repeat is the same backend and dtype at another batch size: comparing it with its base cell
+    measures the backend's own run-to-run noise floor.
+    """
+    if not backends:
+        raise EvalParityError("no backends given: pass --backends vllm,hf (or one of them)")
+    if not dtypes:
+        raise EvalParityError("no dtypes given: pass --dtypes fp32,bf16,fp16 (or some of them)")
+    cells = [CellSpec(parse_backend(b), parse_dtype(d), batch_size) for b in backends for d in dtypes]
+    for r in repeats:
+        parts = r.split(":")
+        if len(parts) != 3 or not parts[2].isdigit() or int(parts[2]) < 1:
+            raise EvalParityError(f"bad --repeat {r!r}: write backend:dtype:batch_size, e.g. hf:fp32:4")
+        b, d, bs = parse_backend(parts[0]), parse_dtype(parts[1]), int(parts[2])
+        if bs == batch_size:
+            raise EvalParityError(f"--repeat {r!r} uses the main batch size {batch_size}: a repeat needs "
+                                  "another batch size to measure the noise floor")
+        cells.append(CellSpec(b, d, bs, tag=f"bs{bs}"))
+    names = [c.name for c in cells]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise EvalParityError(f"cell {sorted(dup)[0]} is listed twice: drop the duplicate backend or dtype")
+    return tuple(cells)
+
+
+def check_limit(limit: int | None) -> int | None:
+    if limit is not None and limit < 1:
+        raise EvalParityError(f"--limit {limit} would evaluate no documents: give a positive number or omit it")
+    return limit
+
+
+def model_label(model: str) -> str:
+    """A short, path-safe name for default run directories."""
+    return Path(model.rstrip("/")).name.replace("/", "__") or "model"

@@ -1,0 +1,140 @@
+"""Task resolution and the data preflight, through lm-eval's own TaskManager.
+
+Any lm-eval task, group or tag name works, plus the YAMLs in ``task_configs/`` and in ``--include-path``.
+The preflight builds each requested task once in the parent process (with the dataset mirrors active), so
+an unknown name, a dataset that is neither reachable nor mirrored, or a task with no documents fails
+before any model is loaded, with one line that names every such problem at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import io
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalparity.data import mirrors
+from evalparity.errors import EvalParityError
+
+TASK_CONFIGS_DIR = Path(__file__).resolve().parent.parent / "task_configs"
+
+
+def include_paths(extra: tuple[str, ...] | list[str]) -> list[str]:
+    paths = [str(TASK_CONFIGS_DIR)] if TASK_CONFIGS_DIR.is_dir() else []
+    for p in extra:
+        if not Path(p).is_dir():
+            raise EvalParityError(f"--include-path {p} is not a directory: give a folder of lm-eval task YAMLs")
+        paths.append(str(Path(p).resolve()))
+    return paths
+
+
+@contextlib.contextmanager
+def quiet():
+    """lm-eval and datasets log a lot while building tasks; keep it off the user's terminal."""
+    buf = io.StringIO()
+    prev = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
+            yield buf
+    finally:
+        logging.disable(prev)
+
+
+def task_manager(extra_paths: tuple[str, ...] | list[str] = ()):
+    from lm_eval.tasks import TaskManager
+
+    with quiet():
+        return TaskManager(include_path=include_paths(extra_paths))
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """What the preflight found: leaf tasks with their document counts, and their groups."""
+
+    leaves: dict[str, int]
+    groups: dict[str, list[str]]
+
+
+def check_names(names: list[str], tm) -> None:
+    if not names:
+        raise EvalParityError("no tasks given: pass --tasks with lm-eval task or group names, e.g. hellaswag")
+    known = set(tm.all_tasks)
+    unknown = [n for n in names if n not in known and not Path(n).is_file()]
+    if unknown:
+        hints = []
+        for n in unknown:
+            close = difflib.get_close_matches(n, known, n=1)
+            hints.append(f"{n!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise EvalParityError(f"unknown task {', '.join(hints)}: see `lm-eval ls tasks`, or add its YAML "
+                              "with --include-path DIR")
+
+
+def preflight(names: list[str], tm, mirror_roots: list[Path], limit: int | None,
+              num_fewshot: int | None = None) -> TaskPlan:
+    """Build every requested task once (data included) and check that each has documents."""
+    check_names(names, tm)
+    mirrors.activate(mirror_roots)
+    leaves: dict[str, int] = {}
+    groups: dict[str, list[str]] = {}
+    missing: list[mirrors.MissingDataset] = []
+    empty: list[str] = []
+    for name in names:
+        try:
+            with quiet():
+                loaded = tm.load([name])
+        except mirrors.MissingDataset as err:
+            missing.append(err)
+            continue
+        except EvalParityError:
+            raise
+        except Exception as err:  # noqa: BLE001 - lm-eval raises many kinds; name the task and the cause
+            cause = _root_cause(err)
+            if isinstance(cause, mirrors.MissingDataset):
+                missing.append(cause)
+                continue
+            raise EvalParityError(f"task {name!r} failed to load ({type(cause).__name__}: "
+                                  f"{str(cause).splitlines()[0] if str(cause) else ''}): check its YAML and data") from None
+        groups.update(loaded.get("group_map", {}))
+        for tname, task in loaded["tasks"].items():
+            n = len(task.eval_docs)
+            if n == 0:
+                empty.append(tname)
+            leaves[tname] = n
+            shots = num_fewshot if num_fewshot is not None else (task.config.num_fewshot or 0)
+            if shots > 0 and not _has_fewshot_docs(task):
+                raise EvalParityError(
+                    f"task {tname} asks for {shots}-shot examples but its data has no few-shot split "
+                    f"({task.config.fewshot_split or task.config.training_split or 'none'}): pass --num-fewshot 0, "
+                    "or add that split to the mirror")
+    if missing:
+        if len(missing) == 1:
+            raise EvalParityError(str(missing[0]))
+        names_ = ", ".join(m.dataset for m in missing)
+        where = "; ".join(" or ".join(str(p) for p in m.looked) or "(no mirror given)" for m in missing)
+        raise EvalParityError(f"datasets {names_} are not reachable (no network to the hub) and have no mirror "
+                              f"(looked for {where}): put <split>.jsonl files there and pass --datasets-dir DIR")
+    if empty:
+        raise EvalParityError(f"task {empty[0]} has no documents in its evaluation split: check its data files "
+                              "and split names")
+    return TaskPlan(leaves, groups)
+
+
+def _has_fewshot_docs(task) -> bool:
+    try:
+        docs = task.fewshot_docs()
+    except Exception:  # noqa: BLE001 - a missing split surfaces in several ways
+        return False
+    return docs is not None and len(docs) > 0
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    seen = set()
+    while (err.__cause__ or err.__context__) and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, mirrors.MissingDataset):
+            return err
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    return err
