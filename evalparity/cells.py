@@ -221,7 +221,8 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
                   "host": platform.node()}
-    precision.apply(spec.alignment.true_fp32 and cell.dtype == "float32")
+    if cell.dtype == "float32":
+        precision.apply(spec.alignment.true_fp32)
     args = backend.model_args(spec, cell, model_path)
     meta["model_args"] = args
     meta["settings"] = backend.settings(spec, cell, args) | {

@@ -1,0 +1,148 @@
+"""Each statistic agrees with its reference implementation (statsmodels, scipy) on randomised inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import statsmodels.api as sm
+from scipy import stats as sps
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.weightstats import DescrStatsW, ttost_paired
+
+from evalparity.stats import deltas, multiplicity, paired, power
+
+SEEDS = range(20)
+
+
+def _pairs(rng, n, p=0.6, flip=0.1):
+    ref = (rng.random(n) < p).astype(float)
+    cell = np.where(rng.random(n) < flip, 1 - ref, ref)
+    return ref, cell
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_paired_binary_matches_statsmodels(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 3000))
+    ref, cell = _pairs(rng, n, p=rng.uniform(0.1, 0.9), flip=rng.uniform(0.01, 0.3))
+    margin = float(rng.uniform(0.005, 0.05))
+    r = paired.paired_binary(ref, cell, margin=margin, equivalence="t")
+    a, b, c, d = r.both_correct, r.ref_only, r.cell_only, r.both_wrong
+    assert a + b + c + d == n
+    assert np.array_equal(r.table, [[a, b], [c, d]])
+    assert r.pvalue == pytest.approx(mcnemar([[a, b], [c, d]], exact=True).pvalue, abs=1e-9)
+    assert r.statistic == pytest.approx(cell.mean() - ref.mean(), abs=1e-12)
+    lo, hi = DescrStatsW(cell - ref).tconfint_mean(alpha=0.05)
+    assert (r.ci.low, r.ci.high) == pytest.approx((lo, hi), abs=1e-9)
+    assert r.tost_pvalue == pytest.approx(ttost_paired(cell, ref, -margin, margin)[0], abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:8])
+def test_cluster_robust_matches_statsmodels_ols(seed):
+    rng = np.random.default_rng(seed)
+    n = 600
+    ref, cell = _pairs(rng, n)
+    groups = rng.integers(0, 12, n)
+    r = paired.paired_binary(ref, cell, clusters=groups, margin=0.02)
+    fit = sm.OLS(cell - ref, np.ones(n)).fit(cov_type="cluster", cov_kwds={"groups": groups}, use_t=True)
+    assert r.standard_error == pytest.approx(fit.bse[0], abs=1e-9)
+    lo, hi = fit.conf_int(alpha=0.05)[0]
+    assert (r.ci.low, r.ci.high) == pytest.approx((lo, hi), abs=1e-9)
+    t = sps.t(df=11)
+    expected = max(t.sf((r.statistic + 0.02) / fit.bse[0]), t.cdf((r.statistic - 0.02) / fit.bse[0]))
+    assert r.tost_pvalue == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_deltas_match_scipy_and_statsmodels(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(30, 5000))
+    ref = -rng.exponential(5, n)
+    cell = ref + rng.normal(rng.normal(0, 0.01), 0.02, n)
+    tol = 0.01
+    r = deltas.loglikelihood_deltas(ref, cell, tolerance=tol, n_resamples=200)
+    d = cell - ref
+    assert r.statistic == pytest.approx(d.mean(), abs=1e-12)
+    assert r.pvalue == pytest.approx(sps.wilcoxon(d).pvalue, abs=1e-9)
+    assert r.tost_pvalue == pytest.approx(DescrStatsW(d).ttost_mean(-tol, tol)[0], abs=1e-9)
+    assert r.abs_p99 == pytest.approx(np.quantile(np.abs(d), 0.99), abs=1e-12)
+    assert r.abs_max == pytest.approx(np.abs(d).max(), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:5])
+def test_bootstrap_matches_scipy_percentile(seed):
+    """Different random streams, so the two percentile CIs agree to Monte-Carlo error, not to the bit.
+
+    The Monte-Carlo SE of a bootstrap 2.5% quantile of the mean is about sqrt(q(1-q)/B) / φ(1.96) x se;
+    the difference of two independent ones is √2 times that. We allow five of those."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0.01, 0.05, 400)
+    b = 20000
+    ours = deltas.bootstrap_mean_ci(x, n_resamples=b, seed=seed)
+    ref = sps.bootstrap((x,), np.mean, n_resamples=b, method="percentile", random_state=seed + 100)
+    se = x.std() / np.sqrt(x.size)
+    tol = 5 * np.sqrt(2) * np.sqrt(0.025 * 0.975 / b) / sps.norm.pdf(1.96) * se
+    assert ours.low == pytest.approx(ref.confidence_interval.low, abs=tol)
+    assert ours.high == pytest.approx(ref.confidence_interval.high, abs=tol)
+
+
+@pytest.mark.parametrize("method,sm_name", [("holm", "holm"), ("bh", "fdr_bh")])
+def test_multiplicity_matches_statsmodels(method, sm_name):
+    rng = np.random.default_rng(1)
+    p = rng.uniform(0, 0.2, 50)
+    assert multiplicity.adjust(p, method) == pytest.approx(multipletests(p, method=sm_name)[1], abs=1e-12)
+    p[3] = np.nan
+    out = multiplicity.adjust(p, method)
+    assert np.isnan(out[3])
+    keep = ~np.isnan(p)
+    assert out[keep] == pytest.approx(multipletests(p[keep], method=sm_name)[1], abs=1e-12)
+
+
+def test_exact_mcnemar_power_matches_direct_enumeration():
+    """The exact power equals the sum of P(table) over every table the statsmodels test rejects."""
+    n, p_b, p_c = 40, 0.12, 0.03
+    total = 0.0
+    for b in range(n + 1):
+        for c in range(n + 1 - b):
+            prob = sps.multinomial.pmf([b, c, n - b - c], n, [p_b, p_c, 1 - p_b - p_c])
+            if b + c and mcnemar([[0, b], [c, 0]], exact=True).pvalue < 0.05:
+                total += prob
+    assert power.mcnemar_exact_power(n, p_b, p_c) == pytest.approx(total, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_score_restricted_mle_matches_numeric_optimum(seed):
+    """Tango's closed-form restricted MLE equals the root of the trinomial likelihood's derivative, found
+    numerically by scipy's brentq (the log-likelihood is concave, so that root is the maximum)."""
+    from scipy.optimize import brentq
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(50, 2000))
+    b, c = int(rng.integers(1, n // 8)), int(rng.integers(1, n // 8))
+    delta = float(rng.uniform(-0.05, 0.05))
+    r = n - b - c
+
+    def dll(p):
+        return b / p + c / (p + delta) - 2 * r / (1 - 2 * p - delta)
+
+    lo = max(0.0, -delta) + 1e-15
+    hi = (1 - delta) / 2 - 1e-15
+    root = brentq(dll, lo, hi, xtol=1e-15, rtol=1e-15)
+    assert paired.restricted_mle_ref_only(b, c, n, delta) == pytest.approx(root, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:10])
+def test_score_interval_inverts_the_score_test(seed):
+    """At each end of the score interval the two-sided score p-value is exactly α, and with many discordant
+    pairs the interval agrees with statsmodels' paired t interval to within a few 1e-4."""
+    rng = np.random.default_rng(seed)
+    n = 5000
+    ref, cell = _pairs(rng, n, flip=0.2)
+    r = paired.paired_binary(ref, cell)
+    b, c = r.ref_only, r.cell_only
+    for end in (r.ci.low, r.ci.high):
+        z = paired.score_statistic(b, c, n, end)
+        assert 2 * sps.norm.sf(abs(z)) == pytest.approx(0.05, abs=1e-9)
+    lo, hi = DescrStatsW(cell - ref).tconfint_mean(alpha=0.05)
+    assert (r.ci.low, r.ci.high) == pytest.approx((lo, hi), abs=5e-4)
