@@ -100,8 +100,13 @@ class ProgressFile:
 
         def update(bar, n=1):
             out = original_update(bar, n)
-            if bar.total:
-                progress.update(desc=str(bar.desc or ""), n=int(bar.n), total=int(bar.total))
+            try:  # never let progress reporting break the evaluation (disabled bars lack attributes)
+                total = getattr(bar, "total", None)
+                if total:
+                    progress.update(desc=str(getattr(bar, "desc", "") or ""), n=int(getattr(bar, "n", 0)),
+                                    total=int(total))
+            except Exception:  # noqa: BLE001
+                pass
             return out
 
         tqdm.std.tqdm.update = update

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -53,21 +53,21 @@ def _default_out(model: str) -> Path:
 
 @app.command()
 def run(
-    model: Annotated[Optional[str], typer.Option(help="Local path or hub id. Default: the embedded SmolLM2-135M-Instruct.")] = None,
-    tasks: Annotated[Optional[str], typer.Option(help="lm-eval task/group names, comma-separated. Default: gpqa_diamond_zeroshot,gsm8k (embedded data).")] = None,
+    model: Annotated[str | None, typer.Option(help="Local path or hub id. Default: the embedded SmolLM2-135M-Instruct.")] = None,
+    tasks: Annotated[str | None, typer.Option(help="lm-eval task/group names, comma-separated. Default: gpqa_diamond_zeroshot,gsm8k (embedded data).")] = None,
     backends: Annotated[str, typer.Option(help="Backends, comma-separated: vllm, hf.")] = "vllm,hf",
     dtypes: Annotated[str, typer.Option(help="fp32/float32, bf16/bfloat16, fp16/float16, comma-separated.")] = "fp32,bf16,fp16",
-    limit: Annotated[Optional[int], typer.Option(help="Documents per task. Default: all (10 for the embedded default run).")] = None,
-    num_fewshot: Annotated[Optional[int], typer.Option(help="Few-shot examples (default: the task's own; 0 for the embedded default run).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Documents per task. Default: all (10 for the embedded default run).")] = None,
+    num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples (default: the task's own; 0 for the embedded default run).")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
     batch_size: Annotated[int, typer.Option(help="Batch size of every main cell.")] = 8,
-    repeat: Annotated[Optional[list[str]], typer.Option(help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None,
-    include_path: Annotated[Optional[list[str]], typer.Option(help="Folder of extra task YAMLs. Repeatable.")] = None,
-    datasets_dir: Annotated[Optional[str], typer.Option(envvar="EVALPARITY_DATASETS_DIR", help="Dataset mirror: DIR/<hub id>/<config>/<split>.jsonl.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Run directory. Default: results/<model>-<timestamp>.")] = None,
+    repeat: Annotated[list[str] | None, typer.Option(help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None,
+    include_path: Annotated[list[str] | None, typer.Option(help="Folder of extra task YAMLs. Repeatable.")] = None,
+    datasets_dir: Annotated[str | None, typer.Option(envvar="EVALPARITY_DATASETS_DIR", help="Dataset mirror: DIR/<hub id>/<config>/<split>.jsonl.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory. Default: results/<model>-<timestamp>.")] = None,
     force: Annotated[bool, typer.Option(help="Rerun cells that already finished.")] = False,
     max_length: Annotated[int, typer.Option(help="Context length on both backends (capped at the model's).")] = 2048,
-    add_bos_token: Annotated[Optional[bool], typer.Option("--add-bos-token/--no-add-bos-token", help="BOS policy on both backends (default: the tokenizer's).")] = None,
+    add_bos_token: Annotated[bool | None, typer.Option("--add-bos-token/--no-add-bos-token", help="BOS policy on both backends (default: the tokenizer's).")] = None,
     align_softmax: Annotated[bool, typer.Option(help="HF log-softmax in fp32, as vLLM does.")] = True,
     prefix_caching: Annotated[bool, typer.Option(help="vLLM prefix caching (off: it can return stale prompt logprobs).")] = False,
     true_fp32: Annotated[bool, typer.Option(help="fp32 cells without TF32 (torch, cuDNN, Triton).")] = True,
@@ -190,9 +190,9 @@ def report(
 @app.command()
 def compare(
     paths: Annotated[list[Path], typer.Argument(help="lm-eval output directories (--log_samples), one per cell.")],
-    name: Annotated[Optional[list[str]], typer.Option(help="Cell names, one per PATH, in order.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Run directory to write. Default: results/compare-<timestamp>.")] = None,
-    reference: Annotated[Optional[str], typer.Option(help="Reference cell (default: the first PATH).")] = None,
+    name: Annotated[list[str] | None, typer.Option(help="Cell names, one per PATH, in order.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory to write. Default: results/compare-<timestamp>.")] = None,
+    reference: Annotated[str | None, typer.Option(help="Reference cell (default: the first PATH).")] = None,
     margin: Annotated[float, StatsOpt["margin"]] = 0.01,
     ll_tolerance: Annotated[float, StatsOpt["ll_tolerance"]] = 0.05,
     alpha: Annotated[float, StatsOpt["alpha"]] = 0.05,
@@ -216,8 +216,8 @@ def compare(
 
 @app.command()
 def doctor(
-    tasks: Annotated[Optional[str], typer.Option(help="Tasks to check data for, comma-separated.")] = None,
-    datasets_dir: Annotated[Optional[str], typer.Option(envvar="EVALPARITY_DATASETS_DIR")] = None,
+    tasks: Annotated[str | None, typer.Option(help="Tasks to check data for, comma-separated.")] = None,
+    datasets_dir: Annotated[str | None, typer.Option(envvar="EVALPARITY_DATASETS_DIR")] = None,
 ) -> None:
     """What works here: backends, device and dtypes, caches, data for tasks, and known snags with fixes."""
     from evalparity.doctor import diagnose

@@ -46,7 +46,7 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
         loaded.append((name, p, results, table))
     used: dict[str, int] = {}
     final = []
-    for name, p, results, table in loaded:
+    for name, *_ in loaded:
         used[name] = used.get(name, 0) + 1
         final.append(name if used[name] == 1 else f"{name}-{used[name]}")
     tasks = [set(t["task"]) for *_, t in loaded]

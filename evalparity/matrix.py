@@ -159,11 +159,12 @@ def summary_table(outcomes: list[CellOutcome]) -> Table:
         agg = []
         for task, vals in (m.get("aggregate") or {}).items():
             for k, v in vals.items():
-                if k.split(",")[0] in ("acc", "acc_norm", "exact_match") and isinstance(v, float):
-                    agg.append(f"{task} {k.split(',')[0]}{'/' + k.split(',')[1] if ',' in k and k.split(',')[1] != 'none' else ''}={v:.3f}")
+                metric, _, filt = k.partition(",")
+                if metric in ("acc", "acc_norm", "exact_match") and isinstance(v, float):
+                    agg.append(f"{task} {metric}{'' if filt in ('', 'none') else '/' + filt}={v:.3f}")
         status = o.status if o.status != "failed" else f"[red]failed[/red]: {m.get('error', '')[:60]}"
         t.add_row(o.name, status, _num(m.get("load_s")), _num(m.get("eval_s")), _num(m.get("wall_s")),
-                  _num(m.get("peak_rss_gib"), 2), "; ".join(agg[:4]) + (" ..." if len(agg) > 4 else ""))
+                  _num(m.get("peak_rss_gib"), 2), "\n".join(agg[:6]) + ("\n..." if len(agg) > 6 else ""))
     return t
 
 

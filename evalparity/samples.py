@@ -238,7 +238,7 @@ def check_alignment(tables: dict[str, pd.DataFrame]) -> None:
             raise EvalParityError(
                 f"cells are not aligned: {_key_str(key)} is in {where} but not in {lacks}: "
                 "run every cell with the same tasks, --limit and --num-fewshot (or --force the stale cell)")
-        joined = ref.join(other, rsuffix="_other")
+        joined = ref.merge(other, left_index=True, right_index=True, suffixes=("", "_other"))
         for h in HASHES:
             bad = joined[h] != joined[h + "_other"]
             if bad.any():

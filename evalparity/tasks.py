@@ -95,8 +95,9 @@ def preflight(names: list[str], tm, mirror_roots: list[Path], limit: int | None,
             if isinstance(cause, mirrors.MissingDataset):
                 missing.append(cause)
                 continue
-            raise EvalParityError(f"task {name!r} failed to load ({type(cause).__name__}: "
-                                  f"{str(cause).splitlines()[0] if str(cause) else ''}): check its YAML and data") from None
+            first = str(cause).splitlines()[0] if str(cause) else ""
+            raise EvalParityError(f"task {name!r} failed to load ({type(cause).__name__}: {first}): "
+                                  "check its YAML and data") from None
         groups.update(loaded.get("group_map", {}))
         for tname, task in loaded["tasks"].items():
             n = len(task.eval_docs)

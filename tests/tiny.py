@@ -91,7 +91,7 @@ def make_tasks(root: Path, *, n_docs: int = 12, seed: int = 0) -> Path:
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     mc, gen = [], []
-    for i in range(n_docs):
+    for _i in range(n_docs):
         q = " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9)))
         choices = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))) for _ in range(4)]
         mc.append({"question": q, "choices": choices, "label": rng.randrange(4)})

@@ -62,7 +62,7 @@ class Doc:
             self.md.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
         self.md.append("")
         h = ["<table><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in header) + "</tr></thead><tbody>"]
-        for i, r in enumerate(rows):
+        for _i, r in enumerate(rows):
             h.append("<tr>" + "".join(_cell_html(c) for c in r) + "</tr>")
         h.append("</tbody></table>")
         self.html.append("".join(h))
@@ -202,7 +202,8 @@ def _setup(doc: Doc, spec: dict, metas: dict[str, dict]) -> None:
                      f"{_f(m.get('load_s'))} / {_f(m.get('eval_s'))}", _f(m.get("peak_rss_gib")),
                      f"torch {ver.get('torch', '?')}, transformers {ver.get('transformers', '?')}, "
                      f"vllm {ver.get('vllm', '?')}, lm_eval {ver.get('lm_eval', '?')}" if ver else m.get("source", "–"),
-                     f"matmul {prec.get('float32_matmul_precision', '–')}, TF32 {prec.get('cuda_matmul_allow_tf32', '–')}, "
+                     f"matmul {prec.get('float32_matmul_precision', '–')}, "
+                     f"TF32 {prec.get('cuda_matmul_allow_tf32', '–')}, "
                      f"triton {prec.get('triton_f32_default', '–')}, attn {prec.get('attention_backend', '–')}"
                      if prec else "–"])
     doc.table(["cell", "status", "batch", "device", "load / eval s", "peak RSS GiB", "versions", "precision"], rows)

@@ -130,10 +130,11 @@ def _score_row(x_ref: np.ndarray, x_cell: np.ndarray, opts: StatsOptions, cluste
     from scipy import stats as sps
 
     z = sps.norm.ppf(1 - opts.alpha / 2) + sps.norm.ppf(0.8)
+    z_equiv = sps.norm.ppf(1 - opts.alpha) + sps.norm.ppf(0.9)  # TOST at 80% power when Δ = 0
     return base | {"effect": float(d.mean()), "ci_low": float(lo), "ci_high": float(hi),
                    "p_diff": float(ds.ttest_mean(0)[1]), "p_equiv": float(ds.ttost_mean(-opts.margin, opts.margin)[0]),
                    "method": "paired t + TOST (continuous metric)", "mdd": float(z * sd / math.sqrt(n)),
-                   "n_needed": float(math.ceil(((sps.norm.ppf(1 - opts.alpha) + sps.norm.ppf(0.9)) * sd / opts.margin) ** 2)),
+                   "n_needed": float(math.ceil((z_equiv * sd / opts.margin) ** 2)),
                    "discordant": int(np.sum(d != 0))}
 
 

@@ -1,0 +1,93 @@
+"""Bad input: one line, a non-zero exit, no traceback, and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import evalparity, one_line_error
+
+
+def run_args(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", "--model", str(model), "--tasks", "tiny_mc", "--include-path", str(tasks), "--out", str(out),
+            "--backends", "hf", "--dtypes", "fp32", "--limit", "2", *extra]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--backends", "hf,tgi"], "unknown backend 'tgi'"),
+    (["--dtypes", "fp32,int8"], "unknown dtype 'int8'"),
+    (["--limit", "0"], "--limit 0 would evaluate no documents"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--repeat", "hf:fp32"], "bad --repeat"),
+    (["--alpha", "2"], "--alpha 2.0 is not a probability"),
+])
+def test_bad_options_fail_before_anything_runs(tiny_model, tiny_tasks, tmp_path, extra, needle):
+    out = tmp_path / "run"
+    line = one_line_error(evalparity(*run_args(tiny_model, tiny_tasks, out), *extra))
+    assert needle in line
+    assert not out.exists()
+
+
+def test_unknown_task_names_a_close_match(tiny_model, tiny_tasks, tmp_path):
+    args = run_args(tiny_model, tiny_tasks, tmp_path / "run")
+    args[args.index("tiny_mc")] = "tiny_mcc"
+    line = one_line_error(evalparity(*args))
+    assert "unknown task 'tiny_mcc'" in line and "did you mean 'tiny_mc'" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_model_path(tiny_tasks, tmp_path):
+    line = one_line_error(evalparity(*run_args(tmp_path / "nope", tiny_tasks, tmp_path / "run")))
+    assert "model path" in line and "does not exist" in line
+
+
+def test_empty_task(tiny_model, tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "empty_task.yaml").write_text(
+        "task: empty_task\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {tmp_path / 'empty.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
+        "doc_to_text: '{{q}}'\ndoc_to_choice: '{{c}}'\ndoc_to_target: 0\nmetric_list:\n  - metric: acc\n")
+    args = run_args(tiny_model, tmp_path, tmp_path / "run")
+    args[args.index("tiny_mc")] = "empty_task"
+    line = one_line_error(evalparity(*args))
+    assert "empty_task" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_dtype_the_device_cannot_run(monkeypatch):
+    """On a CPU without AVX2, vLLM cannot run half precision; the check names the dtype and the fix."""
+    from evalparity import devices
+    from evalparity.errors import EvalParityError
+
+    monkeypatch.setattr(devices, "cpu_flags", lambda: {"sse2"})
+    with pytest.raises(EvalParityError, match="dtype bfloat16 cannot run on cpu.*drop it from --dtypes"):
+        devices.check_dtypes("cpu", ["float32", "bfloat16"], ["vllm"])
+    devices.check_dtypes("cpu", ["float32"], ["vllm"])  # fp32 is fine
+    devices.check_dtypes("cpu", ["bfloat16"], ["hf"])  # and HF has no such requirement
+
+
+def test_cuda_device_missing_is_one_line(tiny_model, tiny_tasks, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    line = one_line_error(evalparity(*run_args(tiny_model, tiny_tasks, tmp_path / "run"), "--device", "cuda"))
+    assert "device cuda is not available" in line
+
+
+def test_output_dir_of_a_different_spec(tiny_model, tiny_tasks, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    spec = {"model": "other-model", "tasks": ["tiny_mc"], "cells": [], "limit": 2}
+    (out / "spec.json").write_text(json.dumps(spec))
+    before = sorted(p.name for p in out.iterdir())
+    line = one_line_error(evalparity(*run_args(tiny_model, tiny_tasks, out)))
+    assert "holds a run of a different spec" in line and "model" in line
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert json.loads((out / "spec.json").read_text()) == spec
+
+
+def test_report_on_a_non_run_directory(tmp_path):
+    line = one_line_error(evalparity("report", str(tmp_path)))
+    assert "is not a run directory" in line

@@ -1,0 +1,168 @@
+"""End to end on a tiny random Llama: both backends, fp32 and bf16, a multiple-choice and a generation task.
+
+One run is shared by the tests of this module (about 90 s on 2 CPU cores); each test reads what it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+from conftest import evalparity
+
+from evalparity.samples import HASHES, KEY, check_alignment, read_table
+
+CELLS = ["vllm-fp32", "vllm-bf16", "hf-fp32", "hf-bf16"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tiny_model, tiny_tasks, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "r"
+    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path",
+                      str(tiny_tasks), "--dtypes", "fp32,bf16", "--limit", "10", "--out", str(out),
+                      "--max-length", "512")
+    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
+    return out, proc
+
+
+def test_every_cell_finished_with_its_files(run_dir):
+    out, proc = run_dir
+    for name in CELLS:
+        cell = out / "cells" / name
+        meta = json.loads((cell / "cell.json").read_text())
+        assert meta["status"] == "ok", meta
+        for f in ("samples.parquet", "cell.log", "lm_eval_results.json"):
+            assert (cell / f).exists(), f
+        assert list((cell / "lm_eval").rglob("samples_tiny_mc_*.jsonl"))
+        assert meta["load_s"] > 0 and meta["eval_s"] > 0 and meta["peak_rss_gib"] > 0
+        assert meta["versions"]["lm_eval"] and meta["versions"]["vllm"] != "not installed"
+    assert not list((out / "cells").glob(".tmp-*"))
+
+
+def test_engine_logs_stay_off_the_terminal(run_dir):
+    out, proc = run_dir
+    assert "INFO" not in proc.stderr and "Loading weights" not in proc.stderr
+    log = (out / "cells" / "vllm-fp32" / "cell.log").read_text()
+    assert "vllm" in log.lower()
+
+
+def test_confounds_are_aligned_and_recorded(run_dir):
+    out, _ = run_dir
+    hf = json.loads((out / "cells" / "hf-bf16" / "cell.json").read_text())
+    vl = json.loads((out / "cells" / "vllm-bf16" / "cell.json").read_text())
+    assert hf["model_args"]["softmax_dtype"] == "float32"
+    assert vl["model_args"]["enable_prefix_caching"] is False
+    assert hf["model_args"]["max_length"] == vl["model_args"]["max_model_len"] == 512
+    assert hf["settings"]["add_bos_token"] == vl["settings"]["add_bos_token"]
+    assert "request_cache" in hf["settings"] and hf["settings"]["seeds"]["random"] == 1234
+    fp32 = json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())
+    assert fp32["precision"]["float32_matmul_precision"] == "highest"
+    assert fp32["precision"]["triton_f32_default"] == "ieee"
+
+
+def test_per_sample_tables_are_aligned_and_shaped(run_dir):
+    out, _ = run_dir
+    tables = {c: read_table(out / "cells" / c / "samples.parquet") for c in CELLS}
+    check_alignment(tables)
+    t = tables["hf-fp32"]
+    mc = t[t["task"] == "tiny_mc"]
+    assert len(mc) == 40 and set(mc["choice"]) == {0, 1, 2, 3}  # 10 docs x 4 choices
+    assert mc["loglikelihood"].notna().all() and mc["gold"].notna().all()
+    assert {"m:acc", "m:acc_norm"} <= set(t.columns)
+    gen = t[t["task"] == "tiny_gen"]
+    assert len(gen) == 10 and gen["generated_ids"].map(lambda x: x is not None and len(x) > 0).all()
+    for h in HASHES:
+        assert t[h].str.len().min() > 0
+    assert not t.duplicated(KEY).any()
+
+
+def test_fp32_backends_agree_to_roundoff_and_bf16_drifts_more(run_dir):
+    out, _ = run_dir
+    def ll(c):
+        t = read_table(out / "cells" / c / "samples.parquet")
+        return t[t["task"] == "tiny_mc"].set_index(["doc_id", "choice"])["loglikelihood"]
+    d32 = (ll("vllm-fp32") - ll("hf-fp32")).abs()
+    d16 = (ll("vllm-bf16") - ll("hf-fp32")).abs()
+    assert d32.max() < 1e-3, d32.max()
+    assert d16.mean() > 10 * d32.mean()
+
+
+def test_stats_and_report_written(run_dir):
+    out, proc = run_dir
+    v = json.loads((out / "stats" / "verdicts.json").read_text())
+    assert v["schema"] == "evalparity.verdicts/1"
+    assert v["sign_off"]["status"] in ("PASS", "FAIL", "INCONCLUSIVE")
+    assert proc.returncode == v["sign_off"]["exit_code"]
+    cells = {r["cell"] for r in v["comparisons"]}
+    assert cells == {"vllm-fp32", "vllm-bf16", "hf-bf16"}
+    for r in v["comparisons"]:
+        assert r["verdict"] in ("EQUIVALENT", "DIFFERENT", "INCONCLUSIVE") and r["reason"]
+        assert r["n"] == 10 or r["metric"] == "loglikelihood"
+    for f in ("report.md", "report.html"):
+        assert (out / "report" / f).stat().st_size > 1000
+    assert list((out / "report" / "figures").glob("*.png"))
+    gens = pd.read_parquet(out / "stats" / "generations.parquet")
+    assert set(gens["cell"]) == {"vllm-fp32", "vllm-bf16", "hf-bf16"}
+    assert gens["n_without_ids"].eq(0).all()
+
+
+def test_rerun_skips_every_cell(run_dir, tiny_model, tiny_tasks):
+    out, _ = run_dir
+    before = {c: (out / "cells" / c / "cell.json").stat().st_mtime for c in CELLS}
+    t0 = time.perf_counter()
+    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path",
+                      str(tiny_tasks), "--dtypes", "fp32,bf16", "--limit", "10", "--out", str(out),
+                      "--max-length", "512")
+    took = time.perf_counter() - t0
+    assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
+    assert "4 cell(s) already done, skipped" in proc.stderr
+    assert {c: (out / "cells" / c / "cell.json").stat().st_mtime for c in CELLS} == before
+    print(f"rerun with every cell skipped took {took:.1f} s")
+
+
+def test_report_regenerates_alone(run_dir):
+    out, _ = run_dir
+    (out / "report" / "report.md").unlink()
+    proc = evalparity("report", str(out), "--no-fail-on-inconclusive")
+    assert proc.returncode in (0, 3), proc.stderr
+    assert (out / "report" / "report.md").exists()
+
+
+def test_a_crashing_cell_is_recorded_and_the_others_kept(tiny_model, tiny_tasks, tmp_path):
+    out = tmp_path / "crash"
+    # backend=seq2seq makes HF try an encoder-decoder class for a Llama config: a real crash in the cell.
+    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
+                      "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "3", "--out", str(out),
+                      "--hf-args", "backend=seq2seq")
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    for c in ("hf-fp32", "hf-bf16"):
+        meta = json.loads((out / "cells" / c / "cell.json").read_text())
+        assert meta["status"] == "failed" and meta["error"]
+        assert "Traceback" in (out / "cells" / c / "cell.log").read_text()
+
+
+def test_killed_run_leaves_no_finished_looking_cell_and_resumes(tiny_model, tiny_tasks, tmp_path):
+    out = tmp_path / "killed"
+    args = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
+            "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "4",
+            "--out", str(out), "--no-fail-on-inconclusive"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (out / "cells" / ".tmp-hf-fp32" / "cell.log").exists():
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "cells" / "hf-fp32" / "cell.json").exists()
+    done = evalparity(*args[3:])
+    assert done.returncode == 0, done.stderr[-2000:]
+    for c in ("hf-fp32", "hf-bf16"):
+        assert json.loads((out / "cells" / c / "cell.json").read_text())["status"] == "ok"
+    assert not list((out / "cells").glob(".tmp-*"))  # the stale temp dir was replaced by the rerun
+    assert math.isfinite(json.loads((out / "stats" / "verdicts.json").read_text())["comparisons"][0]["n"])
