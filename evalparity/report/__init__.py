@@ -96,6 +96,12 @@ figure{margin:1em 0}figcaption{font-size:12px;color:#57606a}code,pre{background:
 pre{padding:.5em;white-space:pre-wrap}"""
 
 
+# The page checks itself once loaded: a figure that failed to decode is logged as a console error, which is
+# what the headless-browser test (and anyone opening the developer console) sees.
+SELF_CHECK = """<script>window.addEventListener('load',function(){document.querySelectorAll('img').forEach(
+function(i){if(!(i.complete&&i.naturalWidth>0)){console.error('missing image: '+i.alt);}});});</script>"""
+
+
 def write_report(run_dir: Path) -> dict[str, Path]:
     run_dir = Path(run_dir)
     v = json.loads((run_dir / "stats" / "verdicts.json").read_text())
@@ -144,7 +150,7 @@ def write_report(run_dir: Path) -> dict[str, Path]:
     md_path, html_path = out / "report.md", out / "report.html"
     _atomic(md_path, "\n".join(doc.md))
     _atomic(html_path, "<!doctype html><html><head><meta charset='utf-8'><title>evalparity report</title>"
-                       f"<style>{CSS}</style></head><body>" + "\n".join(doc.html) + "</body></html>")
+                       f"<style>{CSS}</style></head><body>" + "\n".join(doc.html) + SELF_CHECK + "</body></html>")
     return {"md": md_path, "html": html_path, "figures": figdir}
 
 

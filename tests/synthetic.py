@@ -1,0 +1,56 @@
+"""Synthetic run directories (no engines): per-sample tables with planted drift, for report-scale tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from evalparity.samples import write_table
+
+
+def make_run(root: Path, *, n_tasks: int, cells: list[str], docs_per_task: int = 40, group: str = "mmlu",
+             seed: int = 0, drift: dict[str, float] | None = None) -> Path:
+    """A run directory whose tasks are members of one group; ``drift[cell]`` is the share of docs on which
+    that cell's answer moves to a wrong choice."""
+    rng = np.random.default_rng(seed)
+    drift = drift or {}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "spec.json").write_text(json.dumps({"model": "synthetic", "tasks": [group], "cells": [], "limit": None,
+                                                "alignment": {"seed": 1}}))
+    base = []
+    for t in range(n_tasks):
+        for d in range(docs_per_task):
+            lls = rng.normal(-8, 2, 4)
+            gold = int(rng.integers(4))
+            for c in range(4):
+                base.append({"task": f"{group}_subject_{t:02d}", "group": group, "filter": "none", "doc_id": d,
+                             "choice": c, "output_type": "multiple_choice", "doc_hash": f"{t}-{d}",
+                             "prompt_hash": f"p{t}-{d}", "target_hash": str(gold), "target": str(gold),
+                             "context": f"Question {d} of subject {t}?", "continuation": f" answer {c}",
+                             "loglikelihood": lls[c], "is_greedy": False, "gold": gold})
+    base = pd.DataFrame(base)
+    for name in cells:
+        t = base.copy()
+        noise = rng.normal(0, 0.01 if name != cells[0] else 0.0, len(t))
+        t["loglikelihood"] = t["loglikelihood"] + noise
+        rate = drift.get(name, 0.0)
+        if rate:
+            docs = t[["task", "doc_id"]].drop_duplicates()
+            hit = docs.sample(frac=rate, random_state=seed)
+            wrong = (t["gold"].astype(int) + 1) % 4
+            mask = t.set_index(["task", "doc_id"]).index.isin(pd.MultiIndex.from_frame(hit)) & (t["choice"] == wrong)
+            t.loc[mask, "loglikelihood"] += 6.0
+        pred = t.loc[t.groupby(["task", "doc_id"])["loglikelihood"].idxmax(), ["task", "doc_id", "choice"]]
+        acc = t.merge(pred, on=["task", "doc_id"], suffixes=("", "_pred"))
+        t["m:acc"] = (acc["choice_pred"] == acc["gold"]).astype(float).to_numpy()
+        d = root / "cells" / name
+        d.mkdir(parents=True, exist_ok=True)
+        t.insert(0, "cell", name)
+        write_table(t, d / "samples.parquet")
+        backend, _, dtype = name.partition("-")
+        (d / "cell.json").write_text(json.dumps({"cell": name, "status": "ok", "tag": "", "base_cell": name,
+                                                 "backend": backend, "dtype": dtype, "batch_size": 8}))
+    return root
