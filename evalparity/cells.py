@@ -257,6 +257,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
         log_samples=True, task_manager=tm, evaluation_tracker=tracker, cache_requests=False,
         bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed,
+        gen_kwargs={"max_gen_toks": spec.alignment.max_gen_toks} if spec.alignment.max_gen_toks else None,
     )
     meta["eval_s"] = time.perf_counter() - t1
 

@@ -20,6 +20,7 @@ models_app = typer.Typer(no_args_is_help=True, help="The embedded default model.
 app.add_typer(models_app, name="models")
 console = Console(stderr=True)
 
+EMBEDDED_LIMIT = 6
 StatsOpt = {
     "reference": typer.Option(help="Reference cell every other cell is compared to."),
     "margin": typer.Option(help="Equivalence margin for score differences (0.01 = ±1 percentage point)."),
@@ -57,7 +58,7 @@ def run(
     tasks: Annotated[str | None, typer.Option(help="lm-eval task/group names, comma-separated. Default: gpqa_diamond_zeroshot,gsm8k (embedded data).")] = None,
     backends: Annotated[str, typer.Option(help="Backends, comma-separated: vllm, hf.")] = "vllm,hf",
     dtypes: Annotated[str, typer.Option(help="fp32/float32, bf16/bfloat16, fp16/float16, comma-separated.")] = "fp32,bf16,fp16",
-    limit: Annotated[int | None, typer.Option(help="Documents per task. Default: all (10 for the embedded default run).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Documents per task. Default: all (6 for the embedded default run).")] = None,
     num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples (default: the task's own; 0 for the embedded default run).")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
     batch_size: Annotated[int, typer.Option(help="Batch size of every main cell.")] = 8,
@@ -72,6 +73,7 @@ def run(
     prefix_caching: Annotated[bool, typer.Option(help="vLLM prefix caching (off: it can return stale prompt logprobs).")] = False,
     true_fp32: Annotated[bool, typer.Option(help="fp32 cells without TF32 (torch, cuDNN, Triton).")] = True,
     seed: Annotated[int, typer.Option(help="Seed for lm-eval, numpy, torch and few-shot sampling.")] = 1234,
+    max_gen_toks: Annotated[int | None, typer.Option(help="Cap on generated tokens, the same on both backends (default: each task's own; 64 for the embedded default run).")] = None,
     hf_args: Annotated[str, typer.Option(help="Extra lm-eval hf model args, k=v,k=v.")] = "",
     vllm_args: Annotated[str, typer.Option(help="Extra lm-eval vllm model args, k=v,k=v.")] = "",
     reference: Annotated[str, StatsOpt["reference"]] = "hf-fp32",
@@ -82,6 +84,7 @@ def run(
     cluster: Annotated[bool, StatsOpt["cluster"]] = False,
     gate_logprobs: Annotated[bool, StatsOpt["gate_logprobs"]] = False,
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
+    drift: Annotated[int, typer.Option(help="Also localise the drift on this many prompts from the run's tasks (0: off).")] = 0,
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
     from evalparity import tasks as tasks_mod
@@ -97,8 +100,13 @@ def run(
     if tasks is not None and not task_list:
         raise EvalParityError("--tasks is empty: give lm-eval task or group names, e.g. --tasks hellaswag")
     if embedded_default:
-        limit = 10 if limit is None else limit
+        # A first run that finishes in minutes on 2 CPU cores: few docs, zero-shot (the embedded mirror has
+        # no train split), and generations capped at 64 tokens; each of these is recorded in the spec.
+        limit = EMBEDDED_LIMIT if limit is None else limit
         num_fewshot = 0 if num_fewshot is None else num_fewshot
+        max_gen_toks = 64 if max_gen_toks is None else max_gen_toks
+    if max_gen_toks is not None and max_gen_toks < 1:
+        raise EvalParityError(f"--max-gen-toks {max_gen_toks} must be at least 1")
     limit = check_limit(limit)
     if num_fewshot is not None and num_fewshot < 0:
         raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
@@ -126,7 +134,8 @@ def run(
         device=dev, include_paths=tuple(str(Path(p).resolve()) for p in include_path or []),
         datasets_dir=str(Path(datasets_dir).resolve()) if datasets_dir else None,
         alignment=Alignment(softmax_fp32=align_softmax, add_bos_token=add_bos_token, max_length=max_len,
-                            prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32),
+                            prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32,
+                            max_gen_toks=max_gen_toks),
         hf_args=hf_args, vllm_args=vllm_args,
     )
     if opts.reference not in {c.name for c in cell_specs}:
@@ -148,6 +157,11 @@ def run(
     if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
         console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
         raise typer.Exit(EXIT_CELL_FAILED)
+    if drift:
+        from evalparity.drift import prompts_from_run, run_drift
+
+        run_drift(str(model_path), prompts_from_run(run_dir, drift), [c.name for c in cell_specs if not c.tag],
+                  run_dir / "drift", reference=opts.reference, device=dev, max_len=max_len, console=console)
     code = _stats_and_report(run_dir, opts, fail_on_inconclusive)
     raise typer.Exit(EXIT_CELL_FAILED if failed and code == 0 else code)
 
@@ -212,6 +226,58 @@ def compare(
     if opts.reference not in names:
         raise EvalParityError(f"--reference {opts.reference} is not one of the cells {', '.join(names)}")
     raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
+
+
+@app.command("drift")
+def drift_cmd(
+    run_dir: Annotated[Path | None, typer.Option(help="Run directory: prompts come from its tasks, results go to RUN_DIR/drift and its report.")] = None,
+    prompts: Annotated[Path | None, typer.Option(help="Prompt file instead: .txt (one a line) or .jsonl with a 'prompt' field.")] = None,
+    model: Annotated[str | None, typer.Option(help="Local path or hub id (default: the run's model, else the embedded one).")] = None,
+    cells: Annotated[str, typer.Option(help="Cells to probe, comma-separated.")] = "vllm-fp32,vllm-bf16,vllm-fp16,hf-bf16,hf-fp16",
+    reference: Annotated[str, typer.Option(help="Reference cell.")] = "hf-fp32",
+    n_prompts: Annotated[int, typer.Option(help="Prompts to take from the run.")] = 200,
+    gen_tokens: Annotated[int, typer.Option(help="Greedy tokens to generate per prompt for the divergence test (0: off).")] = 32,
+    threshold: Annotated[float, typer.Option(help="Relative error above which a layer counts as drifted.")] = 1e-3,
+    max_length: Annotated[int, typer.Option(help="Longest prompt + generation, in tokens.")] = 2048,
+    device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: RUN_DIR/drift, or results/drift-<timestamp>).")] = None,
+) -> None:
+    """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
+    import json as _json
+
+    from evalparity.devices import resolve_device
+    from evalparity.drift import prompts_from_file, prompts_from_run, run_drift
+    from evalparity.models import resolve_model
+    from evalparity.spec import split_list
+
+    if (run_dir is None) == (prompts is None):
+        raise EvalParityError("give exactly one of --run-dir (prompts from a run) or --prompts FILE")
+    if n_prompts < 1:
+        raise EvalParityError(f"--n-prompts {n_prompts} must be at least 1")
+    if run_dir is not None and model is None and (run_dir / "spec.json").exists():
+        cells_meta = sorted((run_dir / "cells").glob("*/cell.json"))
+        if cells_meta:
+            model = _json.loads(cells_meta[0].read_text()).get("model_path")
+    dev = resolve_device(device)
+    _, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+    texts = prompts_from_run(run_dir, n_prompts) if run_dir is not None else prompts_from_file(prompts)[:n_prompts]
+    dest = out or (run_dir / "drift" if run_dir is not None else Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}")
+    t0 = time.perf_counter()
+    results = run_drift(str(model_path), texts, split_list(cells), dest, reference=reference, device=dev,
+                        max_len=max_len, gen_tokens=gen_tokens, threshold=threshold, console=console)
+    console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {dest}")
+    for c, s in results.items():
+        layers = s["layers"]
+        console.print(f"  {c}: rel error layer 1 {layers[1]['rel_error']:.2e}, final {layers[-1]['rel_error']:.2e}, "
+                      f"first over {threshold:g}: {s['first_layer_over_threshold']}, "
+                      f"mean |Δ logprob| {s['prompt_logprobs']['abs_mean']:.2e}, "
+                      f"tokenization mismatches {len(s['tokenization_mismatches'])}")
+    if run_dir is not None and (run_dir / "stats" / "verdicts.json").exists():
+        from evalparity.report import write_report
+
+        console.print(f"report: {write_report(run_dir)['html']}")
+    if len(results) < len([c for c in split_list(cells) if c != reference]):
+        raise typer.Exit(EXIT_CELL_FAILED)
 
 
 @app.command()

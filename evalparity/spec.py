@@ -54,7 +54,7 @@ class Alignment:
     prefix_caching: bool = False       # vLLM prefix caching can return stale prompt logprobs
     seed: int = 1234
     true_fp32: bool = True             # no TF32 in fp32 cells (torch matmul, cuDNN, Triton)
-    max_gen_toks: int = 256
+    max_gen_toks: int | None = None   # None: each task's own; else a cap passed to lm-eval's gen_kwargs
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
         "add_bos_token": args.get("add_bos_token", "tokenizer default"),
         "max_length": args.get("max_length"),
         "batch_size": args.get("batch_size"),
-        "max_gen_toks": 256,
+        "max_gen_toks": spec.alignment.max_gen_toks or "the task's own (lm-eval default 256)",
         "generation": "greedy (temperature 0, do_sample False) unless the task sets otherwise",
         "prefix_caching": "n/a",
     }

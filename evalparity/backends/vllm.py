@@ -21,7 +21,6 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
         "enable_prefix_caching": a.prefix_caching,
         # CUDA graphs / torch.compile cost minutes of start-up and change nothing we measure.
         "enforce_eager": True,
-        "max_gen_toks": a.max_gen_toks,
     }
     if spec.device != "cpu":
         args["gpu_memory_utilization"] = 0.3
@@ -50,7 +49,7 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
         "add_bos_token": args.get("add_bos_token", "tokenizer default"),
         "max_length": args.get("max_model_len"),
         "batch_size": args.get("batch_size"),
-        "max_gen_toks": args.get("max_gen_toks"),
+        "max_gen_toks": spec.alignment.max_gen_toks or "the task's own (lm-eval default 256)",
         "generation": "greedy (temperature 0) unless the task sets otherwise",
         "prefix_caching": args.get("enable_prefix_caching"),
         "enforce_eager": args.get("enforce_eager"),

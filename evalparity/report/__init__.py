@@ -145,6 +145,7 @@ def write_report(run_dir: Path) -> dict[str, Path]:
     _flips(doc, _read(run_dir, "flips"))
     _generations(doc, _read(run_dir, "generations"))
     _noise_floor(doc, comp)
+    _drift(doc, run_dir, figdir)
     _flipped_samples(doc, flipped)
 
     md_path, html_path = out / "report.md", out / "report.html"
@@ -199,6 +200,7 @@ def _setup(doc: Doc, spec: dict, metas: dict[str, dict]) -> None:
         ["HF log-softmax in fp32", str(al.get("softmax_fp32"))], ["BOS token", str(al.get("add_bos_token"))],
         ["max length (both)", str(al.get("max_length"))], ["vLLM prefix caching", str(al.get("prefix_caching"))],
         ["true fp32 (no TF32)", str(al.get("true_fp32"))],
+        ["max generated tokens", str(al.get("max_gen_toks") or "each task's own")],
     ] if spec else [["run", "imported lm-eval outputs (evalparity compare)"]])
     rows = []
     for name, m in metas.items():
@@ -274,6 +276,50 @@ def _noise_floor(doc: Doc, comp: pd.DataFrame) -> None:
     rows = [[r.task, r.metric, f"{r.reference} vs {r.cell}", str(int(r.n)), _pp(r.effect) if r.metric != "loglikelihood"
              else _f(r.effect), r.verdict] for r in nf.itertuples()]
     doc.table(["task", "metric", "repeat pair", "n", "Δ", "verdict"], rows)
+
+
+def load_drift(run_dir: Path) -> dict[str, dict]:
+    d = run_dir / "drift"
+    if not d.is_dir():
+        return {}
+    out = {}
+    for p in sorted(d.glob("*.json")):
+        if p.name in ("spec.json", "prompts.json"):
+            continue
+        out[p.stem] = json.loads(p.read_text())
+    return out
+
+
+def _drift(doc: Doc, run_dir: Path, figdir: Path) -> None:
+    drift = load_drift(run_dir)
+    if not drift:
+        return
+    doc.h(2, "Where the drift comes from")
+    any_s = next(iter(drift.values()))
+    doc.p(f"{any_s['n_prompts']} prompts, compared on identical token ids with {any_s['reference']}. Hidden-state "
+          "entry 0 is the embedding output, entry i the residual stream after layer i, the last one the final "
+          f"norm's output. Threshold for 'first layer over': relative error {any_s['threshold']:g}.")
+    rows = []
+    for cell, s in drift.items():
+        lp = s["prompt_logprobs"]
+        g = s.get("generations") or {}
+        rows.append([cell, str(s["first_layer_over_threshold"]), _f(s["layers"][1]["rel_error"]) if len(s["layers"]) > 1
+                     else "–", _f(s["layers"][-1]["rel_error"]), _f(s["layers"][-1]["cosine"], 8), _f(lp["abs_mean"]),
+                     _f(lp["abs_p99"]), _f(lp["abs_max"]),
+                     f"{100 * g['identical']:.0f}%" if g else "–", str(len(s["tokenization_mismatches"]))])
+    doc.table(["cell", "first layer over", "rel err layer 1", "rel err final", "cos final", "mean |Δ lp|",
+               "p99 |Δ lp|", "max |Δ lp|", "identical generations", "tokenization mismatches"], rows)
+    doc.image(figures.drift_by_layer(drift, figdir), "Relative error and cosine distance by layer",
+              "figures/drift_by_layer.png")
+    doc.image(figures.drift_by_position(drift, figdir), "Final-layer drift by token position",
+              "figures/drift_by_position.png")
+    for cell, s in drift.items():
+        worst = s.get("worst_tokens", [])[:5]
+        if worst:
+            text = "\n".join(f"|Δ| {_f(w['abs_delta'])} prompt {w['prompt']} pos {w['position']}: "
+                             f"{w['context']!r} -> {w['token']!r}" for w in worst)
+            doc.raw(f"Worst tokens, {cell}:\n```\n{text}\n```\n",
+                    f"<p>Worst tokens, {html.escape(cell)}:</p><pre>{html.escape(text)}</pre>")
 
 
 def _flipped_samples(doc: Doc, flipped: pd.DataFrame, k: int = 10) -> None:

@@ -134,3 +134,39 @@ def _reference(run_dir: Path) -> str:
     import json
 
     return json.loads((run_dir / "stats" / "verdicts.json").read_text())["options"]["reference"]
+
+
+def drift_by_layer(drift: dict[str, dict], out: Path) -> Path | None:
+    if not drift:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for cell, s in drift.items():
+        layers = [x["layer"] for x in s["layers"]]
+        axes[0].plot(layers, [max(x["rel_error"], 1e-12) for x in s["layers"]], marker="o", ms=3, label=cell)
+        axes[1].plot(layers, [1 - x["cosine"] + 1e-16 for x in s["layers"]], marker="o", ms=3, label=cell)
+    axes[0].set_yscale("log")
+    axes[1].set_yscale("log")
+    axes[0].set_xlabel("hidden-state entry (0 = embeddings, last = final norm)")
+    axes[1].set_xlabel("hidden-state entry")
+    axes[0].set_ylabel("relative error vs reference")
+    axes[1].set_ylabel("1 − cosine similarity")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Drift by layer")
+    return _save(fig, out / "drift_by_layer.png")
+
+
+def drift_by_position(drift: dict[str, dict], out: Path) -> Path | None:
+    if not drift:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for cell, s in drift.items():
+        b = s["by_position"]
+        ax.plot([x["bucket"] for x in b], [max(x["rel_error"], 1e-12) for x in b], marker="o", label=cell)
+    ax.set_yscale("log")
+    ax.set_xlabel("token position")
+    ax.set_ylabel("final-layer relative error")
+    ax.legend(fontsize=7)
+    ax.set_title("Drift by position")
+    return _save(fig, out / "drift_by_position.png")

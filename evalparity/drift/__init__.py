@@ -1,0 +1,104 @@
+"""Where the drift comes from: per-token prompt logprobs, layer-by-layer hidden states, generation divergence.
+
+``evalparity drift`` (or ``evalparity run --drift N``) takes prompts from a run's tasks (or a file), and for
+every cell compares the cell's backend and dtype with the reference (HF at fp32 by default) on identical
+token ids, one process per cell (``python -m evalparity.drift.worker``), writing ``drift/<cell>.json``.
+Only running summaries are kept (see ``measure``), so it stays usable on large models.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from evalparity.cells import write_json
+from evalparity.errors import EvalParityError
+from evalparity.spec import CellSpec, RunSpec, parse_backend, parse_dtype
+
+
+def prompts_from_run(run_dir: Path, n: int, seed: int = 0) -> list[str]:
+    """Up to ``n`` distinct scored sequences (prompt + first continuation) from the run's reference cell."""
+    cells = sorted((run_dir / "cells").glob("*/samples.parquet"))
+    if not cells:
+        raise EvalParityError(f"{run_dir} has no finished cells to take prompts from: run it first, or pass --prompts")
+    t = pd.read_parquet(cells[0])
+    t = t[t["choice"] == 0].drop_duplicates("prompt_hash")
+    text = (t["context"].fillna("") + t["continuation"].fillna("")).tolist()
+    if len(text) > n:
+        t = t.sample(n=n, random_state=seed)
+        text = (t["context"].fillna("") + t["continuation"].fillna("")).tolist()
+    return text
+
+
+def prompts_from_file(path: Path) -> list[str]:
+    if not path.exists():
+        raise EvalParityError(f"prompt file {path} does not exist: give a .txt (one prompt a line) or .jsonl file")
+    if path.suffix == ".jsonl":
+        out = []
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line)["prompt"])
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise EvalParityError(f"{path}:{i} is not a JSON object with a 'prompt' field") from None
+        return out
+    return [x for x in path.read_text().splitlines() if x.strip()]
+
+
+def parse_cell(name: str) -> tuple[str, str]:
+    backend, _, dtype = name.partition("-")
+    return parse_backend(backend), parse_dtype(dtype or "?")
+
+
+def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, *, reference: str = "hf-fp32",
+              device: str = "cpu", max_len: int = 2048, gen_tokens: int = 32, threshold: float = 1e-3,
+              console: Console | None = None) -> dict[str, dict]:
+    from evalparity import backends
+    from evalparity.matrix import cell_environment
+
+    console = console or Console(stderr=True)
+    if not prompts:
+        raise EvalParityError("no prompts to probe: pass --prompts FILE or a run directory with samples")
+    ref_backend, ref_dtype = parse_cell(reference)
+    todo = [c for c in cells if c != reference]
+    for c in todo:
+        parse_cell(c)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "spec.json", {"model_path": model_path, "reference": reference, "cells": todo,
+                                   "device": device, "max_len": max_len, "gen_tokens": gen_tokens,
+                                   "threshold": threshold, "n_prompts": len(prompts)})
+    write_json(out / "prompts.json", {"prompts": prompts})
+    results = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
+        for c in todo:
+            b, d = parse_cell(c)
+            spec = RunSpec(model=model_path, tasks=(), cells=(CellSpec(b, d, 1),), device=device)
+            env = cell_environment(spec, backends.get(b).environment(spec, spec.cells[0]), offline=True)
+            task = bar.add_task(f"drift {c} vs {reference}", total=len(prompts))
+            t0 = time.perf_counter()
+            with open(out / f"{c}.log", "w") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "evalparity.drift.worker", str(out), c],
+                                        stdout=log, stderr=subprocess.STDOUT, env=env)
+                while proc.poll() is None:
+                    try:
+                        st = json.loads((out / f".{c}.progress.json").read_text())
+                        bar.update(task, completed=st.get("n", 0))
+                    except (OSError, json.JSONDecodeError):
+                        pass
+                    time.sleep(0.5)
+            wall = time.perf_counter() - t0
+            path = out / f"{c}.json"
+            if proc.returncode != 0 or not path.exists():
+                tail = (out / f"{c}.log").read_text().strip().splitlines()[-1:] or ["no output"]
+                console.print(f"[red]drift {c} failed[/red]: {tail[0][:200]} (log: {out / (c + '.log')})")
+                continue
+            results[c] = json.loads(path.read_text())
+            bar.update(task, completed=len(prompts), description=f"drift {c} vs {reference}: {wall:.0f}s")
+    return results

@@ -1,0 +1,74 @@
+"""One drift cell in its own process: ``python -m evalparity.drift.worker DRIFT_DIR CELL``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from evalparity.cells import ProgressFile, write_json
+from evalparity.drift import parse_cell
+from evalparity.drift.measure import DriftAccumulator
+from evalparity.drift.probes import HFProbe, VLLMProbe
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def make_probe(backend: str, dtype: str, spec: dict):
+    from evalparity.backends import precision
+
+    if dtype == "float32":
+        precision.apply(True)
+    if backend == "hf":
+        return HFProbe(spec["model_path"], TORCH_DTYPES[dtype], spec["device"])
+    return VLLMProbe(spec["model_path"], dtype, spec["max_len"], spec["device"])
+
+
+def main(argv: list[str]) -> int:
+    out, cell = Path(argv[0]), argv[1]
+    spec = json.loads((out / "spec.json").read_text())
+    prompts = json.loads((out / "prompts.json").read_text())["prompts"]
+    progress = ProgressFile(out / f".{cell}.progress.json")
+    t0 = time.perf_counter()
+    ref = make_probe(*parse_cell(spec["reference"]), spec)
+    other = make_probe(*parse_cell(cell), spec)
+    load_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    acc = probe_prompts(ref, other, prompts, spec["max_len"], spec["gen_tokens"], progress)
+    summary = acc.summary(spec["threshold"]) | {"cell": cell, "reference": spec["reference"], "load_s": load_s,
+                                                "probe_s": time.perf_counter() - t1}
+    write_json(out / f"{cell}.json", summary)
+    (out / f".{cell}.progress.json").unlink(missing_ok=True)
+    return 0
+
+
+def probe_prompts(ref, other, prompts: list[str], max_len: int, gen_tokens: int,
+                  progress: ProgressFile | None = None) -> DriftAccumulator:
+    """Compare two probes prompt by prompt. A prompt the two tokenizers split differently is recorded as a
+    tokenization mismatch and not compared: different ids would make every later number meaningless."""
+    acc = DriftAccumulator()
+    decode = ref.tokenizer.decode
+    keep = max_len - gen_tokens
+    for i, text in enumerate(prompts):
+        ids = ref.tokenizer(text)["input_ids"][:keep]
+        ids_other = other.tokenizer(text)["input_ids"][:keep]
+        if ids != ids_other:
+            pos = next((k for k, (a, b) in enumerate(zip(ids, ids_other)) if a != b), min(len(ids), len(ids_other)))
+            acc.tokenization_mismatches.append({"prompt": i, "first_difference": pos, "reference_len": len(ids),
+                                                "cell_len": len(ids_other), "text": text[:200]})
+            continue
+        if len(ids) < 2:
+            continue
+        acc.add_prompt(i, ids, ref.run(ids), other.run(ids), decode)
+        if gen_tokens:
+            acc.add_generation(len(ids), ref.generate(ids, gen_tokens), other.generate(ids, gen_tokens))
+        if progress is not None:
+            progress.update(n=i + 1, total=len(prompts))
+    return acc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
