@@ -212,6 +212,17 @@ def peak_memory() -> dict[str, float]:
     return out
 
 
+def _bos_added(lm) -> bool | None:
+    """Whether this backend's request encoding starts with BOS, read back from the LM itself: the one
+    number that shows the BOS policy really is the same on both sides."""
+    try:
+        bos = getattr(lm.tokenizer, "bos_token_id", None)
+        ids = lm.tok_encode("Hello")
+        return bool(bos is not None and len(ids) > 0 and ids[0] == bos)
+    except Exception:  # noqa: BLE001 - best effort, recorded as unknown
+        return None
+
+
 # ---------------------------------------------------------------- the cell itself
 def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile) -> dict:
     from evalparity import backends, samples, tasks
@@ -222,19 +233,21 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     backend = backends.get(cell.backend)
     out = tmp_dir(run_dir, cell.name)
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
-                  "tag": cell.tag, "base_cell": cell.base_name, "model": spec.model, "model_path": model_path,
+                  "tag": cell.tag, "tf32": cell.tf32, "base_cell": cell.base_name, "model": spec.model,
+                  "model_path": model_path,
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
                   "host": platform.node()}
     if cell.dtype == "float32":
-        precision.apply(spec.alignment.true_fp32)
+        precision.apply(spec.alignment.true_fp32 and not cell.tf32)
     args = backend.model_args(spec, cell, model_path)
     meta["model_args"] = args
     meta["settings"] = backend.settings(spec, cell, args) | {
         "request_cache": "off (lm-eval's request cache is not used, so no cell can read another's)",
         "seeds": {"random": spec.alignment.seed, "numpy": spec.alignment.seed, "torch": spec.alignment.seed,
                   "fewshot": spec.alignment.seed},
-        "num_fewshot": spec.num_fewshot, "limit": spec.limit,
+        "num_fewshot": spec.num_fewshot, "limit": spec.limit, "task_limits": dict(spec.task_limits),
+        "tf32": cell.tf32,
     }
     mirrors.activate(mirrors.mirror_roots(spec.datasets_dir))
     tm = tasks.task_manager(spec.include_paths)
@@ -244,6 +257,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     lm = backend.create_lm(args)
     meta["load_s"] = time.perf_counter() - t0
     meta["precision"] = precision.probe() | {"attention_backend": backend.attention_backend(lm)}
+    meta["settings"]["bos_added"] = _bos_added(lm)
 
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
@@ -253,7 +267,8 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     t1 = time.perf_counter()
     seed = spec.alignment.seed
     results = lm_eval.simple_evaluate(
-        model=lm, model_args=args, tasks=list(spec.tasks), num_fewshot=spec.num_fewshot, limit=spec.limit,
+        model=lm, model_args=args, tasks=list(spec.tasks), num_fewshot=spec.num_fewshot,
+        limit=None if spec.task_limits else spec.limit, samples=spec.samples(),
         log_samples=True, task_manager=tm, evaluation_tracker=tracker, cache_requests=False,
         bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed,

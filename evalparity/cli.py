@@ -61,7 +61,9 @@ def run(
     limit: Annotated[int | None, typer.Option(help="Documents per task. Default: all (6 for the embedded default run).")] = None,
     num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples (default: the task's own; 0 for the embedded default run).")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
-    batch_size: Annotated[int, typer.Option(help="Batch size of every main cell.")] = 8,
+    batch_size: Annotated[str | None, typer.Option(help="Batch size of every main cell: a number or auto (default: 8 on CPU, auto on GPU).")] = None,
+    task_limit: Annotated[list[str] | None, typer.Option(help="Per-task document limit TASK=N, overriding --limit for that task. Repeatable.")] = None,
+    tf32: Annotated[str, typer.Option(help="Backends that get an extra fp32 cell in TF32 (e.g. vllm,hf), to measure TF32 as its own cell.")] = "",
     repeat: Annotated[list[str] | None, typer.Option(help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None,
     include_path: Annotated[list[str] | None, typer.Option(help="Folder of extra task YAMLs. Repeatable.")] = None,
     datasets_dir: Annotated[str | None, typer.Option(envvar="EVALPARITY_DATASETS_DIR", help="Dataset mirror: DIR/<hub id>/<config>/<split>.jsonl.")] = None,
@@ -92,7 +94,15 @@ def run(
     from evalparity.devices import check_dtypes, resolve_device
     from evalparity.matrix import run_matrix, summary_table
     from evalparity.models import resolve_model
-    from evalparity.spec import Alignment, RunSpec, build_cells, check_limit, split_list
+    from evalparity.spec import (
+        Alignment,
+        RunSpec,
+        build_cells,
+        check_limit,
+        parse_batch_size,
+        parse_task_limits,
+        split_list,
+    )
 
     opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
     embedded_default = model is None and tasks is None
@@ -110,23 +120,28 @@ def run(
     limit = check_limit(limit)
     if num_fewshot is not None and num_fewshot < 0:
         raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
-    if batch_size < 1:
-        raise EvalParityError(f"--batch-size {batch_size} must be at least 1")
-    cell_specs = build_cells(split_list(backends), split_list(dtypes), batch_size, repeat or [])
     dev = resolve_device(device)
+    bs = parse_batch_size(batch_size) if batch_size is not None else (8 if dev == "cpu" else "auto")
+    task_limits = parse_task_limits(task_limit or [])
+    cell_specs = build_cells(split_list(backends), split_list(dtypes), bs, repeat or [], split_list(tf32))
     check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
     offline = not mirrors.hub_reachable()
     if offline:
         os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
 
     model_id, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
-    if model is None or not datasets_dir:
+    if tasks is None:  # the default tasks read the embedded mirror; prepare it (once) before the preflight
         embedded.dataset_mirror(say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
     roots = mirrors.mirror_roots(datasets_dir)
     console.print(f"checking {len(task_list)} task(s) and their data ...")
     tm = tasks_mod.task_manager(include_path or [])
     plan = tasks_mod.preflight(task_list, tm, roots, limit, num_fewshot)
-    n_docs = {t: min(n, limit) if limit else n for t, n in plan.leaves.items()}
+    unknown_limits = [t for t, _ in task_limits if t not in plan.leaves and t not in plan.groups]
+    if unknown_limits:
+        raise EvalParityError(f"--task-limit names {unknown_limits[0]}, which is not among the run's tasks: use one of "
+                              f"{', '.join(sorted(plan.leaves))}")
+    per = dict(task_limits)
+    n_docs = {t: min(n, per.get(t, limit) or n) for t, n in plan.leaves.items()}
     console.print(f"tasks: {len(plan.leaves)} leaf task(s), {sum(n_docs.values()):,} documents per cell")
 
     spec = RunSpec(
@@ -136,7 +151,8 @@ def run(
         alignment=Alignment(softmax_fp32=align_softmax, add_bos_token=add_bos_token, max_length=max_len,
                             prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32,
                             max_gen_toks=max_gen_toks),
-        hf_args=hf_args, vllm_args=vllm_args,
+        hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
+        leaf_docs=tuple(sorted(plan.leaves.items())),
     )
     if opts.reference not in {c.name for c in cell_specs}:
         if reference == "hf-fp32":

@@ -61,8 +61,9 @@ class Alignment:
 class CellSpec:
     backend: str
     dtype: str
-    batch_size: int
+    batch_size: int | str  # a number, or "auto" (each backend picks what fits: lm-eval's auto batch size)
     tag: str = ""
+    tf32: bool = False     # an fp32 cell that runs in TF32, to measure that precision mode as its own cell
 
     @property
     def name(self) -> str:
@@ -88,10 +89,14 @@ class RunSpec:
     alignment: Alignment = field(default_factory=Alignment)
     hf_args: str = ""
     vllm_args: str = ""
+    task_limits: tuple[tuple[str, int], ...] = ()  # per-task document limits, overriding ``limit``
+    leaf_docs: tuple[tuple[str, int], ...] = ()    # documents in each leaf task, from the preflight
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["cells"] = [asdict(c) | {"name": c.name} for c in self.cells]
+        d["task_limits"] = [list(x) for x in self.task_limits]
+        d["leaf_docs"] = [list(x) for x in self.leaf_docs]
         return d
 
     def identity(self) -> str:
@@ -104,18 +109,52 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, d: dict) -> RunSpec:
-        cells = tuple(CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", "")) for c in d["cells"])
+        cells = tuple(CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False))
+                      for c in d["cells"])
         return cls(
             model=d["model"], tasks=tuple(d["tasks"]), cells=cells, limit=d.get("limit"),
             num_fewshot=d.get("num_fewshot"), device=d.get("device", "cpu"),
             include_paths=tuple(d.get("include_paths", ())), datasets_dir=d.get("datasets_dir"),
             alignment=Alignment(**d.get("alignment", {})), hf_args=d.get("hf_args", ""),
             vllm_args=d.get("vllm_args", ""),
+            task_limits=tuple((k, int(v)) for k, v in d.get("task_limits", ())),
+            leaf_docs=tuple((k, int(v)) for k, v in d.get("leaf_docs", ())),
         )
 
+    def samples(self) -> dict[str, list[int]] | None:
+        """lm-eval's ``samples`` (doc indices per leaf task) when per-task limits are set, else None and
+        ``limit`` applies. A task in ``task_limits`` gets its own limit; its group's members share it."""
+        if not self.task_limits:
+            return None
+        per = dict(self.task_limits)
+        out = {}
+        for leaf, n in self.leaf_docs:
+            lim = per.get(leaf, next((v for k, v in per.items() if leaf.startswith(k + "_")), self.limit))
+            out[leaf] = list(range(min(n, lim) if lim else n))
+        return out
 
-def build_cells(backends: list[str], dtypes: list[str], batch_size: int,
-                repeats: list[str]) -> tuple[CellSpec, ...]:
+
+def parse_batch_size(text: str) -> int | str:
+    t = str(text).strip().lower()
+    if t == "auto":
+        return "auto"
+    if not t.isdigit() or int(t) < 1:
+        raise EvalParityError(f"--batch-size {text} must be a positive number or auto")
+    return int(t)
+
+
+def parse_task_limits(items: list[str]) -> tuple[tuple[str, int], ...]:
+    out = []
+    for it in items:
+        name, _, n = it.partition("=")
+        if not name or not n.isdigit() or int(n) < 1:
+            raise EvalParityError(f"bad --task-limit {it!r}: write TASK=N with N >= 1, e.g. gsm8k=300")
+        out.append((name.strip(), int(n)))
+    return tuple(out)
+
+
+def build_cells(backends: list[str], dtypes: list[str], batch_size: int | str,
+                repeats: list[str], tf32: list[str] = ()) -> tuple[CellSpec, ...]:
     """The matrix backends x dtypes, plus repeat cells given as 'backend:dtype:batch_size'.
 
     A repeat is the same backend and dtype at another batch size: comparing it with its base cell
@@ -135,6 +174,8 @@ def build_cells(backends: list[str], dtypes: list[str], batch_size: int,
             raise EvalParityError(f"--repeat {r!r} uses the main batch size {batch_size}: a repeat needs "
                                   "another batch size to measure the noise floor")
         cells.append(CellSpec(b, d, bs, tag=f"bs{bs}"))
+    for b in tf32:
+        cells.append(CellSpec(parse_backend(b), "float32", batch_size, tag="tf32", tf32=True))
     names = [c.name for c in cells]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

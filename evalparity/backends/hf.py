@@ -27,7 +27,7 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
 
 
 def environment(spec: RunSpec, cell: CellSpec) -> dict[str, str]:
-    return precision.environment(spec.alignment.true_fp32 and cell.dtype == "float32")
+    return precision.environment(cell.dtype, spec.alignment.true_fp32 and not cell.tf32)
 
 
 def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:

@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 
 
-def environment(true_fp32: bool) -> dict[str, str]:
-    """Environment for the cell process, set before torch/triton import."""
+def environment(dtype: str, true_fp32: bool) -> dict[str, str]:
+    """Environment for the cell process, set before torch/triton import. Only fp32 cells are touched:
+    true fp32 asks Triton for IEEE fp32 dots, a TF32 cell asks for TF32 explicitly."""
+    if dtype != "float32":
+        return {}
     return {"TRITON_F32_DEFAULT": "ieee" if true_fp32 else "tf32"}
 
 

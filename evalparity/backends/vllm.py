@@ -31,7 +31,7 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
 
 
 def environment(spec: RunSpec, cell: CellSpec) -> dict[str, str]:
-    env = precision.environment(spec.alignment.true_fp32 and cell.dtype == "float32")
+    env = precision.environment(cell.dtype, spec.alignment.true_fp32 and not cell.tf32)
     # The in-process engine starts in seconds instead of a minute, and the multi-process engine hangs
     # on some GPU hosts; nothing here needs the separate engine process.
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

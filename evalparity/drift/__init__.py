@@ -52,9 +52,13 @@ def prompts_from_file(path: Path) -> list[str]:
     return [x for x in path.read_text().splitlines() if x.strip()]
 
 
-def parse_cell(name: str) -> tuple[str, str]:
-    backend, _, dtype = name.partition("-")
-    return parse_backend(backend), parse_dtype(dtype or "?")
+def parse_cell(name: str) -> tuple[str, str, bool]:
+    """'vllm-bf16' -> ('vllm', 'bfloat16', False); 'vllm-fp32-tf32' -> ('vllm', 'float32', True)."""
+    backend, _, rest = name.partition("-")
+    dtype, _, tag = rest.partition("-")
+    if tag not in ("", "tf32") or (tag == "tf32" and parse_dtype(dtype) != "float32"):
+        raise EvalParityError(f"cell {name!r} is not backend-dtype[-tf32]: write e.g. vllm-bf16 or vllm-fp32-tf32")
+    return parse_backend(backend), parse_dtype(dtype or "?"), tag == "tf32"
 
 
 def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, *, reference: str = "hf-fp32",
@@ -66,7 +70,7 @@ def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, 
     console = console or Console(stderr=True)
     if not prompts:
         raise EvalParityError("no prompts to probe: pass --prompts FILE or a run directory with samples")
-    ref_backend, ref_dtype = parse_cell(reference)
+    parse_cell(reference)
     todo = [c for c in cells if c != reference]
     for c in todo:
         parse_cell(c)
@@ -78,8 +82,8 @@ def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, 
     results = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
         for c in todo:
-            b, d = parse_cell(c)
-            spec = RunSpec(model=model_path, tasks=(), cells=(CellSpec(b, d, 1),), device=device)
+            b, d, tf32 = parse_cell(c)
+            spec = RunSpec(model=model_path, tasks=(), cells=(CellSpec(b, d, 1, tf32=tf32),), device=device)
             env = cell_environment(spec, backends.get(b).environment(spec, spec.cells[0]), offline=True)
             task = bar.add_task(f"drift {c} vs {reference}", total=len(prompts))
             t0 = time.perf_counter()

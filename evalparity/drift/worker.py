@@ -17,14 +17,40 @@ from evalparity.drift.probes import HFProbe, VLLMProbe
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def make_probe(backend: str, dtype: str, spec: dict):
+class WithPrecision:
+    """Both probes live in one process and torch's TF32 switches are global, so each probe sets its own
+    precision mode before every call (a TF32 cell must not turn the fp32 reference into TF32)."""
+
+    def __init__(self, probe, true_fp32: bool | None):
+        self.probe, self.true_fp32 = probe, true_fp32
+        self.tokenizer = probe.tokenizer
+
+    def _set(self) -> None:
+        from evalparity.backends import precision
+
+        if self.true_fp32 is not None:
+            precision.apply(self.true_fp32)
+
+    def run(self, ids):
+        self._set()
+        return self.probe.run(ids)
+
+    def generate(self, ids, n):
+        self._set()
+        return self.probe.generate(ids, n)
+
+
+def make_probe(backend: str, dtype: str, tf32: bool, spec: dict) -> WithPrecision:
     from evalparity.backends import precision
 
-    if dtype == "float32":
-        precision.apply(True)
+    true_fp32 = (not tf32) if dtype == "float32" else None
+    if true_fp32 is not None:
+        precision.apply(true_fp32)
     if backend == "hf":
-        return HFProbe(spec["model_path"], TORCH_DTYPES[dtype], spec["device"])
-    return VLLMProbe(spec["model_path"], dtype, spec["max_len"], spec["device"])
+        probe = HFProbe(spec["model_path"], TORCH_DTYPES[dtype], spec["device"])
+    else:
+        probe = VLLMProbe(spec["model_path"], dtype, spec["max_len"], spec["device"])
+    return WithPrecision(probe, true_fp32)
 
 
 def main(argv: list[str]) -> int:

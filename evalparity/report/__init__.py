@@ -216,6 +216,11 @@ def _setup(doc: Doc, spec: dict, metas: dict[str, dict]) -> None:
                      if prec else "–"])
     doc.table(["cell", "status", "batch", "device", "load / eval s", "peak RSS GiB", "versions", "precision"], rows)
     settings = {n: m.get("settings", {}) for n, m in metas.items() if m.get("settings")}
+    for key in ("bos_added", "max_length", "max_gen_toks", "num_fewshot", "limit"):
+        values = {str(s.get(key)) for s in settings.values() if key in s}
+        if len(values) > 1:
+            doc.p(f"Warning: cells differ in {key} ({', '.join(sorted(values))}): part of any difference below is "
+                  "a setup difference, not drift.")
     if settings:
         keys = sorted({k for s in settings.values() for k in s if k not in ("seeds",)})
         doc.table(["setting", *settings], [[k, *[str(s.get(k, "–"))[:60] for s in settings.values()]] for k in keys])
@@ -267,15 +272,16 @@ def _generations(doc: Doc, g: pd.DataFrame) -> None:
 
 
 def _noise_floor(doc: Doc, comp: pd.DataFrame) -> None:
-    nf = comp[comp["kind"] == "noise_floor"]
-    doc.h(2, "Noise floor")
+    nf = comp[comp["kind"].isin(["noise_floor", "precision_mode"])]
+    doc.h(2, "Noise floor and precision modes")
     if nf.empty:
-        doc.p("No repeat cells in this run. Add one with --repeat backend:dtype:batch_size to see each "
-              "backend's own run-to-run variation next to the cross-backend drift.")
+        doc.p("No repeat or TF32 cells in this run. Add one with --repeat backend:dtype:batch_size to see each "
+              "backend's own run-to-run variation next to the cross-backend drift, or --tf32 vllm,hf to measure "
+              "TF32 as its own cell.")
         return
-    rows = [[r.task, r.metric, f"{r.reference} vs {r.cell}", str(int(r.n)), _pp(r.effect) if r.metric != "loglikelihood"
-             else _f(r.effect), r.verdict] for r in nf.itertuples()]
-    doc.table(["task", "metric", "repeat pair", "n", "Δ", "verdict"], rows)
+    rows = [[r.task, r.metric, r.kind.replace("_", " "), f"{r.reference} vs {r.cell}", str(int(r.n)),
+             _pp(r.effect) if r.metric != "loglikelihood" else _f(r.effect), r.verdict] for r in nf.itertuples()]
+    doc.table(["task", "metric", "kind", "pair", "n", "Δ (pp; nats for loglikelihood)", "verdict"], rows)
 
 
 def load_drift(run_dir: Path) -> dict[str, dict]:

@@ -76,11 +76,18 @@ def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict]]
 
 
 def _pairs(metas: dict[str, dict], reference: str) -> list[tuple[str, str, str]]:
-    """(kind, reference cell, cell): the cross-cell comparisons and the noise-floor ones."""
+    """(kind, reference cell, cell): the cross-cell comparisons (these gate), the noise-floor ones (a cell
+    against its repeat at another batch size) and the precision-mode ones (a TF32 cell against its true-fp32
+    base and against the reference)."""
     out = [("cross", reference, c) for c in metas if c != reference and not metas[c].get("tag")]
     for c, m in metas.items():
         base = m.get("base_cell")
-        if m.get("tag") and base in metas:
+        if m.get("tf32"):
+            if base in metas:
+                out.append(("precision_mode", base, c))
+            if reference != base:
+                out.append(("precision_mode", reference, c))
+        elif m.get("tag") and base in metas:
             out.append(("noise_floor", base, c))
     return out
 
