@@ -131,16 +131,22 @@ def write_report(run_dir: Path) -> dict[str, Path]:
     _setup(doc, spec, metas)
     _paired_stats(doc, comp)
     doc.h(2, "Figures")
+
+    def kept(path: Path | None, name: str) -> Path | None:
+        # A figure whose inputs are not here (a run directory copied without its per-sample tables) keeps
+        # the PNG an earlier report stage drew, so the report can be rewritten from stats/ alone.
+        return path if path is not None else (figdir / name if (figdir / name).exists() else None)
+
     doc.image(figures.score_differences(comp, figdir), "Score differences with paired confidence intervals",
               "figures/score_differences.png")
-    doc.image(figures.delta_distributions(run_dir, figdir), "Distribution of |Δ loglikelihood| per cell",
-              "figures/delta_loglikelihood.png")
+    doc.image(kept(figures.delta_distributions(run_dir, figdir), "delta_loglikelihood.png"),
+              "Distribution of |Δ loglikelihood| per cell", "figures/delta_loglikelihood.png")
     flipped = _read(run_dir, "flipped_samples")
-    doc.image(figures.flips_vs_margin(flipped, figdir), "Flipped decisions against the reference margin",
-              "figures/flips_vs_margin.png")
+    doc.image(kept(figures.flips_vs_margin(flipped, figdir), "flips_vs_margin.png"),
+              "Flipped decisions against the reference margin", "figures/flips_vs_margin.png")
     divs = _read(run_dir, "first_divergence")
-    doc.image(figures.first_divergence(divs, figdir), "First divergence of greedy generations",
-              "figures/first_divergence.png")
+    doc.image(kept(figures.first_divergence(divs, figdir), "first_divergence.png"),
+              "First divergence of greedy generations", "figures/first_divergence.png")
     _deltas(doc, _read(run_dir, "deltas"))
     _flips(doc, _read(run_dir, "flips"))
     _generations(doc, _read(run_dir, "generations"))
@@ -195,7 +201,9 @@ def _setup(doc: Doc, spec: dict, metas: dict[str, dict]) -> None:
     al = spec.get("alignment", {})
     doc.table(["setting", "value"], [
         ["model", str(spec.get("model"))], ["tasks", ", ".join(spec.get("tasks", []))],
-        ["limit", str(spec.get("limit"))], ["num_fewshot", str(spec.get("num_fewshot"))],
+        ["limit", str(spec.get("limit"))],
+        ["per-task limits", ", ".join(f"{k}={v}" for k, v in spec.get("task_limits", [])) or "none"],
+        ["num_fewshot", str(spec.get("num_fewshot"))],
         ["device", str(spec.get("device"))], ["seed", str(al.get("seed"))],
         ["HF log-softmax in fp32", str(al.get("softmax_fp32"))], ["BOS token", str(al.get("add_bos_token"))],
         ["max length (both)", str(al.get("max_length"))], ["vLLM prefix caching", str(al.get("prefix_caching"))],
@@ -207,14 +215,15 @@ def _setup(doc: Doc, spec: dict, metas: dict[str, dict]) -> None:
         ver = m.get("versions", {})
         prec = m.get("precision", {})
         rows.append([name, m.get("status", "?"), str(m.get("batch_size", "–")), m.get("device_name", "–"),
-                     f"{_f(m.get('load_s'))} / {_f(m.get('eval_s'))}", _f(m.get("peak_rss_gib")),
+                     f"{_f(m.get('load_s'))} / {_f(m.get('eval_s'))}",
+                     _f(m.get("peak_rss_gib")) + (f" / GPU {_f(m['peak_gpu_gib'])}" if "peak_gpu_gib" in m else ""),
                      f"torch {ver.get('torch', '?')}, transformers {ver.get('transformers', '?')}, "
                      f"vllm {ver.get('vllm', '?')}, lm_eval {ver.get('lm_eval', '?')}" if ver else m.get("source", "–"),
                      f"matmul {prec.get('float32_matmul_precision', '–')}, "
                      f"TF32 {prec.get('cuda_matmul_allow_tf32', '–')}, "
                      f"triton {prec.get('triton_f32_default', '–')}, attn {prec.get('attention_backend', '–')}"
                      if prec else "–"])
-    doc.table(["cell", "status", "batch", "device", "load / eval s", "peak RSS GiB", "versions", "precision"], rows)
+    doc.table(["cell", "status", "batch", "device", "load / eval s", "peak memory GiB", "versions", "precision"], rows)
     settings = {n: m.get("settings", {}) for n, m in metas.items() if m.get("settings")}
     for key in ("bos_added", "max_length", "max_gen_toks", "num_fewshot", "limit"):
         values = {str(s.get(key)) for s in settings.values() if key in s}
@@ -229,7 +238,8 @@ def _setup(doc: Doc, spec: dict, metas: dict[str, dict]) -> None:
 def _paired_stats(doc: Doc, comp: pd.DataFrame) -> None:
     doc.h(2, "Paired statistics (gating comparisons)")
     c = comp[comp["gating"]]
-    rows = [[r.task, r.metric, r.cell, str(int(r.n)), _f(r.ref_score), _f(r.cell_score), _pp(r.effect),
+    rows = [[r.task, r.metric + ("" if r.filter == "none" else f" ({r.filter})"), r.cell, str(int(r.n)),
+             _f(r.ref_score), _f(r.cell_score), _pp(r.effect),
              f"[{_pp(r.ci_low)}, {_pp(r.ci_high)}]", _f(r.p_diff_adj), _f(r.p_equiv_adj), r.verdict, r.reason]
             for r in c.itertuples()]
     doc.table(["task", "metric", "cell", "n", "ref", "cell", "Δ pp", "CI pp", "p diff (adj)", "p equiv (adj)",

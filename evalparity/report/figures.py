@@ -21,6 +21,8 @@ def delta_distributions(run_dir: Path, out: Path) -> Path | None:
     """|Δ loglikelihood| per cell against the reference (log scale), pooled over tasks."""
     tables = _cell_tables(run_dir)
     spec_ref = _reference(run_dir)
+    if not tables:
+        return None
     if spec_ref not in tables:
         return None
     ref = tables[spec_ref]
