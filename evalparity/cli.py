@@ -257,6 +257,7 @@ def drift_cmd(
     max_length: Annotated[int, typer.Option(help="Longest prompt + generation, in tokens.")] = 2048,
     device: Annotated[str, typer.Option(help="cpu, cuda or auto.")] = "auto",
     out: Annotated[Path | None, typer.Option(help="Output folder (default: RUN_DIR/drift, or results/drift-<timestamp>).")] = None,
+    dump: Annotated[bool, typer.Option(help="Also save every prompt's hidden states of both backends (large).")] = False,
 ) -> None:
     """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
     import json as _json
@@ -280,7 +281,7 @@ def drift_cmd(
     dest = out or (run_dir / "drift" if run_dir is not None else Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}")
     t0 = time.perf_counter()
     results = run_drift(str(model_path), texts, split_list(cells), dest, reference=reference, device=dev,
-                        max_len=max_len, gen_tokens=gen_tokens, threshold=threshold, console=console)
+                        max_len=max_len, gen_tokens=gen_tokens, threshold=threshold, dump=dump, console=console)
     console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {dest}")
     for c, s in results.items():
         layers = s["layers"]

@@ -70,11 +70,15 @@ class FakeProbe:
         return list(range(n))
 
 
-def test_mismatched_tokenization_is_reported_not_compared():
+def test_mismatched_tokenization_is_reported_not_compared(tmp_path):
     ref, other = FakeProbe(0, 0.0), FakeProbe(0, 0.01)
     odd = FakeProbe(1, 0.0)  # splits the third word differently
-    acc = probe_prompts(ref, other, ["a bb ccc dddd", "e ff ggg"], 64, 4)
+    acc = probe_prompts(ref, other, ["a bb ccc dddd", "e ff ggg"], 64, 4, dump=tmp_path)
     assert acc.n_prompts == 2 and not acc.tokenization_mismatches
+    import numpy as np
+
+    saved = np.load(tmp_path / "0.npz")
+    assert saved["reference"].shape == (3, 4, 4) and saved["cell"].shape == (3, 4, 4)
     acc = probe_prompts(ref, odd, ["a bb ccc dddd", "e ff"], 64, 4)
     assert acc.n_prompts == 1
     assert acc.tokenization_mismatches == [{"prompt": 0, "first_difference": 2, "reference_len": 4,

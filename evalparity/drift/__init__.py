@@ -63,7 +63,7 @@ def parse_cell(name: str) -> tuple[str, str, bool]:
 
 def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, *, reference: str = "hf-fp32",
               device: str = "cpu", max_len: int = 2048, gen_tokens: int = 32, threshold: float = 1e-3,
-              console: Console | None = None) -> dict[str, dict]:
+              dump: bool = False, console: Console | None = None) -> dict[str, dict]:
     from evalparity import backends
     from evalparity.matrix import cell_environment
 
@@ -77,7 +77,7 @@ def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, 
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "spec.json", {"model_path": model_path, "reference": reference, "cells": todo,
                                    "device": device, "max_len": max_len, "gen_tokens": gen_tokens,
-                                   "threshold": threshold, "n_prompts": len(prompts)})
+                                   "threshold": threshold, "n_prompts": len(prompts), "dump": dump})
     write_json(out / "prompts.json", {"prompts": prompts})
     results = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:

@@ -63,7 +63,8 @@ def main(argv: list[str]) -> int:
     other = make_probe(*parse_cell(cell), spec)
     load_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    acc = probe_prompts(ref, other, prompts, spec["max_len"], spec["gen_tokens"], progress)
+    dump = out / "dump" / cell if spec.get("dump") else None
+    acc = probe_prompts(ref, other, prompts, spec["max_len"], spec["gen_tokens"], progress, dump)
     summary = acc.summary(spec["threshold"]) | {"cell": cell, "reference": spec["reference"], "load_s": load_s,
                                                 "probe_s": time.perf_counter() - t1}
     write_json(out / f"{cell}.json", summary)
@@ -72,9 +73,12 @@ def main(argv: list[str]) -> int:
 
 
 def probe_prompts(ref, other, prompts: list[str], max_len: int, gen_tokens: int,
-                  progress: ProgressFile | None = None) -> DriftAccumulator:
+                  progress: ProgressFile | None = None, dump: Path | None = None) -> DriftAccumulator:
     """Compare two probes prompt by prompt. A prompt the two tokenizers split differently is recorded as a
-    tokenization mismatch and not compared: different ids would make every later number meaningless."""
+    tokenization mismatch and not compared: different ids would make every later number meaningless.
+
+    Only summaries are kept, unless ``dump`` names a folder: then every prompt's hidden states of both
+    backends are saved there too (``<prompt>.npz``: ids, reference [L+1, T, H], cell [L+1, T, H])."""
     acc = DriftAccumulator()
     decode = ref.tokenizer.decode
     keep = max_len - gen_tokens
@@ -88,7 +92,14 @@ def probe_prompts(ref, other, prompts: list[str], max_len: int, gen_tokens: int,
             continue
         if len(ids) < 2:
             continue
-        acc.add_prompt(i, ids, ref.run(ids), other.run(ids), decode)
+        a, b = ref.run(ids), other.run(ids)
+        acc.add_prompt(i, ids, a, b, decode)
+        if dump is not None:
+            import numpy as np
+
+            dump.mkdir(parents=True, exist_ok=True)
+            np.savez_compressed(dump / f"{i}.npz", ids=np.asarray(ids), reference=torch.stack(a.hidden).numpy(),
+                                cell=torch.stack(b.hidden).numpy())
         if gen_tokens:
             acc.add_generation(len(ids), ref.generate(ids, gen_tokens), other.generate(ids, gen_tokens))
         if progress is not None:
