@@ -85,6 +85,9 @@ def test_bootstrap_matches_scipy_percentile(seed):
     tol = 5 * np.sqrt(2) * np.sqrt(0.025 * 0.975 / b) / sps.norm.pdf(1.96) * se
     assert ours.low == pytest.approx(ref.confidence_interval.low, abs=tol)
     assert ours.high == pytest.approx(ref.confidence_interval.high, abs=tol)
+    # The same seed gives the same interval whatever the number of threads.
+    assert deltas.bootstrap_mean_ci(x, n_resamples=2000, seed=seed, workers=1) == \
+        deltas.bootstrap_mean_ci(x, n_resamples=2000, seed=seed, workers=4)
 
 
 @pytest.mark.parametrize("method,sm_name", [("holm", "holm"), ("bh", "fdr_bh")])
