@@ -162,7 +162,7 @@ def run(
         else:
             raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
                                   f"{', '.join(c.name for c in cell_specs)}")
-    run_dir = out or _default_out(str(model_path))
+    run_dir = out or _default_out(model if model is not None else str(model_path))
     outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console)
     console.print(summary_table(outcomes))
     failed = [o.name for o in outcomes if o.status == "failed"]
