@@ -140,10 +140,6 @@ def run(
     if unknown_limits:
         raise EvalParityError(f"--task-limit names {unknown_limits[0]}, which is not among the run's tasks: use one of "
                               f"{', '.join(sorted(plan.leaves))}")
-    per = dict(task_limits)
-    n_docs = {t: min(n, per.get(t, limit) or n) for t, n in plan.leaves.items()}
-    console.print(f"tasks: {len(plan.leaves)} leaf task(s), {sum(n_docs.values()):,} documents per cell")
-
     spec = RunSpec(
         model=model_id, tasks=tuple(task_list), cells=cell_specs, limit=limit, num_fewshot=num_fewshot,
         device=dev, include_paths=tuple(str(Path(p).resolve()) for p in include_path or []),
@@ -154,6 +150,11 @@ def run(
         hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
         leaf_docs=tuple(sorted(plan.leaves.items())),
     )
+    # The document count comes from the same rule the cells use (spec.samples), so the two cannot disagree.
+    per_task = spec.samples()
+    n_docs = sum(len(ids) for ids in per_task.values()) if per_task else \
+        sum(min(n, limit or n) for n in plan.leaves.values())
+    console.print(f"tasks: {len(plan.leaves)} leaf task(s), {n_docs:,} documents per cell")
     if opts.reference not in {c.name for c in cell_specs}:
         if reference == "hf-fp32":
             first = cell_specs[0].name
