@@ -46,22 +46,22 @@ def read_cell_json(cell_dir: Path) -> dict | None:
         return None
 
 
-def is_done(run_dir: Path, name: str) -> bool:
-    meta = read_cell_json(run_dir / "cells" / name)
-    return bool(meta and meta.get("status") == STATUS_OK and (run_dir / "cells" / name / "samples.parquet").exists())
+def is_done(run_dir: Path, name: str, folder: str = "cells") -> bool:
+    meta = read_cell_json(run_dir / folder / name)
+    return bool(meta and meta.get("status") == STATUS_OK and (run_dir / folder / name / "samples.parquet").exists())
 
 
-def tmp_dir(run_dir: Path, name: str) -> Path:
-    return run_dir / "cells" / f"{TMP_PREFIX}{name}"
+def tmp_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
+    return run_dir / folder / f"{TMP_PREFIX}{name}"
 
 
-def publish(run_dir: Path, name: str, status: str) -> Path:
+def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Path:
     """Move the temp folder into place. A failed attempt never replaces a finished cell: it is kept
-    beside it as ``<name>.failed``."""
-    src = tmp_dir(run_dir, name)
-    final = run_dir / "cells" / name
-    if status != STATUS_OK and is_done(run_dir, name):
-        final = run_dir / "cells" / f"{name}.failed"
+    beside it as ``<name>.failed``. Shards of a sharded cell live in ``shards/`` until they are merged."""
+    src = tmp_dir(run_dir, name, folder)
+    final = run_dir / folder / name
+    if status != STATUS_OK and is_done(run_dir, name, folder):
+        final = run_dir / folder / f"{name}.failed"
     trash = None
     if final.exists():
         trash = final.with_name(f".trash-{final.name}-{os.getpid()}")
@@ -72,13 +72,28 @@ def publish(run_dir: Path, name: str, status: str) -> Path:
     return final
 
 
+def placement_meta(spec: RunSpec) -> dict:
+    """Where this process runs, as its executor said (``EVALPARITY_PLACEMENT``) plus what it sees itself."""
+    from evalparity.placement import PLACEMENT_ENV
+
+    try:
+        out = json.loads(os.environ.get(PLACEMENT_ENV, "") or "{}")
+    except json.JSONDecodeError:
+        out = {}
+    out.setdefault("executor", "direct")
+    out.setdefault("host", platform.node())
+    out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    out["tensor_parallel"] = spec.tensor_parallel
+    return out
+
+
 # ---------------------------------------------------------------- progress
 class ProgressFile:
     """Writes {"phase", "desc", "n", "total"} to progress.json, at most every half second."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.state = {"phase": "starting", "desc": "", "n": 0, "total": 0}
+        self.state = {"phase": "starting", "desc": "", "n": 0, "total": 0, "pid": os.getpid()}
         self._last = 0.0
 
     def update(self, force: bool = False, **kw) -> None:
@@ -224,20 +239,23 @@ def _bos_added(lm) -> bool | None:
 
 
 # ---------------------------------------------------------------- the cell itself
-def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile) -> dict:
+def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
+             shard: tuple[int, int] = (0, 1), out: Path | None = None) -> dict:
     from evalparity import backends, samples, tasks
     from evalparity.backends import compat, precision
     from evalparity.data import mirrors
 
     compat.apply()
     backend = backends.get(cell.backend)
-    out = tmp_dir(run_dir, cell.name)
+    out = out or tmp_dir(run_dir, cell.name)
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
                   "tag": cell.tag, "tf32": cell.tf32, "base_cell": cell.base_name, "model": spec.model,
                   "model_path": model_path,
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
-                  "host": platform.node()}
+                  "host": platform.node(), "placement": placement_meta(spec)}
+    if shard[1] > 1:
+        meta["shard"] = {"index": shard[0], "of": shard[1]}
     if cell.dtype == "float32":
         precision.apply(spec.alignment.true_fp32 and not cell.tf32)
     args = backend.model_args(spec, cell, model_path)
@@ -266,9 +284,11 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     tracker = EvaluationTracker(output_path=str(out / "lm_eval"))
     t1 = time.perf_counter()
     seed = spec.alignment.seed
+    sharded = shard[1] > 1
     results = lm_eval.simple_evaluate(
         model=lm, model_args=args, tasks=list(spec.tasks), num_fewshot=spec.num_fewshot,
-        limit=None if spec.task_limits else spec.limit, samples=spec.samples(),
+        limit=None if spec.task_limits or sharded else spec.limit,
+        samples=spec.shard_samples(*shard) if sharded else spec.samples(),
         log_samples=True, task_manager=tm, evaluation_tracker=tracker, cache_requests=False,
         bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed,
@@ -300,11 +320,18 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``RUN_DIR CELL MODEL_PATH [--shard K/N]``: run one cell, or shard K of N of it (published to
+    ``shards/<cell>.<K>of<N>`` for the parent to merge)."""
     argv = sys.argv[1:] if argv is None else argv
     run_dir, name, model_path = Path(argv[0]), argv[1], argv[2]
+    shard = (0, 1)
+    if len(argv) > 4 and argv[3] == "--shard":
+        k, n = argv[4].split("/")
+        shard = (int(k), int(n))
     spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))
     cell = next(c for c in spec.cells if c.name == name)
-    out = tmp_dir(run_dir, name)
+    folder, unit = ("shards", f"{name}.{shard[0]}of{shard[1]}") if shard[1] > 1 else ("cells", name)
+    out = tmp_dir(run_dir, unit, folder)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -317,20 +344,21 @@ def main(argv: list[str] | None = None) -> int:
     progress.hook_tqdm()
     t0 = time.perf_counter()
     try:
-        meta = run_cell(run_dir, spec, cell, model_path, progress)
+        meta = run_cell(run_dir, spec, cell, model_path, progress, shard, out)
         meta["status"] = STATUS_OK
     except BaseException as err:  # noqa: BLE001 - recorded for this cell; the others go on
         traceback.print_exc()
         meta = {"cell": name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
                 "tag": cell.tag, "base_cell": cell.base_name, "status": STATUS_FAILED,
-                "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]}
+                "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500],
+                "placement": placement_meta(spec)}
         meta |= peak_memory()
     meta["wall_s"] = time.perf_counter() - t0
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_json(out / "cell.json", meta)
     (out / "progress.json").unlink(missing_ok=True)
     log.flush()
-    publish(run_dir, name, meta["status"])
+    publish(run_dir, unit, meta["status"], folder)
     return 0 if meta["status"] == STATUS_OK else 1
 
 

@@ -87,12 +87,16 @@ def run(
     gate_logprobs: Annotated[bool, StatsOpt["gate_logprobs"]] = False,
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
     drift: Annotated[int, typer.Option(help="Also localise the drift on this many prompts from the run's tasks (0: off).")] = 0,
+    ray: Annotated[str | None, typer.Option(help="Run the cells as Ray tasks: a cluster ADDRESS, auto (RAY_ADDRESS or a running local cluster) or local (a new instance on this host). Default: Ray on this host when several GPUs are visible, else one cell at a time.")] = None,
+    shards: Annotated[int, typer.Option(help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1,
+    tensor_parallel: Annotated[int, typer.Option(help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1,
+    cells_per_gpu: Annotated[int, typer.Option(help="Cells that may share one GPU at a time (small models; each takes 1/N of it).")] = 1,
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
     from evalparity import tasks as tasks_mod
     from evalparity.data import embedded, mirrors
     from evalparity.devices import check_dtypes, resolve_device
-    from evalparity.matrix import run_matrix, summary_table
+    from evalparity.matrix import Placement, run_matrix, summary_table
     from evalparity.models import resolve_model
     from evalparity.spec import (
         Alignment,
@@ -123,7 +127,11 @@ def run(
     dev = resolve_device(device)
     bs = parse_batch_size(batch_size) if batch_size is not None else (8 if dev == "cpu" else "auto")
     task_limits = parse_task_limits(task_limit or [])
-    cell_specs = build_cells(split_list(backends), split_list(dtypes), bs, repeat or [], split_list(tf32))
+    if tensor_parallel < 1 or cells_per_gpu < 1:
+        raise EvalParityError("--tensor-parallel and --cells-per-gpu must be at least 1")
+    if tensor_parallel > 1 and dev == "cpu":
+        raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
+    cell_specs = build_cells(split_list(backends), split_list(dtypes), bs, repeat or [], split_list(tf32), shards)
     check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
     offline = not mirrors.hub_reachable()
     if offline:
@@ -148,7 +156,7 @@ def run(
                             prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32,
                             max_gen_toks=max_gen_toks),
         hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
-        leaf_docs=tuple(sorted(plan.leaves.items())),
+        leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
     )
     # The document count comes from the same rule the cells use (spec.samples), so the two cannot disagree.
     per_task = spec.samples()
@@ -164,7 +172,8 @@ def run(
             raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
                                   f"{', '.join(c.name for c in cell_specs)}")
     run_dir = out or _default_out(model if model is not None else str(model_path))
-    outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console)
+    outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
+                          placement=Placement(ray=ray, cells_per_gpu=cells_per_gpu))
     console.print(summary_table(outcomes))
     failed = [o.name for o in outcomes if o.status == "failed"]
     if failed:

@@ -8,10 +8,7 @@ tasks, limits or settings into the same directory is refused rather than mixed i
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,98 +58,198 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec) -> None:
 
 
 def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(backend_env)
+    """The variables a cell process needs on top of its host's environment (which, on a cluster, is that
+    host's own, not this one's)."""
+    env = dict(backend_env)
     env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "TQDM_MININTERVAL": "1"})
     if offline:
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     return env
 
 
-def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = False, offline: bool = False,
-               console: Console | None = None) -> list[CellOutcome]:
-    """Run every cell not yet done; return one outcome per cell of the spec."""
-    from evalparity import backends
+@dataclass(frozen=True)
+class Placement:
+    """How cells are spread: which executor, and how much of a GPU each replica takes."""
 
-    console = console or Console(stderr=True)
-    prepare_run_dir(run_dir, spec)
-    outcomes: dict[str, CellOutcome] = {}
-    pending = []
+    ray: str | None = None     # None: decide here (Ray over this host's GPUs when several are free)
+    cells_per_gpu: int = 1     # >1 lets small models share a GPU (each then takes 1/N of it)
+
+
+def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: Path, model_path: str,
+                    console: Console):
+    """Ray when asked, or when this host has room for more than one job at a time; else one at a time."""
+    from evalparity import placement as pl
+
+    if placement.ray:
+        return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
+    if spec.device != "cpu" and n_jobs > 1:
+        slots = pl.gpu_count() * placement.cells_per_gpu // spec.tensor_parallel
+        if slots > 1:
+            try:
+                import ray  # noqa: F401
+            except ImportError:
+                console.print(f"[yellow]{pl.gpu_count()} GPUs visible but Ray is not installed: running one "
+                              "cell at a time (pip install 'ray>=2.40' to use them all)[/yellow]")
+                return pl.LocalExecutor(str(run_dir), model_path)
+            return pl.RayExecutor(str(run_dir.resolve()), model_path, "local")
+    return pl.LocalExecutor(str(run_dir), model_path)
+
+
+def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1, offline: bool = False):
+    """What is done already (outcomes), what to run (jobs) and which sharded cells only need merging."""
+    from evalparity import backends, shards
+    from evalparity.placement import Job
+
+    done: dict[str, CellOutcome] = {}
+    jobs: list = []
+    merge_only: list = []
+    gpus = spec.tensor_parallel / cells_per_gpu if spec.device != "cpu" else 0.0
     for cell in spec.cells:
         if cells.is_done(run_dir, cell.name) and not force:
             meta = cells.read_cell_json(run_dir / "cells" / cell.name) or {}
-            outcomes[cell.name] = CellOutcome(cell.name, "skipped", 0.0, meta)
-        else:
-            pending.append(cell)
+            done[cell.name] = CellOutcome(cell.name, "skipped", 0.0, meta)
+            continue
+        env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline)
+        todo = shards.pending_shards(run_dir, cell, force) if cell.shards > 1 else [0]
+        if cell.shards > 1 and not todo:
+            merge_only.append(cell)
+        jobs += [Job(cell.name, k, cell.shards, gpus=gpus, cpus=1.0, env=env) for k in todo]
+    return done, jobs, merge_only
+
+
+def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = False, offline: bool = False,
+               console: Console | None = None, placement: Placement | None = None) -> list[CellOutcome]:
+    """Run every cell (or shard) not yet done; return one outcome per cell of the spec."""
+    console = console or Console(stderr=True)
+    placement = placement or Placement()
+    prepare_run_dir(run_dir, spec)
+    outcomes, jobs, merge_only = plan_jobs(spec, run_dir, force, placement.cells_per_gpu, offline)
     if outcomes:
         console.print(f"[dim]{len(outcomes)} cell(s) already done, skipped: {', '.join(outcomes)} "
                       "(--force reruns them)[/dim]")
+    by_name = {c.name: c for c in spec.cells}
+    for cell in merge_only:
+        outcomes[cell.name] = _merge(run_dir, cell, 0.0)
+    executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, console) if jobs else None
+    if executor is not None and executor.name == "ray":
+        res = executor.resources()
+        console.print(f"[dim]Ray: {res.get('GPU', 0):g} GPU(s), {res.get('CPU', 0):g} CPU(s) in the cluster; "
+                      f"{len(jobs)} job(s) submitted[/dim]")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         overall = bar.add_task("cells", total=len(spec.cells), completed=len(outcomes))
-        for cell in pending:
-            inner = bar.add_task(f"  {cell.name}: starting", total=None)
-            t0 = time.perf_counter()
-            backend = backends.get(cell.backend)
-            env = cell_environment(spec, backend.environment(spec, cell), offline)
-            cmd = [sys.executable, "-m", "evalparity.cells", str(run_dir), cell.name, model_path]
-            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=False)
-            progress_file = cells.tmp_dir(run_dir, cell.name) / "progress.json"
-            try:
-                while proc.poll() is None:
-                    _show(bar, inner, cell.name, progress_file)
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                proc.terminate()
-                proc.wait()
-                raise
-            wall = time.perf_counter() - t0
-            if cells.tmp_dir(run_dir, cell.name).exists():
-                _record_crash(run_dir, cell, proc.returncode, wall)
-            final = run_dir / "cells" / cell.name
-            meta = cells.read_cell_json(final) or {}
-            failed_meta = cells.read_cell_json(run_dir / "cells" / f"{cell.name}.failed")
-            if failed_meta and failed_meta.get("finished", "") > meta.get("finished", ""):
-                meta = failed_meta
-            status = meta.get("status", "failed")
-            outcomes[cell.name] = CellOutcome(cell.name, status, wall, meta)
-            bar.update(inner, description=f"  {cell.name}: {status} in {wall:.0f}s", total=1, completed=1)
-            bar.update(overall, advance=1)
+        if executor is None:
+            return [outcomes[c.name] for c in spec.cells]
+        inner = {j.unit: bar.add_task(f"  {j.unit}: queued", total=None) for j in jobs}
+        started: dict[str, float] = {}
+        left = {c: sum(j.cell == c for j in jobs) for c in {j.cell for j in jobs}}  # jobs still out, per cell
+        executor.submit(jobs)
+        try:
+            while executor.busy():
+                for end in executor.poll():
+                    job = end.job
+                    wall = time.perf_counter() - started.get(job.unit, time.perf_counter())
+                    status = _settle(run_dir, by_name[job.cell], end, wall)
+                    bar.update(inner[job.unit], description=f"  {job.unit}: {status} in {wall:.0f}s", total=1,
+                               completed=1)
+                    left[job.cell] -= 1
+                    if left[job.cell] == 0:
+                        outcomes[job.cell] = _cell_outcome(run_dir, by_name[job.cell], wall)
+                        bar.update(overall, advance=1)
+                for job in executor.running():
+                    progress = cells.tmp_dir(run_dir, job.unit, _folder(job)) / "progress.json"
+                    if _show(bar, inner[job.unit], job.unit, progress):
+                        started.setdefault(job.unit, time.perf_counter())
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            executor.stop()
+            raise
+        if executor.name == "ray":
+            executor.stop()
     return [outcomes[c.name] for c in spec.cells]
 
 
-def _show(bar: Progress, task_id, name: str, progress_file: Path) -> None:
+def _folder(job) -> str:
+    return "shards" if job.shards > 1 else "cells"
+
+
+def _settle(run_dir: Path, cell, end, wall: float) -> str:
+    """A job has ended: if its process died before publishing, record that; return its status."""
+    folder = _folder(end.job)
+    if cells.tmp_dir(run_dir, end.job.unit, folder).exists():
+        _record_crash(run_dir, cell, end, wall, folder, end.job.unit)
+    return _final_meta(run_dir, end.job.unit, folder).get("status", "failed")
+
+
+def _cell_outcome(run_dir: Path, cell, wall: float) -> CellOutcome:
+    """A cell whose jobs have all ended: its own outcome, or, for a sharded cell, the merge of its shards."""
+    from evalparity import shards
+
+    if cell.shards == 1:
+        meta = _final_meta(run_dir, cell.name, "cells")
+        return CellOutcome(cell.name, meta.get("status", "failed"), wall, meta)
+    bad = shards.pending_shards(run_dir, cell, False)
+    if bad:
+        return CellOutcome(cell.name, "failed", wall, {
+            "status": "failed", "error": f"shard(s) {bad} of {cell.shards} failed: see "
+                                         f"shards/{cell.name}.<k>of{cell.shards}/cell.log"})
+    return _merge(run_dir, cell, wall)
+
+
+def _merge(run_dir: Path, cell, wall: float) -> CellOutcome:
+    from evalparity import shards
+
+    try:
+        meta = shards.merge(run_dir, cell)
+    except (OSError, ValueError) as err:
+        return CellOutcome(cell.name, "failed", wall, {"status": "failed", "error": f"merging shards: {err}"})
+    return CellOutcome(cell.name, "ok", meta.get("wall_s", wall), meta)
+
+
+def _final_meta(run_dir: Path, unit: str, folder: str) -> dict:
+    """The newest outcome of a unit: its published folder, or the ``.failed`` one beside a finished cell."""
+    meta = cells.read_cell_json(run_dir / folder / unit) or {}
+    failed_meta = cells.read_cell_json(run_dir / folder / f"{unit}.failed")
+    if failed_meta and failed_meta.get("finished", "") > meta.get("finished", ""):
+        meta = failed_meta
+    return meta
+
+
+def _show(bar: Progress, task_id, name: str, progress_file: Path) -> bool:
+    """Show a running job's progress; False while it has not started (queued, or loading its imports)."""
     try:
         st = json.loads(progress_file.read_text())
     except (OSError, json.JSONDecodeError):
-        return
+        return False
     desc = st.get("desc") or st.get("phase", "")
     total = st.get("total") or None
     bar.update(task_id, description=f"  {name}: {st.get('phase', '')} {desc}".rstrip()[:70],
                total=total, completed=st.get("n", 0) if total else 0)
+    return True
 
 
-def _record_crash(run_dir: Path, cell, returncode: int, wall: float) -> None:
-    """The worker died before publishing (killed, out of memory): record that for this cell."""
-    tmp = cells.tmp_dir(run_dir, cell.name)
-    why = f"the cell process exited with code {returncode}"
-    if returncode is not None and returncode < 0:
-        why = f"the cell process was killed by signal {-returncode} (out of memory?)"
+def _record_crash(run_dir: Path, cell, end, wall: float, folder: str = "cells", unit: str | None = None) -> None:
+    """The job's process died before publishing (killed, out of memory, its host lost): record that."""
+    unit = unit or cell.name
+    tmp = cells.tmp_dir(run_dir, unit, folder)
+    code = end.returncode
+    why = end.error or f"the cell process exited with code {code}"
+    if code is not None and code < 0:
+        why = f"the cell process was killed by signal {-code} (out of memory?)"
     meta = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
             "tag": cell.tag, "base_cell": cell.base_name, "status": cells.STATUS_FAILED, "error": why,
-            "wall_s": wall, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "wall_s": wall, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "placement": end.placement}
     try:
         cells.write_json(tmp / "cell.json", meta)
         (tmp / "progress.json").unlink(missing_ok=True)
-        cells.publish(run_dir, cell.name, cells.STATUS_FAILED)
+        cells.publish(run_dir, unit, cells.STATUS_FAILED, folder)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def summary_table(outcomes: list[CellOutcome]) -> Table:
     t = Table(title="cells")
-    for col in ("cell", "status", "load s", "eval s", "wall s", "peak RSS GiB", "aggregate"):
+    for col in ("cell", "status", "where", "load s", "eval s", "wall s", "peak RSS GiB", "aggregate"):
         t.add_column(col)
     for o in outcomes:
         m = o.meta
@@ -163,10 +260,22 @@ def summary_table(outcomes: list[CellOutcome]) -> Table:
                 if metric in ("acc", "acc_norm", "exact_match") and isinstance(v, float):
                     agg.append(f"{task} {metric}{'' if filt in ('', 'none') else '/' + filt}={v:.3f}")
         status = o.status if o.status != "failed" else f"[red]failed[/red]: {m.get('error', '')[:60]}"
-        t.add_row(o.name, status, _num(m.get("load_s")), _num(m.get("eval_s")), _num(m.get("wall_s")),
+        t.add_row(o.name, status, where(m), _num(m.get("load_s")), _num(m.get("eval_s")), _num(m.get("wall_s")),
                   _num(m.get("peak_rss_gib"), 2), "\n".join(agg[:6]) + ("\n..." if len(agg) > 6 else ""))
     return t
 
 
 def _num(x, digits: int = 1) -> str:
     return f"{x:.{digits}f}" if isinstance(x, (int, float)) else "-"
+
+
+def where(meta: dict) -> str:
+    """'host:gpu0' (or one line per shard) from a cell's recorded placement."""
+    places = meta.get("placement")
+    places = places if isinstance(places, list) else [places] if places else []
+    out = []
+    for p in places:
+        if p:
+            gpus = ",".join(p.get("gpu_ids") or [])
+            out.append(f"{p.get('host', '?')}{':gpu' + gpus if gpus else ''}")
+    return "\n".join(out) or "-"

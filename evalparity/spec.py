@@ -64,6 +64,7 @@ class CellSpec:
     batch_size: int | str  # a number, or "auto" (each backend picks what fits: lm-eval's auto batch size)
     tag: str = ""
     tf32: bool = False     # an fp32 cell that runs in TF32, to measure that precision mode as its own cell
+    shards: int = 1        # the cell's documents split over this many replicas (processes), merged afterwards
 
     @property
     def name(self) -> str:
@@ -91,6 +92,7 @@ class RunSpec:
     vllm_args: str = ""
     task_limits: tuple[tuple[str, int], ...] = ()  # per-task document limits, overriding ``limit``
     leaf_docs: tuple[tuple[str, int], ...] = ()    # documents in each leaf task, from the preflight
+    tensor_parallel: int = 1                         # GPUs per replica (vLLM tensor parallel; HF parallelize)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -109,8 +111,8 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, d: dict) -> RunSpec:
-        cells = tuple(CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False))
-                      for c in d["cells"])
+        cells = tuple(CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False),
+                               c.get("shards", 1)) for c in d["cells"])
         return cls(
             model=d["model"], tasks=tuple(d["tasks"]), cells=cells, limit=d.get("limit"),
             num_fewshot=d.get("num_fewshot"), device=d.get("device", "cpu"),
@@ -119,6 +121,7 @@ class RunSpec:
             vllm_args=d.get("vllm_args", ""),
             task_limits=tuple((k, int(v)) for k, v in d.get("task_limits", ())),
             leaf_docs=tuple((k, int(v)) for k, v in d.get("leaf_docs", ())),
+            tensor_parallel=int(d.get("tensor_parallel", 1)),
         )
 
     def samples(self) -> dict[str, list[int]] | None:
@@ -132,6 +135,15 @@ class RunSpec:
             lim = per.get(leaf, next((v for k, v in per.items() if leaf.startswith(k + "_")), self.limit))
             out[leaf] = list(range(min(n, lim) if lim else n))
         return out
+
+    def shard_samples(self, shard: int, shards: int) -> dict[str, list[int]]:
+        """lm-eval's ``samples`` for one shard: every ``shards``-th document of each leaf task, starting at
+        ``shard``. Interleaving (rather than blocks) gives every shard a like mix of long and short documents;
+        the shards together hold exactly the documents of the unsharded cell."""
+        per = self.samples()
+        if per is None:
+            per = {leaf: list(range(min(n, self.limit) if self.limit else n)) for leaf, n in self.leaf_docs}
+        return {leaf: ids[shard::shards] for leaf, ids in per.items()}
 
 
 def parse_batch_size(text: str) -> int | str:
@@ -154,28 +166,41 @@ def parse_task_limits(items: list[str]) -> tuple[tuple[str, int], ...]:
 
 
 def build_cells(backends: list[str], dtypes: list[str], batch_size: int | str,
-                repeats: list[str], tf32: list[str] = ()) -> tuple[CellSpec, ...]:
-    """The matrix backends x dtypes, plus repeat cells given as 'backend:dtype:batch_size'.
+                repeats: list[str], tf32: list[str] = (), shards: int = 1) -> tuple[CellSpec, ...]:
+    """The matrix backends x dtypes, plus repeat cells given as 'backend:dtype:batch_size' or
+    'backend:dtype:dpN'.
 
-    A repeat is the same backend and dtype at another batch size: comparing it with its base cell
-    measures the backend's own run-to-run noise floor.
+    A repeat is the same backend and dtype at another batch size, or split over N shards: comparing it with
+    its base cell measures the noise floor that batch composition (or sharding) adds on its own.
     """
     if not backends:
         raise EvalParityError("no backends given: pass --backends vllm,hf (or one of them)")
     if not dtypes:
         raise EvalParityError("no dtypes given: pass --dtypes fp32,bf16,fp16 (or some of them)")
-    cells = [CellSpec(parse_backend(b), parse_dtype(d), batch_size) for b in backends for d in dtypes]
+    if shards < 1:
+        raise EvalParityError(f"--shards {shards} must be at least 1")
+    cells = [CellSpec(parse_backend(b), parse_dtype(d), batch_size, shards=shards) for b in backends for d in dtypes]
     for r in repeats:
         parts = r.split(":")
-        if len(parts) != 3 or not parts[2].isdigit() or int(parts[2]) < 1:
-            raise EvalParityError(f"bad --repeat {r!r}: write backend:dtype:batch_size, e.g. hf:fp32:4")
-        b, d, bs = parse_backend(parts[0]), parse_dtype(parts[1]), int(parts[2])
+        dp = len(parts) == 3 and parts[2].lower().startswith("dp") and parts[2][2:].isdigit()
+        if len(parts) != 3 or not (parts[2].isdigit() or dp) or int(parts[2].lower().removeprefix("dp")) < 1:
+            raise EvalParityError(f"bad --repeat {r!r}: write backend:dtype:batch_size or backend:dtype:dpN, "
+                                  "e.g. hf:fp32:4 or vllm:fp32:dp2")
+        b, d = parse_backend(parts[0]), parse_dtype(parts[1])
+        if dp:
+            n = int(parts[2][2:])
+            if n == shards:
+                raise EvalParityError(f"--repeat {r!r} uses the main cells' {shards} shard(s): a sharding repeat "
+                                      "needs another shard count")
+            cells.append(CellSpec(b, d, batch_size, tag=f"dp{n}", shards=n))
+            continue
+        bs = int(parts[2])
         if bs == batch_size:
             raise EvalParityError(f"--repeat {r!r} uses the main batch size {batch_size}: a repeat needs "
                                   "another batch size to measure the noise floor")
-        cells.append(CellSpec(b, d, bs, tag=f"bs{bs}"))
+        cells.append(CellSpec(b, d, bs, tag=f"bs{bs}", shards=shards))
     for b in tf32:
-        cells.append(CellSpec(parse_backend(b), "float32", batch_size, tag="tf32", tf32=True))
+        cells.append(CellSpec(parse_backend(b), "float32", batch_size, tag="tf32", tf32=True, shards=shards))
     names = [c.name for c in cells]
     dup = {n for n in names if names.count(n) > 1}
     if dup:

@@ -22,6 +22,10 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
         args["softmax_dtype"] = "float32"
     if a.add_bos_token is not None:
         args["add_bos_token"] = a.add_bos_token
+    if spec.tensor_parallel > 1:
+        # HF has no tensor parallelism in lm-eval; it splits the layers over the cell's GPUs instead.
+        args["parallelize"] = True
+        args.pop("device")
     args.update(parse_extra_args(spec.hf_args))
     return args
 
@@ -39,6 +43,7 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
         "max_gen_toks": spec.alignment.max_gen_toks or "the task's own (lm-eval default 256)",
         "generation": "greedy (temperature 0, do_sample False) unless the task sets otherwise",
         "prefix_caching": "n/a",
+        "parallelize": args.get("parallelize", False),
     }
 
 

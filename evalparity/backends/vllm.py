@@ -24,6 +24,8 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
     }
     if spec.device != "cpu":
         args["gpu_memory_utilization"] = 0.3
+    if spec.tensor_parallel > 1:
+        args["tensor_parallel_size"] = spec.tensor_parallel
     if a.add_bos_token is not None:
         args["add_bos_token"] = a.add_bos_token
     args.update(parse_extra_args(spec.vllm_args))
@@ -54,6 +56,7 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
         "prefix_caching": args.get("enable_prefix_caching"),
         "enforce_eager": args.get("enforce_eager"),
         "seed": args.get("seed"),
+        "tensor_parallel_size": args.get("tensor_parallel_size", 1),
     }
 
 

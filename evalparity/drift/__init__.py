@@ -9,6 +9,7 @@ Only running summaries are kept (see ``measure``), so it stays usable on large m
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -84,7 +85,7 @@ def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, 
         for c in todo:
             b, d, tf32 = parse_cell(c)
             spec = RunSpec(model=model_path, tasks=(), cells=(CellSpec(b, d, 1, tf32=tf32),), device=device)
-            env = cell_environment(spec, backends.get(b).environment(spec, spec.cells[0]), offline=True)
+            env = os.environ | cell_environment(spec, backends.get(b).environment(spec, spec.cells[0]), offline=True)
             task = bar.add_task(f"drift {c} vs {reference}", total=len(prompts))
             t0 = time.perf_counter()
             with open(out / f"{c}.log", "w") as log:

@@ -1,0 +1,217 @@
+"""Where each cell runs: one process at a time on this machine, or Ray tasks over a host's GPUs or a cluster.
+
+The unit of work is a ``Job``: one cell, or one shard of a sharded cell, run as its own process
+(``python -m evalparity.cells``). Two executors start jobs and report when they end:
+
+- ``LocalExecutor`` runs one job at a time here (a CPU, or a single GPU);
+- ``RayExecutor`` submits every job at once as a Ray task that asks for the GPUs (or CPUs) the job needs,
+  and lets Ray place them: on the GPUs of this host (a local Ray instance) or on a cluster (``--ray
+  ADDRESS``). Ray, not evalparity, decides which job waits; a job starts as soon as a GPU it fits on is free.
+
+Either way the job's process writes its results into the run directory (which on a cluster must be on
+storage every host reaches) and publishes them by an atomic rename, so a lost host loses only the job it
+was running. Each job is told where it runs through ``EVALPARITY_PLACEMENT``, and records that in its
+``cell.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from evalparity.errors import EvalParityError
+
+PLACEMENT_ENV = "EVALPARITY_PLACEMENT"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One process's worth of work: a cell, or shard ``shard`` of ``shards`` of it."""
+
+    cell: str
+    shard: int = 0
+    shards: int = 1
+    gpus: float = 0.0  # GPUs the job holds (tensor-parallel size, or a fraction when cells share a GPU)
+    cpus: float = 1.0
+    env: dict[str, str] = field(default_factory=dict, compare=False)  # what the job's process needs set
+
+    @property
+    def unit(self) -> str:
+        """The folder name the job publishes: the cell, or ``<cell>.<k>of<n>`` for a shard."""
+        return self.cell if self.shards == 1 else f"{self.cell}.{self.shard}of{self.shards}"
+
+    def argv(self, run_dir: str, model_path: str, python: str) -> list[str]:
+        cmd = [python, "-m", "evalparity.cells", run_dir, self.cell, model_path]
+        return cmd + (["--shard", f"{self.shard}/{self.shards}"] if self.shards > 1 else [])
+
+
+@dataclass
+class JobEnd:
+    job: Job
+    returncode: int | None  # None: the process (or the host running it) was lost before it could say
+    error: str = ""
+    placement: dict = field(default_factory=dict)
+
+
+def _die_with_parent() -> None:
+    """Run in the child before exec: when the process that supervises the job dies (a Ray worker killed,
+    a host lost), the job dies too, instead of running on unsupervised and publishing late."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def start_job(job: Job, run_dir: str, model_path: str, placement: dict) -> subprocess.Popen:
+    """Start the job's process on this host, with its environment and the placement it records."""
+    env = dict(os.environ) | job.env | {PLACEMENT_ENV: json.dumps(placement)}
+    return subprocess.Popen(job.argv(run_dir, model_path, sys.executable), env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+
+
+def run_job_here(job: Job, run_dir: str, model_path: str, placement: dict) -> int:
+    proc = start_job(job, run_dir, model_path, placement)
+    try:
+        return proc.wait()
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
+
+
+def _visible_gpus() -> list[str]:
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return [g for g in vis.split(",") if g.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def gpu_count() -> int:
+    return len(_visible_gpus())
+
+
+class LocalExecutor:
+    """One job at a time, in a child process of this one."""
+
+    name = "local"
+
+    def __init__(self, run_dir: str, model_path: str):
+        self.run_dir, self.model_path = run_dir, model_path
+        self.queue: list[Job] = []
+        self.proc: subprocess.Popen | None = None
+        self.current: Job | None = None
+
+    def submit(self, jobs: list[Job]) -> None:
+        self.queue.extend(jobs)
+
+    def running(self) -> list[Job]:
+        return [self.current] if self.current else []
+
+    def busy(self) -> bool:
+        return bool(self.queue or self.current)
+
+    def poll(self) -> list[JobEnd]:
+        ended = []
+        if self.proc is not None and self.proc.poll() is not None:
+            ended.append(JobEnd(self.current, self.proc.returncode, placement=self.placement))
+            self.proc, self.current = None, None
+        if self.proc is None and self.queue:
+            self.current = self.queue.pop(0)
+            self.placement = {"executor": "local", "host": platform.node(), "gpu_ids": _visible_gpus()
+                              if self.current.gpus else [], "shard": self.current.shard,
+                              "shards": self.current.shards}
+            self.proc = start_job(self.current, self.run_dir, self.model_path, self.placement)
+        return ended
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+        self.queue.clear()
+
+
+def _ray_job(job: Job, run_dir: str, model_path: str, extra: dict) -> tuple[int, dict]:
+    """The body of one Ray task, on whichever host Ray chose: say where it is, run the job's process."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    placement = extra | {"executor": "ray", "host": platform.node(), "node_id": ctx.get_node_id(),
+                         "node_ip": ray.util.get_node_ip_address(),
+                         "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "shard": job.shard, "shards": job.shards}
+    return run_job_here(job, run_dir, model_path, placement), placement
+
+
+class RayExecutor:
+    """Every job as a Ray task asking for its GPUs/CPUs; Ray queues and places them."""
+
+    name = "ray"
+
+    def __init__(self, run_dir: str, model_path: str, address: str | None, extra: dict | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise EvalParityError("Ray is not installed: pip install 'ray>=2.40' (or the [ray] extra), "
+                                  "or run without --ray") from None
+        import logging
+
+        self.ray = ray
+        self.run_dir, self.model_path, self.extra = run_dir, model_path, extra or {}
+        kw = {"address": address} if address else {}
+        try:
+            # Ray's own logs and the workers' output stay off the user's terminal (cells log to files).
+            ray.init(**kw, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR,
+                     configure_logging=True, ignore_reinit_error=True)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            where = address or "a new local instance"
+            raise EvalParityError(f"cannot connect to Ray at {where} ({str(err).splitlines()[0][:120]}): start "
+                                  "it with `ray start --head` or pass --ray local") from None
+        self.task = ray.remote(max_retries=0)(_ray_job)
+        self.refs: dict = {}
+
+    def resources(self) -> dict:
+        return self.ray.cluster_resources()
+
+    def submit(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            ref = self.task.options(num_gpus=job.gpus, num_cpus=job.cpus, name=f"evalparity:{job.unit}").remote(
+                job, self.run_dir, self.model_path, self.extra)
+            self.refs[ref] = job
+
+    def running(self) -> list[Job]:
+        return list(self.refs.values())
+
+    def busy(self) -> bool:
+        return bool(self.refs)
+
+    def poll(self) -> list[JobEnd]:
+        if not self.refs:
+            return []
+        done, _ = self.ray.wait(list(self.refs), num_returns=len(self.refs), timeout=0)
+        ended = []
+        for ref in done:
+            job = self.refs.pop(ref)
+            try:
+                code, placement = self.ray.get(ref)
+                ended.append(JobEnd(job, code, placement=placement))
+            except Exception as err:  # noqa: BLE001 - a worker or host lost: that job only
+                msg = str(err).strip().splitlines()
+                ended.append(JobEnd(job, None, error=f"{type(err).__name__}: {msg[0][:200] if msg else ''}"))
+        return ended
+
+    def stop(self) -> None:
+        for ref in list(self.refs):
+            self.ray.cancel(ref, force=True)
+        self.refs.clear()
+        self.ray.shutdown()

@@ -1,0 +1,97 @@
+"""Merge the shards of a sharded cell into one cell, as if it had run unsharded.
+
+A cell with ``shards = N`` runs as N processes, shard k evaluating every N-th document of each task
+(``RunSpec.shard_samples``). Each shard publishes ``shards/<cell>.<k>of<N>/`` like a cell. Once all have
+finished, ``merge`` writes ``cells/<cell>/`` with the concatenated per-sample table (sorted exactly like an
+unsharded table), a ``cell.json`` that keeps every shard's timings and placement, and publishes it by one
+rename. The shard folders stay, with their lm-eval output and logs.
+
+What sharding changes numerically: each shard batches only its own documents, so a request is padded and
+batched with other neighbours than in an unsharded run (the same effect as another batch size, which the
+noise-floor rows measure: ``--repeat backend:dtype:dpN``). With few-shot tasks lm-eval draws the examples
+from one random sequence per process, so shards would get other examples than an unsharded run; the table
+alignment check refuses such a comparison instead of reporting it as drift.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from evalparity import cells, samples
+from evalparity.spec import CellSpec
+
+
+def unit(cell: str, shard: int, shards: int) -> str:
+    return f"{cell}.{shard}of{shards}"
+
+
+def shard_dirs(run_dir: Path, cell: CellSpec) -> list[Path]:
+    return [run_dir / "shards" / unit(cell.name, k, cell.shards) for k in range(cell.shards)]
+
+
+def pending_shards(run_dir: Path, cell: CellSpec, force: bool) -> list[int]:
+    return [k for k in range(cell.shards) if force or not cells.is_done(run_dir, unit(cell.name, k, cell.shards),
+                                                                       "shards")]
+
+
+def merge_tables(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    """One table from the shards' tables, in the order an unsharded cell's table has (sorted by the key)."""
+    df = pd.concat(tables, ignore_index=True)
+    df = df.sort_values(samples.KEY, kind="stable").reset_index(drop=True)
+    if df.duplicated(samples.KEY).any():
+        raise ValueError("two shards hold the same document: the shards overlap")
+    return df
+
+
+def aggregate(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per-task means of the per-sample metrics: what lm-eval reports for mean-aggregated metrics (acc,
+    acc_norm, exact_match), computed over the merged documents."""
+    out: dict[str, dict[str, float]] = {}
+    docs = table.drop_duplicates(["task", "filter", "doc_id"])
+    for (task, filt), g in docs.groupby(["task", "filter"], sort=False):
+        for col in samples.metric_columns(g):
+            vals = g[col].dropna()
+            if len(vals):
+                out.setdefault(task, {})[f"{col.removeprefix(samples.METRIC_PREFIX)},{filt}"] = float(vals.mean())
+    return out
+
+
+def merge(run_dir: Path, cell: CellSpec) -> dict:
+    """Write and publish ``cells/<cell>`` from its finished shards; return its cell.json."""
+    dirs = shard_dirs(run_dir, cell)
+    metas = [cells.read_cell_json(d) or {} for d in dirs]
+    table = merge_tables([samples.read_table(d / "samples.parquet") for d in dirs])
+    out = cells.tmp_dir(run_dir, cell.name)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    samples.write_table(table, out / "samples.parquet")
+    (out / "cell.log").write_text("".join(f"shard {k}: {d.relative_to(run_dir)}/cell.log\n"
+                                          for k, d in enumerate(dirs)))
+    first = metas[0]
+    meta = {k: v for k, v in first.items() if k not in ("shard", "placement", "pid", "aggregate", "n_rows")}
+    meta |= {
+        "status": cells.STATUS_OK,
+        "shards": [{"index": k, "dir": str(d.relative_to(run_dir)), "n_rows": m.get("n_rows"),
+                    "load_s": m.get("load_s"), "eval_s": m.get("eval_s"), "wall_s": m.get("wall_s"),
+                    "peak_rss_gib": m.get("peak_rss_gib"), "peak_gpu_gib": m.get("peak_gpu_gib"),
+                    "placement": m.get("placement")} for k, (d, m) in enumerate(zip(dirs, metas))],
+        # The cell's wall clock is that of its slowest shard when the shards run side by side.
+        "load_s": max(m.get("load_s", 0.0) for m in metas),
+        "eval_s": max(m.get("eval_s", 0.0) for m in metas),
+        "wall_s": max(m.get("wall_s", 0.0) for m in metas),
+        "peak_rss_gib": max(m.get("peak_rss_gib", 0.0) for m in metas),
+        "placement": [m.get("placement") for m in metas],
+        "aggregate": aggregate(table),
+        "aggregate_note": "per-task means of the per-sample metrics over the merged shards",
+        "n_rows": int(len(table)),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    cells.write_json(out / "cell.json", meta)
+    cells.write_json(out / "lm_eval_results.json", {"results": meta["aggregate"], "shards": cell.shards})
+    cells.publish(run_dir, cell.name, cells.STATUS_OK)
+    return meta

@@ -1,0 +1,133 @@
+"""Cells as Ray tasks on a local Ray cluster (CPU only, as in CI), and sharded cells.
+
+- The same matrix run without Ray and through Ray gives equal per-sample tables, sharded cells included.
+- A sharded cell's merged table has exactly the shape, order and alignment of the unsharded one.
+- Killing the Ray worker that runs a cell loses that cell only; rerunning the command completes the matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import evalparity
+
+from evalparity.samples import HASHES, KEY, read_table
+
+pytest.importorskip("ray")
+PORT = 6391
+ADDRESS = f"127.0.0.1:{PORT}"
+MATRIX = ["--backends", "hf,vllm", "--dtypes", "fp32", "--repeat", "hf:fp32:dp2", "--limit", "8",
+          "--max-length", "512"]
+CELLS = ["hf-fp32", "vllm-fp32", "hf-fp32-dp2"]
+
+
+def _ray(*args: str) -> subprocess.CompletedProcess:
+    ray_bin = Path(sys.executable).with_name("ray")
+    return subprocess.run([str(ray_bin), *args], capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A one-node Ray cluster with 2 CPUs, started as a user would (`ray start --head`)."""
+    _ray("stop", "--force")
+    started = _ray("start", "--head", "--num-cpus", "2", "--port", str(PORT), "--disable-usage-stats",
+                   "--include-dashboard=false")
+    assert started.returncode == 0, started.stderr[-2000:]
+    yield ADDRESS
+    _ray("stop", "--force")
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model, tiny_tasks, cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("ray")
+    common = ["--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path", str(tiny_tasks), *MATRIX]
+    plain = evalparity("run", *common, "--out", str(root / "plain"))
+    assert plain.returncode in (0, 3, 4), plain.stderr[-3000:]
+    viaray = evalparity("run", *common, "--out", str(root / "ray"), "--ray", cluster)
+    assert viaray.returncode in (0, 3, 4), viaray.stderr[-3000:]
+    return root / "plain", root / "ray", viaray
+
+
+def test_ray_tables_equal_plain_tables(runs):
+    plain, viaray, _ = runs
+    for name in CELLS:
+        pd.testing.assert_frame_equal(read_table(plain / "cells" / name / "samples.parquet"),
+                                      read_table(viaray / "cells" / name / "samples.parquet"))
+
+
+def test_placement_is_recorded(runs):
+    plain, viaray, proc = runs
+    meta = json.loads((viaray / "cells" / "vllm-fp32" / "cell.json").read_text())
+    p = meta["placement"]
+    assert p["executor"] == "ray" and p["host"] and p["node_id"] and p["tensor_parallel"] == 1
+    assert json.loads((plain / "cells" / "vllm-fp32" / "cell.json").read_text())["placement"]["executor"] == "local"
+    sharded = json.loads((viaray / "cells" / "hf-fp32-dp2" / "cell.json").read_text())
+    assert [s["placement"]["shard"] for s in sharded["shards"]] == [0, 1]
+    assert all(s["placement"]["shards"] == 2 for s in sharded["shards"])
+    assert "Ray: 0 GPU(s), 2 CPU(s)" in proc.stderr
+
+
+def test_sharded_cell_matches_unsharded_in_shape_and_alignment(runs):
+    plain, _, _ = runs
+    whole = read_table(plain / "cells" / "hf-fp32" / "samples.parquet")
+    merged = read_table(plain / "cells" / "hf-fp32-dp2" / "samples.parquet")
+    assert merged.shape == whole.shape and list(merged.columns) == list(whole.columns)
+    pd.testing.assert_frame_equal(merged[KEY + HASHES], whole[KEY + HASHES])
+    # each shard holds every other document of each task, and together they hold them all once
+    shard_ids = [set(read_table(plain / "shards" / f"hf-fp32-dp2.{k}of2" / "samples.parquet")["doc_id"])
+                 for k in range(2)]
+    assert not shard_ids[0] & shard_ids[1] and shard_ids[0] | shard_ids[1] == set(whole["doc_id"])
+    assert 0 in shard_ids[0] and 1 in shard_ids[1]
+
+
+def test_sharding_is_a_noise_floor_row(runs):
+    plain, _, _ = runs
+    verdicts = json.loads((plain / "stats" / "verdicts.json").read_text())
+    rows = [c for c in verdicts["comparisons"] if c["cell"] == "hf-fp32-dp2"]
+    assert rows and all(r["kind"] == "noise_floor" and r["reference"] == "hf-fp32" for r in rows)
+
+
+def _wait_for_progress(out: Path, timeout: float = 120) -> dict:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        for f in (out / "cells").glob(".tmp-*/progress.json"):
+            try:
+                return json.loads(f.read_text()) | {"unit": f.parent.name}
+            except (OSError, json.JSONDecodeError):
+                pass
+        time.sleep(0.2)
+    raise AssertionError("no cell started within the timeout")
+
+
+def test_killed_worker_loses_one_cell_and_rerun_completes(tiny_model, tiny_tasks, cluster, tmp_path):
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
+           "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "8",
+           "--max-length", "512", "--out", str(out), "--ray", cluster]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    running = _wait_for_progress(out)
+    worker = int(Path(f"/proc/{running['pid']}/stat").read_text().split(") ")[1].split()[1])  # its parent
+    os.kill(worker, signal.SIGKILL)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 5, err[-3000:]  # a cell failed; the others were kept
+    killed = running["unit"].removeprefix(".tmp-")
+    meta = json.loads((out / "cells" / killed / "cell.json").read_text())
+    assert meta["status"] == "failed" and meta["error"], meta
+    other = {"hf-fp32", "hf-bf16"} - {killed}
+    assert json.loads((out / "cells" / other.pop() / "cell.json").read_text())["status"] == "ok"
+
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode in (0, 3, 4), again.stderr[-3000:]
+    assert "1 cell(s) already done" in again.stderr
+    for name in ("hf-fp32", "hf-bf16"):
+        assert json.loads((out / "cells" / name / "cell.json").read_text())["status"] == "ok"
+    shutil.rmtree(out, ignore_errors=True)
