@@ -26,6 +26,26 @@ def tiny_tasks(tmp_path_factory) -> Path:
     return make_tasks(tmp_path_factory.mktemp("tasks"), n_docs=12)
 
 
+# The shared tiny run: both backends x fp32/bf16 on a multiple-choice and a generation task, plus hf-fp32
+# again split over two shards. test_run_tiny checks it; test_ray reruns it through Ray and compares.
+TINY_CELLS = ["vllm-fp32", "vllm-bf16", "hf-fp32", "hf-bf16"]
+
+
+def tiny_run_args(model: Path, tasks: Path, out: Path) -> list[str]:
+    return ["run", "--model", str(model), "--tasks", "tiny_mc,tiny_gen", "--include-path", str(tasks),
+            "--dtypes", "fp32,bf16", "--limit", "10", "--max-length", "512", "--repeat", "hf:fp32:dp2",
+            "--out", str(out)]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_model, tiny_tasks, tmp_path_factory):
+    """One run of the tiny matrix (about 100 s on 2 CPU cores), shared by the tests that read it."""
+    out = tmp_path_factory.mktemp("run") / "r"
+    proc = evalparity(*tiny_run_args(tiny_model, tiny_tasks, out))
+    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
+    return out, proc
+
+
 def evalparity(*args: str, cwd: Path | None = None, timeout: float = 900,
                env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the installed CLI as a user would, capturing its output."""

@@ -22,7 +22,6 @@ from conftest import evalparity
 
 from evalparity.samples import HASHES, KEY, read_table
 
-pytest.importorskip("ray")
 PORT = 6391
 ADDRESS = f"127.0.0.1:{PORT}"
 MATRIX = ["--backends", "hf,vllm", "--dtypes", "fp32", "--repeat", "hf:fp32:dp2", "--limit", "8",

@@ -15,21 +15,16 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import evalparity
+from conftest import TINY_CELLS, evalparity, tiny_run_args
 
 from evalparity.samples import HASHES, KEY, check_alignment, read_table
 
-CELLS = ["vllm-fp32", "vllm-bf16", "hf-fp32", "hf-bf16"]
+CELLS = TINY_CELLS
 
 
 @pytest.fixture(scope="module")
-def run_dir(tiny_model, tiny_tasks, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run") / "r"
-    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path",
-                      str(tiny_tasks), "--dtypes", "fp32,bf16", "--limit", "10", "--out", str(out),
-                      "--max-length", "512")
-    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
-    return out, proc
+def run_dir(tiny_run):
+    return tiny_run
 
 
 def test_every_cell_finished_with_its_files(run_dir):
@@ -101,7 +96,7 @@ def test_stats_and_report_written(run_dir):
     assert v["sign_off"]["status"] in ("PASS", "FAIL", "INCONCLUSIVE")
     assert proc.returncode == v["sign_off"]["exit_code"]
     cells = {r["cell"] for r in v["comparisons"]}
-    assert cells == {"vllm-fp32", "vllm-bf16", "hf-bf16"}
+    assert cells == {"vllm-fp32", "vllm-bf16", "hf-bf16", "hf-fp32-dp2"}
     for r in v["comparisons"]:
         assert r["verdict"] in ("EQUIVALENT", "DIFFERENT", "INCONCLUSIVE") and r["reason"]
         assert r["n"] == 10 or r["metric"] == "loglikelihood"
@@ -109,7 +104,7 @@ def test_stats_and_report_written(run_dir):
         assert (out / "report" / f).stat().st_size > 1000
     assert list((out / "report" / "figures").glob("*.png"))
     gens = pd.read_parquet(out / "stats" / "generations.parquet")
-    assert set(gens["cell"]) == {"vllm-fp32", "vllm-bf16", "hf-bf16"}
+    assert set(gens["cell"]) == {"vllm-fp32", "vllm-bf16", "hf-bf16", "hf-fp32-dp2"}
     assert gens["n_without_ids"].eq(0).all()
 
 
@@ -117,12 +112,10 @@ def test_rerun_skips_every_cell(run_dir, tiny_model, tiny_tasks):
     out, _ = run_dir
     before = {c: (out / "cells" / c / "cell.json").stat().st_mtime for c in CELLS}
     t0 = time.perf_counter()
-    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path",
-                      str(tiny_tasks), "--dtypes", "fp32,bf16", "--limit", "10", "--out", str(out),
-                      "--max-length", "512")
+    proc = evalparity(*tiny_run_args(tiny_model, tiny_tasks, out))
     took = time.perf_counter() - t0
     assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
-    assert "4 cell(s) already done, skipped" in proc.stderr
+    assert "5 cell(s) already done, skipped" in proc.stderr
     assert {c: (out / "cells" / c / "cell.json").stat().st_mtime for c in CELLS} == before
     print(f"rerun with every cell skipped took {took:.1f} s")
 

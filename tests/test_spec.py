@@ -55,3 +55,30 @@ def test_identity_ignores_cells_but_not_settings():
     c = RunSpec(model="m", tasks=("t",), cells=cells, limit=6)
     assert a.identity() == b.identity() != c.identity()
     assert RunSpec.from_json(b.to_json()) == b
+
+
+def test_shards_split_every_document_once_and_repeats_name_them():
+    spec = RunSpec(model="m", tasks=("t",), cells=(), limit=10, leaf_docs=(("a", 7), ("b", 30)))
+    parts = [spec.shard_samples(k, 3) for k in range(3)]
+    for leaf, n in (("a", 7), ("b", 10)):
+        ids = sorted(i for p in parts for i in p[leaf])
+        assert ids == list(range(n))  # each document in exactly one shard, the limit kept
+    assert parts[1]["a"] == [1, 4]
+    cells = build_cells(["vllm"], ["fp32"], 8, ["vllm:fp32:dp2"], shards=1)
+    assert [(c.name, c.shards) for c in cells] == [("vllm-fp32", 1), ("vllm-fp32-dp2", 2)]
+    with pytest.raises(EvalParityError, match="another shard count"):
+        build_cells(["vllm"], ["fp32"], 8, ["vllm:fp32:dp2"], shards=2)
+    with pytest.raises(EvalParityError, match="dpN"):
+        build_cells(["vllm"], ["fp32"], 8, ["vllm:fp32:dpx"])
+    back = RunSpec.from_json(RunSpec(model="m", tasks=("t",), cells=cells, tensor_parallel=2).to_json())
+    assert back.cells == cells and back.tensor_parallel == 2
+
+
+def test_precision_environment_of_fp32_and_tf32_cells():
+    from evalparity.backends import precision
+
+    assert precision.environment("bfloat16", True) == {}
+    true = precision.environment("float32", True)
+    assert true == {"TRITON_F32_DEFAULT": "ieee", "VLLM_FLOAT32_MATMUL_PRECISION": "highest"}
+    tf32 = precision.environment("float32", False)
+    assert tf32 == {"TRITON_F32_DEFAULT": "tf32", "VLLM_FLOAT32_MATMUL_PRECISION": "high"}

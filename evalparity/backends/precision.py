@@ -13,10 +13,15 @@ import os
 
 def environment(dtype: str, true_fp32: bool) -> dict[str, str]:
     """Environment for the cell process, set before torch/triton import. Only fp32 cells are touched:
-    true fp32 asks Triton for IEEE fp32 dots, a TF32 cell asks for TF32 explicitly."""
+    true fp32 asks Triton for IEEE fp32 dots, a TF32 cell asks for TF32 explicitly.
+
+    vLLM's GPU worker resets torch's matmul precision to ``VLLM_FLOAT32_MATMUL_PRECISION`` (default
+    "highest") when it starts, after ``apply`` ran, so a TF32 cell must say so there too. The H200 run of
+    2026-11-30 showed it: its TF32 cell read back "highest" and measured Triton's TF32 attention alone."""
     if dtype != "float32":
         return {}
-    return {"TRITON_F32_DEFAULT": "ieee" if true_fp32 else "tf32"}
+    return {"TRITON_F32_DEFAULT": "ieee" if true_fp32 else "tf32",
+            "VLLM_FLOAT32_MATMUL_PRECISION": "highest" if true_fp32 else "high"}
 
 
 def apply(true_fp32: bool) -> None:

@@ -39,11 +39,11 @@ PY
     ;;
   extras)
     timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-2gpu --tf32 vllm \
-      --repeat vllm:fp32:dp2 --repeat hf:fp32:dp2
+      --repeat vllm:fp32:dp2
     echo "extras: exit $? after $(( $(date +%s) - T0 )) s"
     LEFT=$(( BUDGET - ($(date +%s) - T0) ))
     timeout "$LEFT" python3 -m evalparity.cli drift --run-dir /tmp/so-2gpu --device cuda \
-      --cells vllm-fp32,vllm-fp32-tf32,vllm-bf16,vllm-fp16 --n-prompts "${DRIFT_PROMPTS:-100}" --gen-tokens 8
+      --cells "${DRIFT_CELLS:-vllm-fp32-tf32,vllm-bf16,vllm-fp16}" --n-prompts "${DRIFT_PROMPTS:-100}" --gen-tokens 8
     echo "drift: exit $? after $(( $(date +%s) - T0 )) s"
     python3 -m evalparity.cli report /tmp/so-2gpu --no-fail-on-inconclusive >/dev/null 2>&1 ;;
 esac

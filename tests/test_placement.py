@@ -1,0 +1,54 @@
+"""Placement without a cluster: which executor a run gets, the jobs a matrix becomes, and the merge of shards."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from evalparity import matrix, placement, shards
+from evalparity.samples import KEY
+from evalparity.spec import RunSpec, build_cells
+
+
+def _spec(device: str = "cuda", tp: int = 1, shard_count: int = 1) -> RunSpec:
+    cells = build_cells(["hf", "vllm"], ["fp32", "bf16"], 8, [], shards=shard_count)
+    return RunSpec(model="m", tasks=("t",), cells=cells, device=device, tensor_parallel=tp, leaf_docs=(("t", 9),))
+
+
+@pytest.mark.parametrize("device,gpus,tp,expected", [
+    ("cpu", 0, 1, "local"),    # CPU: one cell at a time unless --ray
+    ("cuda", 1, 1, "local"),   # one GPU: nothing to spread
+    ("cuda", 2, 2, "local"),   # two GPUs, but each cell needs both
+    ("cuda", 2, 1, "ray"),     # two GPUs, one per cell: Ray on this host
+])
+def test_executor_choice(monkeypatch, tmp_path, device, gpus, tp, expected):
+    monkeypatch.setattr(placement, "gpu_count", lambda: gpus)
+    fake_ray = type("FakeRayExecutor", (), {"name": "ray"})  # no Ray instance is started here
+    monkeypatch.setattr(placement, "RayExecutor", lambda *a, **k: fake_ray())
+    ex = matrix.choose_executor(_spec(device, tp), matrix.Placement(), 4, tmp_path, "m", Console(quiet=True))
+    assert ex.name == expected
+
+
+def test_jobs_ask_for_their_gpus_and_shards(tmp_path):
+    done, jobs, merge_only = matrix.plan_jobs(_spec("cuda", tp=2, shard_count=2), tmp_path, force=False)
+    assert not done and not merge_only
+    assert len(jobs) == 8 and {j.gpus for j in jobs} == {2.0}
+    assert {j.unit for j in jobs if j.cell == "hf-fp32"} == {"hf-fp32.0of2", "hf-fp32.1of2"}
+    assert jobs[0].argv("R", "M", "py")[-2:] == ["--shard", "0/2"]
+    _, cpu_jobs, _ = matrix.plan_jobs(_spec("cpu"), tmp_path, force=False, cells_per_gpu=2)
+    assert {j.gpus for j in cpu_jobs} == {0.0} and cpu_jobs[0].argv("R", "M", "py")[-1] == "M"
+    _, shared, _ = matrix.plan_jobs(_spec("cuda"), tmp_path, force=False, cells_per_gpu=2)
+    assert {j.gpus for j in shared} == {0.5}
+
+
+def test_merged_table_is_sorted_like_an_unsharded_one_and_refuses_overlap():
+    whole = pd.DataFrame({"task": ["a"] * 6 + ["b"] * 2, "filter": "none", "doc_id": [0, 0, 1, 1, 2, 2, 0, 1],
+                          "choice": [0, 1, 0, 1, 0, 1, 0, 0], "loglikelihood": range(8)})
+    evens = whole[whole["doc_id"] % 2 == 0]
+    odds = whole[whole["doc_id"] % 2 == 1]
+    pd.testing.assert_frame_equal(shards.merge_tables([odds, evens]), whole.sort_values(KEY).reset_index(drop=True))
+    with pytest.raises(ValueError, match="overlap"):
+        shards.merge_tables([whole, odds])
+    agg = shards.aggregate(whole.assign(**{"m:acc": [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]}))
+    assert agg == {"a": {"acc,none": pytest.approx(2 / 3)}, "b": {"acc,none": 0.5}}
