@@ -21,6 +21,8 @@ def run_args(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--repeat", "hf:fp32"], "bad --repeat"),
     (["--alpha", "2"], "--alpha 2.0 is not a probability"),
+    (["--shards", "0"], "--shards 0 must be at least 1"),
+    (["--tensor-parallel", "2"], "--tensor-parallel needs GPUs"),
 ])
 def test_bad_options_fail_before_anything_runs(tiny_model, tiny_tasks, tmp_path, extra, needle):
     out = tmp_path / "run"
