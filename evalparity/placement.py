@@ -153,6 +153,22 @@ def _ray_job(job: Job, run_dir: str, model_path: str, extra: dict) -> tuple[int,
     return run_job_here(job, run_dir, model_path, placement), placement
 
 
+def check_reachable(address: str | None, timeout: float = 5.0) -> None:
+    """A HOST:PORT address that nothing answers on is refused in seconds (Ray itself retries for minutes)."""
+    if not address or address in ("auto", "local") or "://" in address:
+        return
+    import socket
+
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise EvalParityError(f"--ray {address!r} is not HOST:PORT, auto or local: e.g. --ray 10.0.0.1:6379")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise EvalParityError(f"nothing answers at Ray address {address} ({err.strerror or err}): start the "
+                              "cluster with `ray start --head`, or pass --ray local") from None
+
+
 class RayExecutor:
     """Every job as a Ray task asking for its GPUs/CPUs; Ray queues and places them."""
 
@@ -168,6 +184,7 @@ class RayExecutor:
 
         self.ray = ray
         self.run_dir, self.model_path, self.extra = run_dir, model_path, extra or {}
+        check_reachable(address)
         kw = {"address": address} if address else {}
         try:
             # Ray's own logs and the workers' output stay off the user's terminal (cells log to files).

@@ -52,3 +52,13 @@ def test_merged_table_is_sorted_like_an_unsharded_one_and_refuses_overlap():
         shards.merge_tables([whole, odds])
     agg = shards.aggregate(whole.assign(**{"m:acc": [1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]}))
     assert agg == {"a": {"acc,none": pytest.approx(2 / 3)}, "b": {"acc,none": 0.5}}
+
+
+def test_unreachable_ray_address_is_refused_quickly():
+    from evalparity.errors import EvalParityError
+
+    with pytest.raises(EvalParityError, match="nothing answers at Ray address 127.0.0.1:1"):
+        placement.check_reachable("127.0.0.1:1", timeout=2)
+    with pytest.raises(EvalParityError, match="not HOST:PORT"):
+        placement.check_reachable("nonsense")
+    placement.check_reachable("auto")  # left to Ray
