@@ -249,8 +249,12 @@ def _record_crash(run_dir: Path, cell, end, wall: float, folder: str = "cells", 
 
 def summary_table(outcomes: list[CellOutcome]) -> Table:
     t = Table(title="cells")
+    # "where" (host and GPUs) only says something when cells ran on GPUs or through Ray
+    places = [where(o.meta) for o in outcomes]
+    show_where = any(":gpu" in w for w in places) or any(_executor(o.meta) == "ray" for o in outcomes)
     for col in ("cell", "status", "where", "load s", "eval s", "wall s", "peak RSS GiB", "aggregate"):
-        t.add_column(col)
+        if col != "where" or show_where:
+            t.add_column(col)
     for o in outcomes:
         m = o.meta
         agg = []
@@ -260,13 +264,20 @@ def summary_table(outcomes: list[CellOutcome]) -> Table:
                 if metric in ("acc", "acc_norm", "exact_match") and isinstance(v, float):
                     agg.append(f"{task} {metric}{'' if filt in ('', 'none') else '/' + filt}={v:.3f}")
         status = o.status if o.status != "failed" else f"[red]failed[/red]: {m.get('error', '')[:60]}"
-        t.add_row(o.name, status, where(m), _num(m.get("load_s")), _num(m.get("eval_s")), _num(m.get("wall_s")),
-                  _num(m.get("peak_rss_gib"), 2), "\n".join(agg[:6]) + ("\n..." if len(agg) > 6 else ""))
+        row = [o.name, status, where(m), _num(m.get("load_s")), _num(m.get("eval_s")), _num(m.get("wall_s")),
+               _num(m.get("peak_rss_gib"), 2), "\n".join(agg[:6]) + ("\n..." if len(agg) > 6 else "")]
+        t.add_row(*(row if show_where else row[:2] + row[3:]))
     return t
 
 
 def _num(x, digits: int = 1) -> str:
     return f"{x:.{digits}f}" if isinstance(x, (int, float)) else "-"
+
+
+def _executor(meta: dict) -> str | None:
+    p = meta.get("placement")
+    p = p[0] if isinstance(p, list) and p else p
+    return p.get("executor") if isinstance(p, dict) else None
 
 
 def where(meta: dict) -> str:

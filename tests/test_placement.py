@@ -62,3 +62,13 @@ def test_unreachable_ray_address_is_refused_quickly():
     with pytest.raises(EvalParityError, match="not HOST:PORT"):
         placement.check_reachable("nonsense")
     placement.check_reachable("auto")  # left to Ray
+
+
+def test_summary_shows_where_cells_ran_only_when_it_says_something():
+    local = matrix.CellOutcome("hf-fp32", "ok", 1.0, {"placement": {"executor": "local", "host": "h", "gpu_ids": []}})
+    shard = {"executor": "ray", "host": "h2", "gpu_ids": ["1"]}
+    ray = matrix.CellOutcome("vllm-fp32", "ok", 1.0, {"placement": [shard, shard | {"gpu_ids": ["0"]}]})
+    assert "where" not in [c.header for c in matrix.summary_table([local]).columns]
+    table = matrix.summary_table([local, ray])
+    assert "where" in [c.header for c in table.columns]
+    assert matrix.where(ray.meta) == "h2:gpu1\nh2:gpu0"

@@ -8,11 +8,13 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from synthetic import make_run
 
 from evalparity.errors import EXIT_DIFFERENT, EXIT_INCONCLUSIVE
 from evalparity.report import write_report
+from evalparity.samples import KEY, read_table
 from evalparity.stats.compare import StatsOptions, compute
 
 CELLS = ["hf-fp32", "hf-bf16", "hf-fp16", "vllm-fp32", "vllm-bf16", "vllm-fp16"]
@@ -98,3 +100,17 @@ def test_the_self_check_would_catch_a_broken_image(big_run, tmp_path):
     broken.write_text(paths["html"].read_text().replace("data:image/png;base64,", "data:image/png;base64,AAAA", 1))
     log = render(broken, tmp_path / "b.png")
     assert "missing image" in log
+
+
+def test_delta_histogram_is_in_stats_and_the_figure_needs_no_cell_tables(big_run, tmp_path):
+    root, _, _ = big_run
+    hist = pd.read_parquet(root / "stats" / "delta_histogram.parquet")
+    ref = read_table(root / "cells" / "hf-fp32" / "samples.parquet")
+    fp16 = read_table(root / "cells" / "vllm-fp16" / "samples.parquet")
+    assert hist.loc[hist["cell"] == "vllm-fp16", "count"].sum() == len(ref.merge(fp16, on=KEY)) == len(ref)
+    # the report stage redraws it from stats/ alone: a copy without any cell table still gets the figure
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("samples.parquet", "*.png"))
+    paths = write_report(copy)
+    assert (copy / "report" / "figures" / "delta_loglikelihood.png").stat().st_size > 5_000
+    assert "figures/delta_loglikelihood.png" in paths["md"].read_text()

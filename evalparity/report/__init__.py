@@ -139,7 +139,7 @@ def write_report(run_dir: Path) -> dict[str, Path]:
 
     doc.image(figures.score_differences(comp, figdir), "Score differences with paired confidence intervals",
               "figures/score_differences.png")
-    doc.image(kept(figures.delta_distributions(run_dir, figdir), "delta_loglikelihood.png"),
+    doc.image(kept(figures.delta_distributions(_read(run_dir, "delta_histogram"), figdir), "delta_loglikelihood.png"),
               "Distribution of |Δ loglikelihood| per cell", "figures/delta_loglikelihood.png")
     flipped = _read(run_dir, "flipped_samples")
     doc.image(kept(figures.flips_vs_margin(flipped, figdir), "flips_vs_margin.png"),

@@ -17,38 +17,20 @@ def _plt():
     return plt
 
 
-def delta_distributions(run_dir: Path, out: Path) -> Path | None:
-    """|Δ loglikelihood| per cell against the reference (log scale), pooled over tasks."""
-    tables = _cell_tables(run_dir)
-    spec_ref = _reference(run_dir)
-    if not tables:
-        return None
-    if spec_ref not in tables:
-        return None
-    ref = tables[spec_ref]
-    ref = ref[np.isfinite(ref["loglikelihood"])]
-    if ref.empty:
+def delta_distributions(hist: pd.DataFrame, out: Path) -> Path | None:
+    """|Δ loglikelihood| per compared pair (log scale), pooled over tasks, from ``stats/delta_histogram``."""
+    if hist is None or hist.empty:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    key = ["task", "filter", "doc_id", "choice"]
-    drawn = False
-    for name, t in tables.items():
-        if name == spec_ref:
-            continue
-        j = ref[key + ["loglikelihood"]].merge(t[key + ["loglikelihood"]], on=key, suffixes=("_r", "_c"))
-        d = np.abs(j["loglikelihood_c"] - j["loglikelihood_r"]).to_numpy()
-        d = d[np.isfinite(d)]
-        if d.size == 0:
-            continue
-        d = np.maximum(d, 1e-9)
-        ax.hist(d, bins=np.logspace(-9, 1, 50), histtype="step", linewidth=1.6, label=f"{name} (n={d.size})")
-        drawn = True
-    if not drawn:
-        plt.close(fig)
-        return None
+    for (kind, ref, cell), g in hist.groupby(["kind", "reference", "cell"], sort=False):
+        g = g.sort_values("bin_low")
+        edges = np.append(g["bin_low"].to_numpy(), g["bin_high"].iloc[-1])
+        label = f"{cell}{'' if kind == 'cross' else f' vs {ref}'} (n={int(g['count'].sum())})"
+        ax.stairs(g["count"].to_numpy(), edges, linewidth=1.6, label=label)
     ax.set_xscale("log")
-    ax.set_xlabel(f"|Δ loglikelihood| vs {spec_ref} (nats per request; 1e-9 = identical)")
+    refs = sorted(set(hist.loc[hist["kind"] == "cross", "reference"]))
+    ax.set_xlabel(f"|Δ loglikelihood| vs {', '.join(refs) or 'base'} (nats per request; 1e-9 = identical)")
     ax.set_ylabel("requests")
     ax.legend(fontsize=8)
     ax.set_title("Loglikelihood drift per request")
@@ -124,18 +106,6 @@ def _save(fig, path: Path) -> Path:
     plt.close(fig)
     tmp.replace(path)
     return path
-
-
-def _cell_tables(run_dir: Path) -> dict[str, pd.DataFrame]:
-    from evalparity.stats.compare import load_cells
-
-    return load_cells(run_dir)[0]
-
-
-def _reference(run_dir: Path) -> str:
-    import json
-
-    return json.loads((run_dir / "stats" / "verdicts.json").read_text())["options"]["reference"]
 
 
 def drift_by_layer(drift: dict[str, dict], out: Path) -> Path | None:

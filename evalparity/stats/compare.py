@@ -156,7 +156,7 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
         raise EvalParityError(f"only one finished cell in {run_dir}: a comparison needs two")
     samples_mod.check_alignment({opts.reference: tables[opts.reference],
                                  **{k: v for k, v in tables.items() if k != opts.reference}})
-    rows, delta_rows, flip_rows, flipped, gen_rows, divs = [], [], [], [], [], []
+    rows, delta_rows, flip_rows, flipped, gen_rows, divs, hist_rows = [], [], [], [], [], [], []
     for kind, ref_name, cell_name in _pairs(metas, opts.reference):
         ref, cell = tables[ref_name], tables[cell_name]
         docs = _doc_frame(ref, cell)
@@ -180,6 +180,7 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
                 rows.append(common | {"task": group, "group": group, "level": "group", "filter": filt,
                                       "metric": m[len(samples_mod.METRIC_PREFIX):]} | r)
         _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, flipped)
+        hist_rows += _delta_histogram(ref, cell, common)
         _generation_stats(ref, cell, common, gen_rows, divs)
     comp = pd.DataFrame(rows)
     if comp.empty:
@@ -190,7 +191,8 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
     out = run_dir / "stats"
     out.mkdir(exist_ok=True)
     samples_mod.write_table(comp, out / "comparisons.parquet")
-    for name, data in (("deltas", delta_rows), ("flips", flip_rows), ("generations", gen_rows)):
+    for name, data in (("deltas", delta_rows), ("flips", flip_rows), ("generations", gen_rows),
+                       ("delta_histogram", hist_rows)):
         samples_mod.write_table(pd.DataFrame(data), out / f"{name}.parquet")
     samples_mod.write_table(pd.concat(flipped) if flipped else pd.DataFrame(), out / "flipped_samples.parquet")
     samples_mod.write_table(pd.DataFrame(divs, columns=["kind", "reference", "cell", "task", "position"]),
@@ -236,6 +238,18 @@ def _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, f
                 detail[k] = v
             detail["task"] = task
             flipped.append(detail)
+
+
+def _delta_histogram(ref, cell, common) -> list[dict]:
+    """|Δ loglikelihood| counts for one pair, pooled over its tasks and filters (the report's histogram)."""
+    key = samples_mod.KEY
+    j = ref[key + ["loglikelihood"]].merge(cell[key + ["loglikelihood"]], on=key, suffixes=("_ref", "_cell"))
+    counts = deltas.abs_delta_histogram(j["loglikelihood_ref"].to_numpy(), j["loglikelihood_cell"].to_numpy())
+    if counts.sum() == 0:
+        return []
+    edges = deltas.HIST_EDGES
+    return [common | {"bin_low": float(edges[i]), "bin_high": float(edges[i + 1]), "count": int(c)}
+            for i, c in enumerate(counts)]
 
 
 def _delta_dict(d: deltas.DeltaResult) -> dict:

@@ -144,3 +144,15 @@ def loglikelihood_deltas(
         abs_p95=float(p95), abs_p99=float(p99), abs_max=float(absd.max()), n_exact_zero=n_zero,
         pvalue=p_shift, tost_pvalue=p_tost, tolerance=tolerance, ci=ci, sd=sd,
     )
+
+
+# |Δ loglikelihood| histogram bins, in nats: 1e-9 stands for "identical" (Δ = 0 is clipped up to it).
+HIST_EDGES = np.logspace(-9, 1, 50)
+
+
+def abs_delta_histogram(ref: np.ndarray, cell: np.ndarray) -> np.ndarray:
+    """Counts of |cell − ref| over ``HIST_EDGES`` (non-finite pairs left out, the ends clipped in), so the
+    report can draw the distribution from ``stats/`` without reading the cells' tables again."""
+    d = np.abs(np.asarray(cell, float) - np.asarray(ref, float))
+    d = np.clip(d[np.isfinite(d)], HIST_EDGES[0], HIST_EDGES[-1])
+    return np.histogram(d, bins=HIST_EDGES)[0]
