@@ -72,6 +72,18 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     return final
 
 
+def unit_location(cell: str, shard: int = 0, shards: int = 1) -> tuple[str, str]:
+    """(folder, name) a job publishes under: ``cells/<cell>``, or ``shards/<cell>.<k>of<n>`` for a shard
+    of a sharded cell (merged into ``cells/<cell>`` once all shards are done)."""
+    return ("cells", cell) if shards == 1 else ("shards", f"{cell}.{shard}of{shards}")
+
+
+def failed_meta(cell: CellSpec, error: str, **extra) -> dict:
+    """The cell.json of an attempt that did not finish: what the cell is, why it failed."""
+    return {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
+            "tag": cell.tag, "base_cell": cell.base_name, "status": STATUS_FAILED, "error": error} | extra
+
+
 def placement_meta(spec: RunSpec) -> dict:
     """Where this process runs, as its executor said (``EVALPARITY_PLACEMENT``) plus what it sees itself."""
     from evalparity.placement import PLACEMENT_ENV
@@ -330,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         shard = (int(k), int(n))
     spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))
     cell = next(c for c in spec.cells if c.name == name)
-    folder, unit = ("shards", f"{name}.{shard[0]}of{shard[1]}") if shard[1] > 1 else ("cells", name)
+    folder, unit = unit_location(name, *shard)
     out = tmp_dir(run_dir, unit, folder)
     if out.exists():
         shutil.rmtree(out)
@@ -348,10 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         meta["status"] = STATUS_OK
     except BaseException as err:  # noqa: BLE001 - recorded for this cell; the others go on
         traceback.print_exc()
-        meta = {"cell": name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
-                "tag": cell.tag, "base_cell": cell.base_name, "status": STATUS_FAILED,
-                "error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500],
-                "placement": placement_meta(spec)}
+        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
+        meta = failed_meta(cell, why, placement=placement_meta(spec))
         meta |= peak_memory()
     meta["wall_s"] = time.perf_counter() - t0
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

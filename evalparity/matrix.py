@@ -157,7 +157,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                         outcomes[job.cell] = _cell_outcome(run_dir, by_name[job.cell], wall)
                         bar.update(overall, advance=1)
                 for job in executor.running():
-                    progress = cells.tmp_dir(run_dir, job.unit, _folder(job)) / "progress.json"
+                    progress = cells.tmp_dir(run_dir, job.unit, job.location[0]) / "progress.json"
                     if _show(bar, inner[job.unit], job.unit, progress):
                         started.setdefault(job.unit, time.perf_counter())
                 time.sleep(0.5)
@@ -169,16 +169,12 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     return [outcomes[c.name] for c in spec.cells]
 
 
-def _folder(job) -> str:
-    return "shards" if job.shards > 1 else "cells"
-
-
 def _settle(run_dir: Path, cell, end, wall: float) -> str:
     """A job has ended: if its process died before publishing, record that; return its status."""
-    folder = _folder(end.job)
-    if cells.tmp_dir(run_dir, end.job.unit, folder).exists():
-        _record_crash(run_dir, cell, end, wall, folder, end.job.unit)
-    return _final_meta(run_dir, end.job.unit, folder).get("status", "failed")
+    folder, unit = end.job.location
+    if cells.tmp_dir(run_dir, unit, folder).exists():
+        _record_crash(run_dir, cell, end, wall)
+    return _final_meta(run_dir, unit, folder).get("status", "failed")
 
 
 def _cell_outcome(run_dir: Path, cell, wall: float) -> CellOutcome:
@@ -228,17 +224,16 @@ def _show(bar: Progress, task_id, name: str, progress_file: Path) -> bool:
     return True
 
 
-def _record_crash(run_dir: Path, cell, end, wall: float, folder: str = "cells", unit: str | None = None) -> None:
+def _record_crash(run_dir: Path, cell, end, wall: float) -> None:
     """The job's process died before publishing (killed, out of memory, its host lost): record that."""
-    unit = unit or cell.name
+    folder, unit = end.job.location
     tmp = cells.tmp_dir(run_dir, unit, folder)
     code = end.returncode
     why = end.error or f"the cell process exited with code {code}"
     if code is not None and code < 0:
         why = f"the cell process was killed by signal {-code} (out of memory?)"
-    meta = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
-            "tag": cell.tag, "base_cell": cell.base_name, "status": cells.STATUS_FAILED, "error": why,
-            "wall_s": wall, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "placement": end.placement}
+    meta = cells.failed_meta(cell, why, wall_s=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                             placement=end.placement)
     try:
         cells.write_json(tmp / "cell.json", meta)
         (tmp / "progress.json").unlink(missing_ok=True)
@@ -250,8 +245,8 @@ def _record_crash(run_dir: Path, cell, end, wall: float, folder: str = "cells", 
 def summary_table(outcomes: list[CellOutcome]) -> Table:
     t = Table(title="cells")
     # "where" (host and GPUs) only says something when cells ran on GPUs or through Ray
-    places = [where(o.meta) for o in outcomes]
-    show_where = any(":gpu" in w for w in places) or any(_executor(o.meta) == "ray" for o in outcomes)
+    places = [p for o in outcomes for p in _places(o.meta)]
+    show_where = any(p.get("gpu_ids") or p.get("executor") == "ray" for p in places)
     for col in ("cell", "status", "where", "load s", "eval s", "wall s", "peak RSS GiB", "aggregate"):
         if col != "where" or show_where:
             t.add_column(col)
@@ -274,19 +269,16 @@ def _num(x, digits: int = 1) -> str:
     return f"{x:.{digits}f}" if isinstance(x, (int, float)) else "-"
 
 
-def _executor(meta: dict) -> str | None:
+def _places(meta: dict) -> list[dict]:
+    """A cell's recorded placement as a list: one entry, or one per shard of a sharded cell."""
     p = meta.get("placement")
-    p = p[0] if isinstance(p, list) and p else p
-    return p.get("executor") if isinstance(p, dict) else None
+    return [x for x in (p if isinstance(p, list) else [p]) if isinstance(x, dict)]
 
 
 def where(meta: dict) -> str:
     """'host:gpu0' (or one line per shard) from a cell's recorded placement."""
-    places = meta.get("placement")
-    places = places if isinstance(places, list) else [places] if places else []
     out = []
-    for p in places:
-        if p:
-            gpus = ",".join(p.get("gpu_ids") or [])
-            out.append(f"{p.get('host', '?')}{':gpu' + gpus if gpus else ''}")
+    for p in _places(meta):
+        gpus = ",".join(p.get("gpu_ids") or [])
+        out.append(f"{p.get('host', '?')}{':gpu' + gpus if gpus else ''}")
     return "\n".join(out) or "-"

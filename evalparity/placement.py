@@ -24,6 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from evalparity.cells import unit_location
 from evalparity.errors import EvalParityError
 
 PLACEMENT_ENV = "EVALPARITY_PLACEMENT"
@@ -41,9 +42,13 @@ class Job:
     env: dict[str, str] = field(default_factory=dict, compare=False)  # what the job's process needs set
 
     @property
+    def location(self) -> tuple[str, str]:
+        """(folder, name) the job publishes under (``cells.unit_location``)."""
+        return unit_location(self.cell, self.shard, self.shards)
+
+    @property
     def unit(self) -> str:
-        """The folder name the job publishes: the cell, or ``<cell>.<k>of<n>`` for a shard."""
-        return self.cell if self.shards == 1 else f"{self.cell}.{self.shard}of{self.shards}"
+        return self.location[1]
 
     def argv(self, run_dir: str, model_path: str, python: str) -> list[str]:
         cmd = [python, "-m", "evalparity.cells", run_dir, self.cell, model_path]
@@ -142,12 +147,12 @@ class LocalExecutor:
         self.queue.clear()
 
 
-def _ray_job(job: Job, run_dir: str, model_path: str, extra: dict) -> tuple[int, dict]:
+def _ray_job(job: Job, run_dir: str, model_path: str) -> tuple[int, dict]:
     """The body of one Ray task, on whichever host Ray chose: say where it is, run the job's process."""
     import ray
 
     ctx = ray.get_runtime_context()
-    placement = extra | {"executor": "ray", "host": platform.node(), "node_id": ctx.get_node_id(),
+    placement = {"executor": "ray", "host": platform.node(), "node_id": ctx.get_node_id(),
                          "node_ip": ray.util.get_node_ip_address(),
                          "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "shard": job.shard, "shards": job.shards}
     return run_job_here(job, run_dir, model_path, placement), placement
@@ -174,7 +179,7 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, run_dir: str, model_path: str, address: str | None, extra: dict | None = None):
+    def __init__(self, run_dir: str, model_path: str, address: str | None):
         try:
             import ray
         except ImportError:
@@ -183,7 +188,7 @@ class RayExecutor:
         import logging
 
         self.ray = ray
-        self.run_dir, self.model_path, self.extra = run_dir, model_path, extra or {}
+        self.run_dir, self.model_path = run_dir, model_path
         check_reachable(address)
         kw = {"address": address} if address else {}
         try:
@@ -203,7 +208,7 @@ class RayExecutor:
     def submit(self, jobs: list[Job]) -> None:
         for job in jobs:
             ref = self.task.options(num_gpus=job.gpus, num_cpus=job.cpus, name=f"evalparity:{job.unit}").remote(
-                job, self.run_dir, self.model_path, self.extra)
+                job, self.run_dir, self.model_path)
             self.refs[ref] = job
 
     def running(self) -> list[Job]:

@@ -25,17 +25,16 @@ from evalparity import cells, samples
 from evalparity.spec import CellSpec
 
 
-def unit(cell: str, shard: int, shards: int) -> str:
-    return f"{cell}.{shard}of{shards}"
-
-
 def shard_dirs(run_dir: Path, cell: CellSpec) -> list[Path]:
-    return [run_dir / "shards" / unit(cell.name, k, cell.shards) for k in range(cell.shards)]
+    return [run_dir.joinpath(*cells.unit_location(cell.name, k, cell.shards)) for k in range(cell.shards)]
 
 
 def pending_shards(run_dir: Path, cell: CellSpec, force: bool) -> list[int]:
-    return [k for k in range(cell.shards) if force or not cells.is_done(run_dir, unit(cell.name, k, cell.shards),
-                                                                       "shards")]
+    def done(k: int) -> bool:
+        folder, name = cells.unit_location(cell.name, k, cell.shards)
+        return cells.is_done(run_dir, name, folder)
+
+    return [k for k in range(cell.shards) if force or not done(k)]
 
 
 def merge_tables(tables: list[pd.DataFrame]) -> pd.DataFrame:

@@ -179,8 +179,7 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
                 r = _score_row(g[f"{m}_ref"].to_numpy(float), g[f"{m}_cell"].to_numpy(float), opts, clusters)
                 rows.append(common | {"task": group, "group": group, "level": "group", "filter": filt,
                                       "metric": m[len(samples_mod.METRIC_PREFIX):]} | r)
-        _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, flipped)
-        hist_rows += _delta_histogram(ref, cell, common)
+        _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, flipped, hist_rows)
         _generation_stats(ref, cell, common, gen_rows, divs)
     comp = pd.DataFrame(rows)
     if comp.empty:
@@ -202,7 +201,7 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
     return summary
 
 
-def _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, flipped) -> None:
+def _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, flipped, hist_rows) -> None:
     ll_types = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
     r = ref[ref["output_type"].isin(ll_types) & (ref["filter"] == "none")]
     c = cell[cell["output_type"].isin(ll_types) & (cell["filter"] == "none")]
@@ -210,6 +209,7 @@ def _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, f
         return
     j = r.merge(c[["task", "filter", "doc_id", "choice", "loglikelihood"]],
                 on=["task", "filter", "doc_id", "choice"], suffixes=("_ref", "_cell"))
+    hist_rows += _delta_histogram(j, common)
     for task, g in j.groupby("task", sort=True):
         d = deltas.loglikelihood_deltas(g["loglikelihood_ref"].to_numpy(), g["loglikelihood_cell"].to_numpy(),
                                         tolerance=opts.ll_tolerance, alpha=opts.alpha,
@@ -240,10 +240,8 @@ def _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, f
             flipped.append(detail)
 
 
-def _delta_histogram(ref, cell, common) -> list[dict]:
-    """|Δ loglikelihood| counts for one pair, pooled over its tasks and filters (the report's histogram)."""
-    key = samples_mod.KEY
-    j = ref[key + ["loglikelihood"]].merge(cell[key + ["loglikelihood"]], on=key, suffixes=("_ref", "_cell"))
+def _delta_histogram(j: pd.DataFrame, common: dict) -> list[dict]:
+    """|Δ loglikelihood| counts for one pair's joined requests, pooled over its tasks (the report's histogram)."""
     counts = deltas.abs_delta_histogram(j["loglikelihood_ref"].to_numpy(), j["loglikelihood_cell"].to_numpy())
     if counts.sum() == 0:
         return []
