@@ -342,15 +342,31 @@ def main() -> None:
     except KeyboardInterrupt:
         console.print("[red]interrupted[/red]: finished cells are kept; rerun the same command to resume")
         sys.exit(130)
-    except Exception as err:  # click usage errors and the like
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
+    except Exception as err:  # usage errors (a bad option value, an unknown command) and the like
+        if _is_click(err, "ClickException"):
+            ctx = getattr(err, "ctx", None)
+            where = ctx.command_path if ctx is not None else "evalparity"
+            console.print(f"[red]error:[/red] {err.format_message()} (see `{where} --help`)", soft_wrap=True,
+                          highlight=False)
             sys.exit(err.exit_code)
-        if isinstance(err, click.exceptions.Abort):
+        if _is_click(err, "Abort"):
             sys.exit(130)
         raise
+
+
+def _is_click(err: BaseException, name: str) -> bool:
+    """Is ``err`` click's exception ``name``? Recent typer vendors click as ``typer._click``, older typer
+    raises ``click``'s own classes; usage errors come from whichever is in use."""
+    import importlib
+
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(err, cls):
+            return True
+    return False
 
 
 if __name__ == "__main__":

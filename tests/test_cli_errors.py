@@ -93,3 +93,15 @@ def test_output_dir_of_a_different_spec(tiny_model, tiny_tasks, tmp_path):
 def test_report_on_a_non_run_directory(tmp_path):
     line = one_line_error(evalparity("report", str(tmp_path)))
     assert "is not a run directory" in line
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--limit", "abc"], "Invalid value for '--limit'"),
+    (["run", "--no-such-option"], "No such option: --no-such-option"),
+    (["no-such-command"], "No such command 'no-such-command'"),
+    (["report"], "Missing argument"),
+])
+def test_usage_errors_are_one_line(args, needle):
+    """typer/click's own usage errors (a value of the wrong type, an unknown option or command) too."""
+    line = one_line_error(evalparity(*args))
+    assert needle in line and "--help" in line
