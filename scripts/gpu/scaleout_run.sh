@@ -1,55 +1,100 @@
 #!/usr/bin/env bash
 # GPU side (nvidia-h200-x2), after ../shared/gpu's install.sh and scripts/gpu/install_ray.sh: the scale-out
-# measurement of results/scaleout-h200x2/README.md. One step per call (each fits the 10-minute call limit):
-#   MODE=one    the 6-cell matrix on one GPU (CUDA_VISIBLE_DEVICES=0): cells one after another
-#   MODE=two    the same matrix on both GPUs: evalparity puts the cells on a local Ray instance
-#   MODE=extras a TF32 cell and a sharded repeat added to the two-GPU run, then drift on 100 prompts
-# Every step is resumable (finished cells are skipped) and leaves $OUT/<mode>.tgz.
+# measurement of results/h200x2-scaleout/README.md. One step per call (each fits the 10-minute call limit):
+#   MODE=prepare  build the embedded model, then a warm-up run (vllm-fp32, hf-fp32 and a TF32 vLLM cell on 200
+#                 docs, over both GPUs) so that neither timed run pays the machine's cold first vLLM start;
+#                 prints the precision each cell read back (checks that TF32 cells really get TF32 matmuls)
+#   MODE=two      the 6-cell matrix on both GPUs: evalparity puts the cells on a local Ray instance
+#   MODE=one      the same matrix on one GPU (CUDA_VISIBLE_DEVICES=0), cells one after another. It outlasts
+#                 one call, so it starts in its own session (setsid) and this call waits up to BUDGET s;
+#   MODE=wait     waits (up to BUDGET s) for the one-GPU run, then compares the two runs' tables.
+#   MODE=extras   a sharded repeat added to the two-GPU run, then drift on 100 prompts
+# LIMIT (default: all 10,042 docs) sets HellaSwag's documents. Steps leave $OUT/<mode>.tgz.
 set -uo pipefail
 source .gpu/bin/env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
 mkdir -p "$EVALPARITY_CACHE/wheels"
 cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
-MODE=${MODE:?MODE=one, two or extras}
-LIMIT=${LIMIT:-5000}
-BUDGET=${BUDGET:-560}
-COMMON=(--device cuda --tasks hellaswag --limit "$LIMIT" --num-fewshot 0 --datasets-dir .gpudata
-        --no-fail-on-inconclusive)
+MODE=${MODE:?MODE=prepare, two, one, wait or extras}
+BUDGET=${BUDGET:-570}
+COMMON=(--device cuda --tasks hellaswag --num-fewshot 0 --datasets-dir .gpudata --no-fail-on-inconclusive)
+[[ -n ${LIMIT:-} ]] && COMMON+=(--limit "$LIMIT")
 T0=$(date +%s)
-case $MODE in
-  prepare)
-    python3 -m evalparity.cli models prepare ;;
-  one)
-    CUDA_VISIBLE_DEVICES=0 timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-1gpu
-    echo "one GPU: exit $? after $(( $(date +%s) - T0 )) s" ;;
-  two)
-    timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-2gpu
-    echo "two GPUs: exit $? after $(( $(date +%s) - T0 )) s"
-    # Does placement change what is computed? The same cells' tables, one GPU vs two.
-    python3 - <<'PY'
-import pandas as pd, pathlib
+
+precision_readback() {  # what each cell's engine reported after it started
+  python3 - "$1" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1], "cells").glob("*/cell.json")):
+    m = json.loads(f.read_text())
+    p, t = m.get("precision", {}), {k: round(m[k], 1) for k in ("load_s", "eval_s", "wall_s") if k in m}
+    keep = {k: p.get(k) for k in ("float32_matmul_precision", "cuda_matmul_allow_tf32", "cudnn_allow_tf32",
+                                   "triton_f32_default", "attention_backend")}
+    print(f"{f.parent.name}: {m.get('status')} {keep} timings={t}")
+PY
+}
+
+compare_runs() {  # does placement change what is computed? the same cells' tables, one GPU vs two
+  python3 - <<'PY'
+import json, pathlib
+import pandas as pd
+from datetime import datetime
+for run in ("/tmp/so-1gpu", "/tmp/so-2gpu"):
+    spans = []
+    for f in sorted(pathlib.Path(run, "cells").glob("*/cell.json")):
+        m = json.loads(f.read_text())
+        if "started" in m:
+            spans.append((datetime.fromisoformat(m["started"]), datetime.fromisoformat(m["finished"])))
+        t = {k: round(m[k], 1) for k in ("load_s", "eval_s", "wall_s") if k in m}
+        print(run, f.parent.name, m.get("status"), t, (m.get("placement") or {}).get("gpu_ids"))
+    if spans:
+        print(f"{run}: cells' span {(max(b for _, b in spans) - min(a for a, _ in spans)).total_seconds():.0f} s")
 for d in sorted(pathlib.Path("/tmp/so-2gpu/cells").glob("*/samples.parquet")):
     one = pathlib.Path("/tmp/so-1gpu/cells") / d.parent.name / "samples.parquet"
     if one.exists():
         a, b = pd.read_parquet(one), pd.read_parquet(d)
         same = a.shape == b.shape and (a["prompt_hash"].values == b["prompt_hash"].values).all()
         dl = (a["loglikelihood"] - b["loglikelihood"]).abs()
-        print(f"{d.parent.name}: aligned={same} identical={bool((dl.fillna(0) == 0).all())} max|dLL|={dl.max():.3g}")
+        print(f"{d.parent.name}: rows={len(a)} aligned={same} identical={bool((dl.fillna(0) == 0).all())} "
+              f"max|dLL|={dl.max():.3g}")
 PY
-    ;;
+}
+
+wait_one() {  # wait for the one-GPU run started by MODE=one, at most until this call's budget
+  while [[ ! -f /tmp/so-1gpu.done ]] && (( $(date +%s) - T0 < BUDGET )); do sleep 5; done
+  if [[ -f /tmp/so-1gpu.done ]]; then cat /tmp/so-1gpu.done; tail -n 25 /tmp/so-1gpu.log; compare_runs
+  else echo "one GPU: still running after $(( $(date +%s) - $(cat /tmp/so-1gpu.t0) )) s"; tail -n 3 /tmp/so-1gpu.log; fi
+}
+
+RUN=/tmp/so-2gpu
+case $MODE in
+  prepare)
+    python3 -m evalparity.cli models prepare 2>&1 | tail -n 3
+    timeout "$BUDGET" python3 -m evalparity.cli run --device cuda --tasks hellaswag --limit 200 --num-fewshot 0 \
+      --datasets-dir .gpudata --no-fail-on-inconclusive --backends vllm,hf --dtypes fp32 --tf32 vllm --out /tmp/so-warm
+    echo "warm-up: exit $? after $(( $(date +%s) - T0 )) s"
+    precision_readback /tmp/so-warm; RUN=/tmp/so-warm ;;
+  two)
+    timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-2gpu
+    echo "two GPUs: exit $? after $(( $(date +%s) - T0 )) s" ;;
+  one)
+    RUN=/tmp/so-1gpu
+    date +%s > /tmp/so-1gpu.t0
+    setsid bash -c "CUDA_VISIBLE_DEVICES=0 python3 -m evalparity.cli run ${COMMON[*]} --out /tmp/so-1gpu \
+      > /tmp/so-1gpu.log 2>&1; echo \"one GPU: exit \$? after \$(( \$(date +%s) - $T0 )) s\" > /tmp/so-1gpu.done" \
+      < /dev/null > /dev/null 2>&1 &
+    wait_one ;;
+  wait)
+    RUN=/tmp/so-1gpu; wait_one ;;
   extras)
-    timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-2gpu --tf32 vllm \
-      --repeat vllm:fp32:dp2
+    timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-2gpu --repeat vllm:fp32:dp2
     echo "extras: exit $? after $(( $(date +%s) - T0 )) s"
     LEFT=$(( BUDGET - ($(date +%s) - T0) ))
     timeout "$LEFT" python3 -m evalparity.cli drift --run-dir /tmp/so-2gpu --device cuda \
-      --cells "${DRIFT_CELLS:-vllm-fp32-tf32,vllm-bf16,vllm-fp16}" --n-prompts "${DRIFT_PROMPTS:-100}" --gen-tokens 8
-    echo "drift: exit $? after $(( $(date +%s) - T0 )) s"
-    python3 -m evalparity.cli report /tmp/so-2gpu --no-fail-on-inconclusive >/dev/null 2>&1 ;;
+      --cells "${DRIFT_CELLS:-vllm-bf16,vllm-fp16}" --n-prompts "${DRIFT_PROMPTS:-100}" --gen-tokens 8
+    echo "drift: exit $? after $(( $(date +%s) - T0 )) s" ;;
 esac
 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader || true
-if [[ -n ${OUT:-} && $MODE != prepare ]]; then
-  RUN=/tmp/so-2gpu; [[ $MODE == one ]] && RUN=/tmp/so-1gpu
+if [[ -n ${OUT:-} && -d $RUN ]]; then
   (cd "$RUN" && tar czf "$OUT/$MODE.tgz" --ignore-failed-read spec.json report stats/verdicts.json \
      stats/comparisons.parquet stats/deltas.parquet cells/*/cell.json shards/*/cell.json drift/*.json 2>/dev/null)
   ls -la "$OUT"
