@@ -68,6 +68,8 @@ def test_placement_is_recorded(runs):
     meta = json.loads((viaray / "cells" / "vllm-fp32" / "cell.json").read_text())
     p = meta["placement"]
     assert p["executor"] == "ray" and p["host"] and p["node_id"] and p["tensor_parallel"] == 1
+    # Ray caps a one-CPU task at one thread unless the driver set OMP_NUM_THREADS itself
+    assert p["omp_num_threads"] == os.environ.get("OMP_NUM_THREADS", "1") and p["cpus_visible"] >= 1
     assert json.loads((plain / "cells" / "vllm-fp32" / "cell.json").read_text())["placement"]["executor"] == "local"
     sharded = json.loads((viaray / "cells" / "hf-fp32-dp2" / "cell.json").read_text())
     assert [s["placement"]["shard"] for s in sharded["shards"]] == [0, 1]
