@@ -85,9 +85,9 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
     if spec.device != "cpu" and n_jobs > 1:
         slots = pl.gpu_count() * placement.cells_per_gpu // spec.tensor_parallel
         if slots > 1:
-            try:
-                import ray  # noqa: F401
-            except ImportError:
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:  # found, not imported: RayExecutor sets Ray's env first
                 console.print(f"[yellow]{pl.gpu_count()} GPUs visible but Ray is not installed: running one "
                               "cell at a time (pip install 'ray>=2.40' to use them all)[/yellow]")
                 return pl.LocalExecutor(str(run_dir), model_path)

@@ -16,6 +16,7 @@ was running. Each job is told where it runs through ``EVALPARITY_PLACEMENT``, an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -174,31 +175,95 @@ def check_reachable(address: str | None, timeout: float = 5.0) -> None:
                               "cluster with `ray start --head`, or pass --ray local") from None
 
 
+@contextlib.contextmanager
+def _stderr_to(path: str):
+    """Send file descriptor 2 (C/C++ code writes there directly) to ``path`` for the block's duration."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "a") as log:
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        if os.path.exists(path) and os.path.getsize(path) == 0:
+            os.remove(path)
+
+
+def _token_available() -> bool:
+    """Whether a Ray auth token is at hand: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (where a
+    local ``ray.init()`` of Ray >= 2.5x writes one)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    return os.path.isfile(path)
+
+
+def _is_this_host(address: str) -> bool:
+    import socket
+
+    host = address.rpartition(":")[0].strip("[]")
+    if host in ("localhost", platform.node()) or host.startswith("127.") or host == "::1":
+        return True
+    try:
+        return host in {info[4][0] for info in socket.getaddrinfo(platform.node(), None)}
+    except OSError:
+        return False
+
+
+def use_token_auth(address: str | None) -> bool:
+    """Send this host's Ray auth token to a cluster on this host, as Ray itself does for ``auto``.
+
+    ``ray start --head`` turns token authentication on when ~/.ray/auth_token exists (any earlier local
+    ``ray.init()`` writes it), but ``ray.init(address=HOST:PORT)`` never sends the token unless
+    RAY_AUTH_MODE=token, so the driver is refused (InvalidAuthToken) after a minute of retries. For an
+    address on this host the token is this host's own, so it is sent; a remote cluster's token is the
+    user's to give (RAY_AUTH_MODE=token), and a refusal says so. Returns whether token mode is on."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return mode.lower() == "token"
+    if address and address not in ("auto", "local") and "://" not in address and _is_this_host(address) \
+            and _token_available():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return True
+    return False
+
+
 class RayExecutor:
     """Every job as a Ray task asking for its GPUs/CPUs; Ray queues and places them."""
 
     name = "ray"
 
     def __init__(self, run_dir: str, model_path: str, address: str | None):
-        try:
-            import ray
-        except ImportError:
-            raise EvalParityError("Ray is not installed: pip install 'ray>=2.40' (or the [ray] extra), "
-                                  "or run without --ray") from None
+        import importlib.util
         import logging
+
+        if importlib.util.find_spec("ray") is None:
+            raise EvalParityError("Ray is not installed: pip install 'ray>=2.40' (or the [ray] extra), "
+                                  "or run without --ray")
+        check_reachable(address)
+        token = use_token_auth(address)  # read when Ray is first imported: nothing here imports it earlier
+        import ray
 
         self.ray = ray
         self.run_dir, self.model_path = run_dir, model_path
-        check_reachable(address)
         kw = {"address": address} if address else {}
         try:
-            # Ray's own logs and the workers' output stay off the user's terminal (cells log to files).
-            ray.init(**kw, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR,
-                     configure_logging=True, ignore_reinit_error=True)
+            # Ray's own logs and the workers' output stay off the user's terminal (cells log to files); what
+            # its C++ side prints while it connects (a warning a second while it retries) goes to ray.log.
+            with _stderr_to(os.path.join(run_dir, "ray.log")):
+                ray.init(**kw, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR,
+                         configure_logging=True, ignore_reinit_error=True)
         except (ConnectionError, RuntimeError, ValueError) as err:
             where = address or "a new local instance"
-            raise EvalParityError(f"cannot connect to Ray at {where} ({str(err).splitlines()[0][:120]}): start "
-                                  "it with `ray start --head` or pass --ray local") from None
+            fix = "start it with `ray start --head` or pass --ray local"
+            if address and address not in ("auto", "local") and not token:
+                fix = ("if it uses token authentication, set RAY_AUTH_MODE=token and give its token "
+                       "(RAY_AUTH_TOKEN or ~/.ray/auth_token); else " + fix)
+            raise EvalParityError(f"cannot connect to Ray at {where} ({str(err).splitlines()[0][:120]}): "
+                                  f"{fix}") from None
         self.task = ray.remote(max_retries=0)(_ray_job)
         self.refs: dict = {}
 

@@ -64,6 +64,33 @@ def test_unreachable_ray_address_is_refused_quickly():
     placement.check_reachable("auto")  # left to Ray
 
 
+@pytest.mark.parametrize("address,mode,has_token,sent", [
+    ("127.0.0.1:6379", None, True, True),          # this host's cluster, this host's token: sent
+    ("localhost:6379", None, True, True),
+    ("127.0.0.1:6379", None, False, False),        # no token at hand
+    ("127.0.0.1:6379", "disabled", True, False),   # the user's RAY_AUTH_MODE wins
+    ("192.0.2.77:6379", None, True, False),        # another host: its token is the user's to give
+    ("192.0.2.77:6379", "token", True, True),
+    ("auto", None, True, False),                   # Ray itself decides for auto and local
+    ("local", None, True, False),
+])
+def test_ray_auth_token_is_sent_to_this_hosts_cluster(monkeypatch, tmp_path, address, mode, has_token, sent):
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
+    if has_token:
+        (tmp_path / "token").write_text("t" * 32)
+    if mode is None:
+        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    else:
+        monkeypatch.setenv("RAY_AUTH_MODE", mode)
+    assert placement.use_token_auth(address) is sent
+    if sent:
+        import os
+
+        assert os.environ["RAY_AUTH_MODE"] == "token"
+
+
 def test_summary_shows_where_cells_ran_only_when_it_says_something():
     local = matrix.CellOutcome("hf-fp32", "ok", 1.0, {"placement": {"executor": "local", "host": "h", "gpu_ids": []}})
     shard = {"executor": "ray", "host": "h2", "gpu_ids": ["1"]}

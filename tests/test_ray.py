@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -29,29 +30,40 @@ MATRIX = ["--backends", "hf,vllm", "--dtypes", "fp32", "--repeat", "hf:fp32:dp2"
 CELLS = ["hf-fp32", "vllm-fp32", "hf-fp32-dp2"]
 
 
-def _ray(*args: str) -> subprocess.CompletedProcess:
+def _ray(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     ray_bin = Path(sys.executable).with_name("ray")
-    return subprocess.run([str(ray_bin), *args], capture_output=True, text=True, timeout=180)
+    return subprocess.run([str(ray_bin), *args], capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ) | (env or {}))
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A one-node Ray cluster with 2 CPUs, started as a user would (`ray start --head`)."""
+def token_env(tmp_path_factory) -> dict:
+    """A Ray auth token of the test's own. `ray start` turns token authentication on when it finds a token
+    (as on any machine where a local `ray.init()` once wrote ~/.ray/auth_token), and the CLI must then
+    send it: the case that failed with InvalidAuthToken."""
+    path = tmp_path_factory.mktemp("raytoken") / "auth_token"
+    path.write_text(secrets.token_hex(32))
+    return {"RAY_AUTH_TOKEN_PATH": str(path)}
+
+
+@pytest.fixture(scope="module")
+def cluster(token_env):
+    """A one-node Ray cluster with 2 CPUs and token authentication, started as a user would."""
     _ray("stop", "--force")
     started = _ray("start", "--head", "--num-cpus", "2", "--port", str(PORT), "--disable-usage-stats",
-                   "--include-dashboard=false")
+                   "--include-dashboard=false", env=token_env)
     assert started.returncode == 0, started.stderr[-2000:]
     yield ADDRESS
     _ray("stop", "--force")
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model, tiny_tasks, cluster, tmp_path_factory):
+def runs(tiny_model, tiny_tasks, cluster, token_env, tmp_path_factory):
     root = tmp_path_factory.mktemp("ray")
     common = ["--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path", str(tiny_tasks), *MATRIX]
     plain = evalparity("run", *common, "--out", str(root / "plain"))
     assert plain.returncode in (0, 3, 4), plain.stderr[-3000:]
-    viaray = evalparity("run", *common, "--out", str(root / "ray"), "--ray", cluster)
+    viaray = evalparity("run", *common, "--out", str(root / "ray"), "--ray", cluster, env=token_env)
     assert viaray.returncode in (0, 3, 4), viaray.stderr[-3000:]
     return root / "plain", root / "ray", viaray
 
@@ -109,12 +121,13 @@ def _wait_for_progress(out: Path, timeout: float = 120) -> dict:
     raise AssertionError("no cell started within the timeout")
 
 
-def test_killed_worker_loses_one_cell_and_rerun_completes(tiny_model, tiny_tasks, cluster, tmp_path):
+def test_killed_worker_loses_one_cell_and_rerun_completes(tiny_model, tiny_tasks, cluster, token_env, tmp_path):
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
            "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "8",
            "--max-length", "512", "--out", str(out), "--ray", cluster]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ) | token_env
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     running = _wait_for_progress(out)
     worker = int(Path(f"/proc/{running['pid']}/stat").read_text().split(") ")[1].split()[1])  # its parent
     os.kill(worker, signal.SIGKILL)
@@ -126,7 +139,7 @@ def test_killed_worker_loses_one_cell_and_rerun_completes(tiny_model, tiny_tasks
     other = {"hf-fp32", "hf-bf16"} - {killed}
     assert json.loads((out / "cells" / other.pop() / "cell.json").read_text())["status"] == "ok"
 
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode in (0, 3, 4), again.stderr[-3000:]
     assert "1 cell(s) already done" in again.stderr
     for name in ("hf-fp32", "hf-bf16"):
