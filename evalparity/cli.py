@@ -346,8 +346,9 @@ def main() -> None:
         if _is_click(err, "ClickException"):
             ctx = getattr(err, "ctx", None)
             where = ctx.command_path if ctx is not None else "evalparity"
-            console.print(f"[red]error:[/red] {err.format_message()} (see `{where} --help`)", soft_wrap=True,
-                          highlight=False)
+            if err.format_message():  # empty: a command group given no command, whose help is shown already
+                console.print(f"[red]error:[/red] {err.format_message()} (see `{where} --help`)", soft_wrap=True,
+                              highlight=False)
             sys.exit(err.exit_code)
         if _is_click(err, "Abort"):
             sys.exit(130)

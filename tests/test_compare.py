@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,12 +23,17 @@ def plain_lm_eval(model: Path, tasks: Path, dtype: str, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def both(tiny_model, tiny_tasks, tmp_path_factory):
+def both(tiny_run, tiny_model, tiny_tasks, tmp_path_factory):
+    """The shared tiny run's hf-fp32 and hf-bf16 cells, with their statistics recomputed on their own (a run
+    directory is its cells: `report` reads cells/ and nothing else), against plain lm_eval's outputs of
+    the same settings."""
     root = tmp_path_factory.mktemp("cmp")
     run = root / "run"
-    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path",
-                      str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "10",
-                      "--max-length", "512", "--out", str(run))
+    (run / "cells").mkdir(parents=True)
+    shutil.copy(tiny_run[0] / "spec.json", run / "spec.json")
+    for cell in ("hf-fp32", "hf-bf16"):
+        shutil.copytree(tiny_run[0] / "cells" / cell, run / "cells" / cell)
+    proc = evalparity("report", str(run))
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
     a = plain_lm_eval(tiny_model, tiny_tasks, "float32", root / "plain_fp32")
     b = plain_lm_eval(tiny_model, tiny_tasks, "bfloat16", root / "plain_bf16")

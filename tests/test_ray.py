@@ -19,15 +19,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import evalparity
+from conftest import evalparity, tiny_run_args
 
 from evalparity.samples import HASHES, KEY, read_table
 
 PORT = 6391
 ADDRESS = f"127.0.0.1:{PORT}"
-MATRIX = ["--backends", "hf,vllm", "--dtypes", "fp32", "--repeat", "hf:fp32:dp2", "--limit", "8",
-          "--max-length", "512"]
-CELLS = ["hf-fp32", "vllm-fp32", "hf-fp32-dp2"]
+CELLS = ["hf-fp32", "vllm-fp32", "hf-fp32-dp2"]  # the shared tiny run's fp32 cells, rerun through Ray
 
 
 def _ray(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -58,14 +56,15 @@ def cluster(token_env):
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model, tiny_tasks, cluster, token_env, tmp_path_factory):
-    root = tmp_path_factory.mktemp("ray")
-    common = ["--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path", str(tiny_tasks), *MATRIX]
-    plain = evalparity("run", *common, "--out", str(root / "plain"))
-    assert plain.returncode in (0, 3, 4), plain.stderr[-3000:]
-    viaray = evalparity("run", *common, "--out", str(root / "ray"), "--ray", cluster, env=token_env)
-    assert viaray.returncode in (0, 3, 4), viaray.stderr[-3000:]
-    return root / "plain", root / "ray", viaray
+def runs(tiny_run, tiny_model, tiny_tasks, cluster, token_env, tmp_path_factory):
+    """The shared tiny run (no Ray) against its fp32 cells run again through the cluster."""
+    plain, _ = tiny_run
+    viaray = tmp_path_factory.mktemp("ray") / "ray"
+    args = tiny_run_args(tiny_model, tiny_tasks, viaray)
+    args[args.index("fp32,bf16")] = "fp32"
+    proc = evalparity(*args, "--ray", cluster, env=token_env)
+    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
+    return plain, viaray, proc
 
 
 def test_ray_tables_equal_plain_tables(runs):

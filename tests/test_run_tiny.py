@@ -128,14 +128,15 @@ def test_report_regenerates_alone(run_dir):
     assert (out / "report" / "report.md").exists()
 
 
-def test_a_crashing_cell_is_recorded_and_the_others_kept(tiny_model, tiny_tasks, tmp_path):
+def test_a_crashing_cell_is_recorded(tiny_model, tiny_tasks, tmp_path):
     out = tmp_path / "crash"
     # backend=seq2seq makes HF try an encoder-decoder class for a Llama config: a real crash in the cell.
+    # (That the other cells are kept when one fails is test_ray's killed-worker test.)
     proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
-                      "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "3", "--out", str(out),
+                      "--backends", "hf", "--dtypes", "fp32", "--limit", "3", "--out", str(out),
                       "--hf-args", "backend=seq2seq")
     assert proc.returncode == 5, proc.stderr[-2000:]
-    for c in ("hf-fp32", "hf-bf16"):
+    for c in ("hf-fp32",):
         meta = json.loads((out / "cells" / c / "cell.json").read_text())
         assert meta["status"] == "failed" and meta["error"]
         assert "Traceback" in (out / "cells" / c / "cell.log").read_text()
