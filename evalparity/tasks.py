@@ -46,7 +46,9 @@ def quiet():
 def task_manager(extra_paths: tuple[str, ...] | list[str] = ()):
     from lm_eval.tasks import TaskManager
 
-    with quiet():
+    from evalparity import task_index
+
+    with quiet(), task_index.cached():  # lm-eval's own task tree is indexed once per tree state, not per process
         return TaskManager(include_path=include_paths(extra_paths))
 
 
