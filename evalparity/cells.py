@@ -32,11 +32,20 @@ STATUS_OK, STATUS_FAILED = "ok", "failed"
 
 
 # ---------------------------------------------------------------- file helpers shared with the parent
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write a file so that no reader sees half of it: a temp file of this process's own, then a rename (so
+    processes writing the same file at once each rename a whole one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
+    """Write JSON atomically (``write_atomic``)."""
+    write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 def read_cell_json(cell_dir: Path) -> dict | None:

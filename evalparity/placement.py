@@ -159,9 +159,17 @@ def _ray_job(job: Job, run_dir: str, model_path: str) -> tuple[int, dict]:
     return run_job_here(job, run_dir, model_path, placement), placement
 
 
+RAY_KEYWORDS = ("auto", "local")  # --ray values that name no address: Ray finds or starts the cluster
+
+
+def _host_port(address: str | None) -> bool:
+    """Whether ``--ray`` names a cluster by HOST:PORT (not a keyword, not a ``ray://`` client URL)."""
+    return bool(address) and address not in RAY_KEYWORDS and "://" not in address
+
+
 def check_reachable(address: str | None, timeout: float = 5.0) -> None:
     """A HOST:PORT address that nothing answers on is refused in seconds (Ray itself retries for minutes)."""
-    if not address or address in ("auto", "local") or "://" in address:
+    if not _host_port(address):
         return
     import socket
 
@@ -224,8 +232,7 @@ def use_token_auth(address: str | None) -> bool:
     mode = os.environ.get("RAY_AUTH_MODE")
     if mode is not None:
         return mode.lower() == "token"
-    if address and address not in ("auto", "local") and "://" not in address and _is_this_host(address) \
-            and _token_available():
+    if _host_port(address) and _token_available() and _is_this_host(address):  # the file before a DNS lookup
         os.environ["RAY_AUTH_MODE"] = "token"
         return True
     return False
@@ -259,7 +266,7 @@ class RayExecutor:
         except (ConnectionError, RuntimeError, ValueError) as err:
             where = address or "a new local instance"
             fix = "start it with `ray start --head` or pass --ray local"
-            if address and address not in ("auto", "local") and not token:
+            if address and address not in RAY_KEYWORDS and not token:
                 fix = ("if it uses token authentication, set RAY_AUTH_MODE=token and give its token "
                        "(RAY_AUTH_TOKEN or ~/.ray/auth_token); else " + fix)
             raise EvalParityError(f"cannot connect to Ray at {where} ({str(err).splitlines()[0][:120]}): "

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
+
+from evalparity.cells import write_atomic
 
 FILE_PREFIX = "lm-eval-tasks-"
 
@@ -35,12 +36,6 @@ def _key(root: Path, files: list[Path], version: str) -> str:
         st = f.stat()
         h.update(f"{f.relative_to(root)}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:24]
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -76,7 +71,7 @@ def cached() -> Iterator[None]:
         index = original([root], resolve_includes=resolve_includes)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(path, pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL))
+            write_atomic(path, pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL))
             for old in path.parent.glob(f"{FILE_PREFIX}*.pkl"):  # one tree state kept: the others are stale
                 if old != path:
                     old.unlink(missing_ok=True)

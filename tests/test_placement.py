@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
 from rich.console import Console
@@ -86,8 +88,6 @@ def test_ray_auth_token_is_sent_to_this_hosts_cluster(monkeypatch, tmp_path, add
         monkeypatch.setenv("RAY_AUTH_MODE", mode)
     assert placement.use_token_auth(address) is sent
     if sent:
-        import os
-
         assert os.environ["RAY_AUTH_MODE"] == "token"
 
 

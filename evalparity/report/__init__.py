@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from evalparity.cells import write_atomic
 from evalparity.report import figures
 
 COLORS = {"EQUIVALENT": "#1a7f37", "DIFFERENT": "#cf222e", "INCONCLUSIVE": "#bf8700",
@@ -155,16 +156,10 @@ def write_report(run_dir: Path) -> dict[str, Path]:
     _flipped_samples(doc, flipped)
 
     md_path, html_path = out / "report.md", out / "report.html"
-    _atomic(md_path, "\n".join(doc.md))
-    _atomic(html_path, "<!doctype html><html><head><meta charset='utf-8'><title>evalparity report</title>"
+    write_atomic(md_path, "\n".join(doc.md))
+    write_atomic(html_path, "<!doctype html><html><head><meta charset='utf-8'><title>evalparity report</title>"
                        f"<style>{CSS}</style></head><body>" + "\n".join(doc.html) + SELF_CHECK + "</body></html>")
     return {"md": md_path, "html": html_path, "figures": figdir}
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
 
 
 def _verdict_matrix(doc: Doc, comp: pd.DataFrame) -> None:
