@@ -105,8 +105,9 @@ def placement_meta(spec: RunSpec) -> dict:
     out.setdefault("host", platform.node())
     out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     out["tensor_parallel"] = spec.tensor_parallel
-    # CPU threads differ by executor: a Ray task that asks for n CPUs gets OMP_NUM_THREADS=n (1 by default),
-    # a local child inherits this shell's setting (unset: torch uses every core). Recorded to explain timings.
+    # CPU threads differ by executor: a Ray task that asks for n CPUs gets OMP_NUM_THREADS=n (a GPU job asks
+    # for its GPUs' share of the host, a CPU job for 1), a local child inherits this shell's setting (unset:
+    # torch uses every core). Recorded to explain timings.
     out["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
     out["cpus_visible"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return out

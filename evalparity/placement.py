@@ -39,7 +39,7 @@ class Job:
     shard: int = 0
     shards: int = 1
     gpus: float = 0.0  # GPUs the job holds (tensor-parallel size, or a fraction when cells share a GPU)
-    cpus: float = 1.0
+    cpus: float = 1.0  # at least this many; a GPU job on Ray asks for its GPUs' share of a host (gpu_job_cpus)
     env: dict[str, str] = field(default_factory=dict, compare=False)  # what the job's process needs set
 
     @property
@@ -148,14 +148,27 @@ class LocalExecutor:
         self.queue.clear()
 
 
+def gpu_job_cpus(nodes: list[dict], gpus: float) -> int:
+    """CPUs a job holding ``gpus`` GPUs asks Ray for: its GPUs' share of a host's CPUs (16 for one GPU of a
+    32-CPU, 2-GPU host), on the GPU host with the fewest CPUs per GPU; at least 1.
+
+    Why: Ray runs a task with OMP_NUM_THREADS set to the CPUs it asked for (1 by default), and the cell's
+    process inherits that, where a cell run here one at a time has every core. Asking for the share gives a
+    cell on Ray the threads it would have had alone on its slice of the host, and still lets every GPU of a
+    host take a job. ``nodes`` is ``ray.nodes()``."""
+    ratios = [n["Resources"]["CPU"] / n["Resources"]["GPU"] for n in nodes
+              if n.get("Alive") and n.get("Resources", {}).get("GPU", 0) > 0 and "CPU" in n["Resources"]]
+    return max(1, int(min(ratios) * gpus + 1e-9)) if ratios and gpus > 0 else 1
+
+
 def _ray_job(job: Job, run_dir: str, model_path: str) -> tuple[int, dict]:
     """The body of one Ray task, on whichever host Ray chose: say where it is, run the job's process."""
     import ray
 
     ctx = ray.get_runtime_context()
     placement = {"executor": "ray", "host": platform.node(), "node_id": ctx.get_node_id(),
-                         "node_ip": ray.util.get_node_ip_address(),
-                         "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "shard": job.shard, "shards": job.shards}
+                 "node_ip": ray.util.get_node_ip_address(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                 "cpus": ctx.get_assigned_resources().get("CPU"), "shard": job.shard, "shards": job.shards}
     return run_job_here(job, run_dir, model_path, placement), placement
 
 
@@ -278,8 +291,10 @@ class RayExecutor:
         return self.ray.cluster_resources()
 
     def submit(self, jobs: list[Job]) -> None:
+        nodes = self.ray.nodes() if any(j.gpus for j in jobs) else []
         for job in jobs:
-            ref = self.task.options(num_gpus=job.gpus, num_cpus=job.cpus, name=f"evalparity:{job.unit}").remote(
+            cpus = max(job.cpus, gpu_job_cpus(nodes, job.gpus)) if job.gpus else job.cpus
+            ref = self.task.options(num_gpus=job.gpus, num_cpus=cpus, name=f"evalparity:{job.unit}").remote(
                 job, self.run_dir, self.model_path)
             self.refs[ref] = job
 

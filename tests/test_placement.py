@@ -44,6 +44,22 @@ def test_jobs_ask_for_their_gpus_and_shards(tmp_path):
     assert {j.gpus for j in shared} == {0.5}
 
 
+def _node(cpus: float, gpus: float = 0, alive: bool = True) -> dict:
+    return {"Alive": alive, "Resources": {"CPU": cpus} | ({"GPU": gpus} if gpus else {})}
+
+
+@pytest.mark.parametrize("nodes,gpus,expected", [
+    ([_node(32, 2)], 1, 16),                  # one GPU of a 32-CPU, 2-GPU host: half its CPUs
+    ([_node(32, 2)], 0.5, 8),                 # --cells-per-gpu 2: a quarter
+    ([_node(32, 2)], 2, 32),                  # tensor-parallel 2: the whole host
+    ([_node(128, 8), _node(16, 4)], 1, 4),    # the host with the fewest CPUs per GPU decides: every GPU fits a job
+    ([_node(64), _node(16, 4, alive=False)], 1, 1),  # no live GPU host: the default
+    ([_node(1, 4)], 1, 1),                    # fewer CPUs than GPUs: still at least one
+])
+def test_gpu_jobs_ask_ray_for_their_share_of_a_hosts_cpus(nodes, gpus, expected):
+    assert placement.gpu_job_cpus(nodes, gpus) == expected
+
+
 def test_merged_table_is_sorted_like_an_unsharded_one_and_refuses_overlap():
     whole = pd.DataFrame({"task": ["a"] * 6 + ["b"] * 2, "filter": "none", "doc_id": [0, 0, 1, 1, 2, 2, 0, 1],
                           "choice": [0, 1, 0, 1, 0, 1, 0, 0], "loglikelihood": range(8)})
