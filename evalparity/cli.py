@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+from evalparity.runlog import RunLog
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.")
@@ -108,6 +109,7 @@ def run(
         split_list,
     )
 
+    log = RunLog()
     opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
     embedded_default = model is None and tasks is None
     task_list = split_list(tasks) if tasks is not None else list(embedded.DEFAULT_TASKS)
@@ -172,34 +174,43 @@ def run(
             raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
                                   f"{', '.join(c.name for c in cell_specs)}")
     run_dir = out or _default_out(model if model is not None else str(model_path))
-    outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
-                          placement=Placement(ray=ray, cells_per_gpu=cells_per_gpu))
-    console.print(summary_table(outcomes))
-    failed = [o.name for o in outcomes if o.status == "failed"]
-    if failed:
-        console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
-                      "Rerun the same command to retry them.[/red]")
-    ok = [o for o in outcomes if o.status != "failed"]
-    if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
-        console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
-        raise typer.Exit(EXIT_CELL_FAILED)
-    if drift:
-        from evalparity.drift import prompts_from_run, run_drift
+    log.mark("setup", log.t0)  # arguments, model, task index, preflight of every task's data
+    try:
+        outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
+                              placement=Placement(ray=ray, cells_per_gpu=cells_per_gpu), log=log)
+        console.print(summary_table(outcomes))
+        failed = [o.name for o in outcomes if o.status == "failed"]
+        if failed:
+            console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
+                          "Rerun the same command to retry them.[/red]")
+        ok = [o for o in outcomes if o.status != "failed"]
+        if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
+            console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
+            raise typer.Exit(EXIT_CELL_FAILED)
+        if drift:
+            from evalparity.drift import prompts_from_run, run_drift
 
-        run_drift(str(model_path), prompts_from_run(run_dir, drift), [c.name for c in cell_specs if not c.tag],
-                  run_dir / "drift", reference=opts.reference, device=dev, max_len=max_len, console=console)
-    code = _stats_and_report(run_dir, opts, fail_on_inconclusive)
-    raise typer.Exit(EXIT_CELL_FAILED if failed and code == 0 else code)
+            with log.stage("drift"):
+                run_drift(str(model_path), prompts_from_run(run_dir, drift),
+                          [c.name for c in cell_specs if not c.tag], run_dir / "drift", reference=opts.reference,
+                          device=dev, max_len=max_len, console=console)
+        code = _stats_and_report(run_dir, opts, fail_on_inconclusive, log)
+        raise typer.Exit(EXIT_CELL_FAILED if failed and code == 0 else code)
+    finally:
+        log.write()  # <run>/run.json: where this invocation's time went
 
 
-def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool) -> int:
+def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunLog | None = None) -> int:
     from evalparity.report import write_report
     from evalparity.stats.compare import compute
 
+    log = log or RunLog()
     console.print("statistics ...")
-    result = compute(run_dir, opts)
+    with log.stage("statistics"):
+        result = compute(run_dir, opts)
     console.print("report ...")
-    paths = write_report(run_dir)
+    with log.stage("report"):
+        paths = write_report(run_dir)
     code = result.exit_code(fail_on_inconclusive)
     style = {"PASS": "green", "FAIL": "red"}.get(result.sign_off, "yellow")
     console.print(f"[bold {style}]sign-off: {result.sign_off}[/bold {style}] ({result.reason})")

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from evalparity import cells
 from evalparity.errors import EvalParityError
+from evalparity.runlog import RunLog
 from evalparity.spec import RunSpec
 
 
@@ -118,11 +119,15 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
 
 
 def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = False, offline: bool = False,
-               console: Console | None = None, placement: Placement | None = None) -> list[CellOutcome]:
-    """Run every cell (or shard) not yet done; return one outcome per cell of the spec."""
+               console: Console | None = None, placement: Placement | None = None,
+               log: RunLog | None = None) -> list[CellOutcome]:
+    """Run every cell (or shard) not yet done; return one outcome per cell of the spec. ``log`` gets the
+    time spent starting the executor, running the cells and stopping it."""
     console = console or Console(stderr=True)
     placement = placement or Placement()
+    log = log or RunLog()
     prepare_run_dir(run_dir, spec)
+    log.run_dir = run_dir
     outcomes, jobs, merge_only = plan_jobs(spec, run_dir, force, placement.cells_per_gpu, offline)
     if outcomes:
         console.print(f"[dim]{len(outcomes)} cell(s) already done, skipped: {', '.join(outcomes)} "
@@ -130,7 +135,9 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     by_name = {c.name: c for c in spec.cells}
     for cell in merge_only:
         outcomes[cell.name] = _merge(run_dir, cell, 0.0)
-    executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, console) if jobs else None
+    with log.stage("executor_start"):
+        executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, console) if jobs else None
+    log.facts.update(executor=executor.name if executor else None, jobs=len(jobs))
     if executor is not None and executor.name == "ray":
         res = executor.resources()
         console.print(f"[dim]Ray: {res.get('GPU', 0):g} GPU(s), {res.get('CPU', 0):g} CPU(s) in the cluster; "
@@ -144,6 +151,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
         started: dict[str, float] = {}
         left = {c: sum(j.cell == c for j in jobs) for c in {j.cell for j in jobs}}  # jobs still out, per cell
         executor.submit(jobs)
+        cells_t0 = time.perf_counter()
         try:
             while executor.busy():
                 for end in executor.poll():
@@ -164,8 +172,10 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
         except KeyboardInterrupt:
             executor.stop()
             raise
+        log.mark("cells", cells_t0)
         if executor.name == "ray":
-            executor.stop()
+            with log.stage("executor_stop"):
+                executor.stop()
     return [outcomes[c.name] for c in spec.cells]
 
 

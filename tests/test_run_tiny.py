@@ -41,6 +41,16 @@ def test_every_cell_finished_with_its_files(run_dir):
     assert not list((out / "cells").glob(".tmp-*"))
 
 
+def test_run_json_says_where_the_time_went(run_dir):
+    out, _ = run_dir
+    log = json.loads((out / "run.json").read_text())
+    stages = log["stages_s"]
+    assert list(stages) == ["setup", "executor_start", "cells", "statistics", "report"]
+    assert log["executor"] == "local" and log["jobs"] == len(CELLS) + 2  # and hf-fp32-dp2, as two shard jobs
+    assert all(v >= 0 for v in stages.values()) and stages["cells"] > stages["executor_start"]
+    assert 0 <= log["outside_stages_s"] < log["total_s"]
+
+
 def test_engine_logs_stay_off_the_terminal(run_dir):
     out, proc = run_dir
     assert "INFO" not in proc.stderr and "Loading weights" not in proc.stderr

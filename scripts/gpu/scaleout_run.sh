@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU side (nvidia-h200-x2), after ../shared/gpu's install.sh and scripts/gpu/install_ray.sh: the scale-out
 # measurement of results/h200x2-scaleout/README.md. One step per call (each fits the 10-minute call limit):
-#   MODE=prepare  build the embedded model, then a warm-up run (vllm-fp32, hf-fp32 and a TF32 vLLM cell on 200
-#                 docs, over both GPUs) so that neither timed run pays the machine's cold first vLLM start;
-#                 prints the precision each cell read back (checks that TF32 cells really get TF32 matmuls)
+#   MODE=prepare  build the embedded model, then a warm-up run (vllm-fp32, hf-fp32 and, with TF32=1, a TF32
+#                 vLLM cell, on 200 docs, over both GPUs) so that neither timed run pays the machine's cold
+#                 first vLLM start; prints the precision each cell read back (do TF32 cells get TF32 matmuls?)
 #   MODE=two      the 6-cell matrix on both GPUs: evalparity puts the cells on a local Ray instance
 #   MODE=one      the same matrix on one GPU (CUDA_VISIBLE_DEVICES=0), cells one after another. It outlasts
 #                 one call, so it starts in its own session (setsid) and this call waits up to BUDGET s;
@@ -45,9 +45,16 @@ for run in ("/tmp/so-1gpu", "/tmp/so-2gpu"):
         if "started" in m:
             spans.append((datetime.fromisoformat(m["started"]), datetime.fromisoformat(m["finished"])))
         t = {k: round(m[k], 1) for k in ("load_s", "eval_s", "wall_s") if k in m}
-        print(run, f.parent.name, m.get("status"), t, (m.get("placement") or {}).get("gpu_ids"))
+        p = m.get("placement") or {}
+        print(run, f.parent.name, m.get("status"), t, p.get("gpu_ids"), f"cpus={p.get('cpus')}",
+              f"omp={p.get('omp_num_threads')}", f"visible={p.get('cpus_visible')}")
     if spans:
         print(f"{run}: cells' span {(max(b for _, b in spans) - min(a for a, _ in spans)).total_seconds():.0f} s")
+    log = pathlib.Path(run, "run.json")
+    if log.exists():  # where the run's own time went (evalparity/runlog.py)
+        r = json.loads(log.read_text())
+        print(f"{run}: run.json total {r['total_s']:.1f} s, outside stages {r['outside_stages_s']:.1f} s,",
+              {k: round(v, 1) for k, v in r["stages_s"].items()})
 for d in sorted(pathlib.Path("/tmp/so-2gpu/cells").glob("*/samples.parquet")):
     one = pathlib.Path("/tmp/so-1gpu/cells") / d.parent.name / "samples.parquet"
     if one.exists():
@@ -70,12 +77,13 @@ case $MODE in
   prepare)
     python3 -m evalparity.cli models prepare 2>&1 | tail -n 3
     timeout "$BUDGET" python3 -m evalparity.cli run --device cuda --tasks hellaswag --limit 200 --num-fewshot 0 \
-      --datasets-dir .gpudata --no-fail-on-inconclusive --backends vllm,hf --dtypes fp32 --tf32 vllm --out /tmp/so-warm
+      --datasets-dir .gpudata --no-fail-on-inconclusive --backends vllm,hf --dtypes fp32 \
+      ${TF32:+--tf32 vllm} --out /tmp/so-warm
     echo "warm-up: exit $? after $(( $(date +%s) - T0 )) s"
     precision_readback /tmp/so-warm; RUN=/tmp/so-warm ;;
   two)
     timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-2gpu
-    echo "two GPUs: exit $? after $(( $(date +%s) - T0 )) s" ;;
+    echo "two GPUs: exit $? after $(( $(date +%s) - T0 )) s"; compare_runs ;;
   one)
     RUN=/tmp/so-1gpu
     date +%s > /tmp/so-1gpu.t0
@@ -95,7 +103,7 @@ case $MODE in
 esac
 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader || true
 if [[ -n ${OUT:-} && -d $RUN ]]; then
-  (cd "$RUN" && tar czf "$OUT/$MODE.tgz" --ignore-failed-read spec.json report stats/verdicts.json \
+  (cd "$RUN" && tar czf "$OUT/$MODE.tgz" --ignore-failed-read spec.json run.json report stats/verdicts.json \
      stats/comparisons.parquet stats/deltas.parquet cells/*/cell.json shards/*/cell.json drift/*.json 2>/dev/null)
   ls -la "$OUT"
 fi
