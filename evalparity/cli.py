@@ -344,6 +344,8 @@ def models_prepare() -> None:
 def main() -> None:
     try:
         rc = app(standalone_mode=False)
+        if rc == 130:  # typer turns Ctrl-C inside a command into Exit(130), which this mode returns
+            _interrupted()
         sys.exit(rc if isinstance(rc, int) else 0)
     except EvalParityError as err:
         console.print(f"[red]error:[/red] {err}", soft_wrap=True, highlight=False)
@@ -351,8 +353,7 @@ def main() -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        console.print("[red]interrupted[/red]: finished cells are kept; rerun the same command to resume")
-        sys.exit(130)
+        _interrupted()
     except Exception as err:  # usage errors (a bad option value, an unknown command) and the like
         if _is_click(err, "ClickException"):
             ctx = getattr(err, "ctx", None)
@@ -361,9 +362,14 @@ def main() -> None:
                 console.print(f"[red]error:[/red] {err.format_message()} (see `{where} --help`)", soft_wrap=True,
                               highlight=False)
             sys.exit(err.exit_code)
-        if _is_click(err, "Abort"):
-            sys.exit(130)
+        if _is_click(err, "Abort"):  # older typer (click) turns Ctrl-C inside a command into Abort
+            _interrupted()
         raise
+
+
+def _interrupted() -> None:
+    console.print("[red]interrupted[/red]: finished cells are kept; rerun the same command to resume")
+    sys.exit(130)
 
 
 def _is_click(err: BaseException, name: str) -> bool:

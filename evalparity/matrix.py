@@ -172,7 +172,8 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
         except KeyboardInterrupt:
             executor.stop()
             raise
-        log.mark("cells", cells_t0)
+        finally:
+            log.mark("cells", cells_t0)
         if executor.name == "ray":
             with log.stage("executor_stop"):
                 executor.stop()

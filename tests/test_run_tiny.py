@@ -170,3 +170,20 @@ def test_killed_run_leaves_no_finished_looking_cell_and_resumes(tiny_model, tiny
         assert json.loads((out / "cells" / c / "cell.json").read_text())["status"] == "ok"
     assert not list((out / "cells").glob(".tmp-*"))  # the stale temp dir was replaced by the rerun
     assert math.isfinite(json.loads((out / "stats" / "verdicts.json").read_text())["comparisons"][0]["n"])
+
+
+def test_ctrl_c_says_how_to_resume_and_records_its_timings(tiny_model, tiny_tasks, tmp_path):
+    out = tmp_path / "interrupted"
+    args = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
+            "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32", "--limit", "4",
+            "--out", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (out / "cells" / ".tmp-hf-fp32" / "cell.log").exists():
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends on Ctrl-C: the whole foreground group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "rerun the same command" in err and "Traceback" not in err
+    assert "cells" in json.loads((out / "run.json").read_text())["stages_s"]
