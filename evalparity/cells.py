@@ -253,6 +253,23 @@ def peak_memory() -> dict[str, float]:
     return out
 
 
+def cpu_usage() -> dict[str, float]:
+    """This process's CPU time and context switches so far (all its threads; vLLM's engine runs in-process).
+
+    Why: a phase's CPU seconds against its wall seconds tell a slow cell's causes apart. If the CPU time
+    grew too, each instruction ran slower (cores or caches shared with another cell). If it stayed put while
+    the wall grew, the process waited (on its GPU, on I/O). Involuntary switches count the times the kernel
+    took a core away."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return {"user_s": r.ru_utime, "sys_s": r.ru_stime, "voluntary_switches": r.ru_nvcsw,
+            "involuntary_switches": r.ru_nivcsw}
+
+
+def usage_since(before: dict[str, float]) -> dict[str, float]:
+    now = cpu_usage()
+    return {k: round(now[k] - before[k], 3) for k in now}
+
+
 def _bos_added(lm) -> bool | None:
     """Whether this backend's request encoding starts with BOS, read back from the LM itself: the one
     number that shows the BOS policy really is the same on both sides."""
@@ -308,7 +325,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
 
     progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
     tracker = EvaluationTracker(output_path=str(out / "lm_eval"))
-    t1 = time.perf_counter()
+    t1, cpu1 = time.perf_counter(), cpu_usage()
     seed = spec.alignment.seed
     sharded = shard[1] > 1
     results = lm_eval.simple_evaluate(
@@ -321,6 +338,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
         gen_kwargs={"max_gen_toks": spec.alignment.max_gen_toks} if spec.alignment.max_gen_toks else None,
     )
     meta["eval_s"] = time.perf_counter() - t1
+    meta["eval_cpu"] = usage_since(cpu1)
 
     progress.update(force=True, phase="writing")
     t2 = time.perf_counter()

@@ -37,6 +37,8 @@ def test_every_cell_finished_with_its_files(run_dir):
             assert (cell / f).exists(), f
         assert list((cell / "lm_eval").rglob("samples_tiny_mc_*.jsonl"))
         assert meta["load_s"] > 0 and meta["eval_s"] > 0 and meta["peak_rss_gib"] > 0
+        cpu = meta["eval_cpu"]  # CPU time of the evaluation phase: on CPU, the model's own threads' work
+        assert cpu["user_s"] > 0 and cpu["sys_s"] >= 0 and cpu["voluntary_switches"] >= 0
         assert meta["versions"]["lm_eval"] and meta["versions"]["vllm"] != "not installed"
     assert not list((out / "cells").glob(".tmp-*"))
 

@@ -9,13 +9,16 @@
 #                 one call, so it starts in its own session (setsid) and this call waits up to BUDGET s;
 #   MODE=wait     waits (up to BUDGET s) for the one-GPU run, then compares the two runs' tables.
 #   MODE=extras   a sharded repeat added to the two-GPU run, then drift on 100 prompts
+#   MODE=probe    why cells run slower side by side (results/h200x2-scaleout/README.md, third lease): vllm-fp32
+#                 and vllm-bf16 on HellaSwag's later, long-context docs (5,001 on), one after another on one
+#                 GPU, then side by side on two; prints each cell's eval wall and CPU time (cell.json eval_cpu)
 # LIMIT (default: all 10,042 docs) sets HellaSwag's documents. Steps leave $OUT/<mode>.tgz.
 set -uo pipefail
 source .gpu/bin/env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
 mkdir -p "$EVALPARITY_CACHE/wheels"
 cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
-MODE=${MODE:?MODE=prepare, two, one, wait or extras}
+MODE=${MODE:?MODE=prepare, two, one, wait, extras or probe}
 BUDGET=${BUDGET:-570}
 COMMON=(--device cuda --tasks hellaswag --num-fewshot 0 --datasets-dir .gpudata --no-fail-on-inconclusive)
 [[ -n ${LIMIT:-} ]] && COMMON+=(--limit "$LIMIT")
@@ -47,7 +50,7 @@ for run in ("/tmp/so-1gpu", "/tmp/so-2gpu"):
         t = {k: round(m[k], 1) for k in ("load_s", "eval_s", "wall_s") if k in m}
         p = m.get("placement") or {}
         print(run, f.parent.name, m.get("status"), t, p.get("gpu_ids"), f"cpus={p.get('cpus')}",
-              f"omp={p.get('omp_num_threads')}", f"visible={p.get('cpus_visible')}")
+              f"omp={p.get('omp_num_threads')}", f"visible={p.get('cpus_visible')}", "eval_cpu", m.get("eval_cpu"))
     if spans:
         print(f"{run}: cells' span {(max(b for _, b in spans) - min(a for a, _ in spans)).total_seconds():.0f} s")
     log = pathlib.Path(run, "run.json")
@@ -93,6 +96,23 @@ case $MODE in
     wait_one ;;
   wait)
     RUN=/tmp/so-1gpu; wait_one ;;
+  probe)
+    LATE=/tmp/late-data/Rowan/hellaswag/default
+    mkdir -p "$LATE" && tail -n +5001 .gpudata/Rowan/hellaswag/default/validation.jsonl > "$LATE/validation.jsonl"
+    P=(--device cuda --tasks hellaswag --num-fewshot 0 --datasets-dir /tmp/late-data --no-fail-on-inconclusive
+       --backends vllm --dtypes fp32,bf16)
+    CUDA_VISIBLE_DEVICES=0 timeout "$BUDGET" python3 -m evalparity.cli run "${P[@]}" --out /tmp/probe-alone > /dev/null 2>&1
+    echo "alone: exit $? after $(( $(date +%s) - T0 )) s"
+    timeout "$BUDGET" python3 -m evalparity.cli run "${P[@]}" --out /tmp/probe-pair > /dev/null 2>&1
+    echo "side by side: exit $? after $(( $(date +%s) - T0 )) s"
+    for r in /tmp/probe-alone /tmp/probe-pair; do RUN=$r; python3 - "$r" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1], "cells").glob("*/cell.json")):
+    m = json.loads(f.read_text())
+    print(sys.argv[1], f.parent.name, m.get("status"), {k: round(m[k], 1) for k in ("load_s", "eval_s") if k in m},
+          (m.get("placement") or {}).get("gpu_ids"), m.get("eval_cpu"))
+PY
+    done ;;
   extras)
     timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-2gpu --repeat vllm:fp32:dp2
     echo "extras: exit $? after $(( $(date +%s) - T0 )) s"
