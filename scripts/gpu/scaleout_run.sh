@@ -36,12 +36,13 @@ for f in sorted(pathlib.Path(sys.argv[1], "cells").glob("*/cell.json")):
 PY
 }
 
-compare_runs() {  # does placement change what is computed? the same cells' tables, one GPU vs two
-  python3 - <<'PY'
-import json, pathlib
+compare_runs() {  # ALONE PAIRED: each run's cell timings and stages; does placement change what is computed?
+  python3 - "${1:-/tmp/so-1gpu}" "${2:-/tmp/so-2gpu}" <<'PY'
+import json, pathlib, sys
 import pandas as pd
 from datetime import datetime
-for run in ("/tmp/so-1gpu", "/tmp/so-2gpu"):
+alone, paired = sys.argv[1:3]
+for run in (alone, paired):
     spans = []
     for f in sorted(pathlib.Path(run, "cells").glob("*/cell.json")):
         m = json.loads(f.read_text())
@@ -58,8 +59,8 @@ for run in ("/tmp/so-1gpu", "/tmp/so-2gpu"):
         r = json.loads(log.read_text())
         print(f"{run}: run.json total {r['total_s']:.1f} s, outside stages {r['outside_stages_s']:.1f} s,",
               {k: round(v, 1) for k, v in r["stages_s"].items()})
-for d in sorted(pathlib.Path("/tmp/so-2gpu/cells").glob("*/samples.parquet")):
-    one = pathlib.Path("/tmp/so-1gpu/cells") / d.parent.name / "samples.parquet"
+for d in sorted(pathlib.Path(paired, "cells").glob("*/samples.parquet")):
+    one = pathlib.Path(alone, "cells") / d.parent.name / "samples.parquet"
     if one.exists():
         a, b = pd.read_parquet(one), pd.read_parquet(d)
         same = a.shape == b.shape and (a["prompt_hash"].values == b["prompt_hash"].values).all()
@@ -105,14 +106,7 @@ case $MODE in
     echo "alone: exit $? after $(( $(date +%s) - T0 )) s"
     timeout "$BUDGET" python3 -m evalparity.cli run "${P[@]}" --out /tmp/probe-pair > /dev/null 2>&1
     echo "side by side: exit $? after $(( $(date +%s) - T0 )) s"
-    for r in /tmp/probe-alone /tmp/probe-pair; do RUN=$r; python3 - "$r" <<'PY'
-import json, pathlib, sys
-for f in sorted(pathlib.Path(sys.argv[1], "cells").glob("*/cell.json")):
-    m = json.loads(f.read_text())
-    print(sys.argv[1], f.parent.name, m.get("status"), {k: round(m[k], 1) for k in ("load_s", "eval_s") if k in m},
-          (m.get("placement") or {}).get("gpu_ids"), m.get("eval_cpu"))
-PY
-    done ;;
+    RUN=/tmp/probe-pair; compare_runs /tmp/probe-alone /tmp/probe-pair ;;
   extras)
     timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-2gpu --repeat vllm:fp32:dp2
     echo "extras: exit $? after $(( $(date +%s) - T0 )) s"
