@@ -15,6 +15,7 @@ the parent shows as the within-cell bar.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -23,6 +24,7 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 from evalparity.spec import CellSpec, RunSpec
@@ -32,15 +34,26 @@ STATUS_OK, STATUS_FAILED = "ok", "failed"
 
 
 # ---------------------------------------------------------------- file helpers shared with the parent
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write a file so that no reader sees half of it: a temp file of this process's own, then a rename (so
-    processes writing the same file at once each rename a whole one)."""
+@contextlib.contextmanager
+def atomic_target(path: Path) -> Iterator[Path]:
+    """A temp path beside ``path`` to write to; renamed onto ``path`` when the block ends without error, so no
+    reader sees half a file. The temp name is this process's own, so processes writing the same file at
+    once each rename a whole one. For writers that take a path (pyarrow, matplotlib)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # left only when the write failed
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write text or bytes atomically (``atomic_target``)."""
+    with atomic_target(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -207,11 +207,11 @@ def metric_columns(df: pd.DataFrame) -> list[str]:
 
 
 def write_table(df: pd.DataFrame, path: Path) -> None:
-    """Parquet through pyarrow; written to a temp name and renamed, so a reader never sees half a file."""
-    path = Path(path)
-    tmp = path.with_suffix(".parquet.tmp")
-    df.to_parquet(tmp, engine="pyarrow", index=False)
-    tmp.replace(path)
+    """Parquet through pyarrow, published atomically (``cells.atomic_target``)."""
+    from evalparity.cells import atomic_target
+
+    with atomic_target(Path(path)) as tmp:
+        df.to_parquet(tmp, engine="pyarrow", index=False)
 
 
 def read_table(path: Path) -> pd.DataFrame:

@@ -99,12 +99,15 @@ def first_divergence(divs: pd.DataFrame, out: Path) -> Path | None:
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
-    tmp.replace(path)
+    from evalparity.cells import atomic_target
+
+    try:
+        with atomic_target(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")  # the temp name has no .png for matplotlib to go by
+    finally:
+        plt.close(fig)
     return path
 
 
