@@ -16,6 +16,7 @@ the parent shows as the within-cell bar.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import platform
@@ -266,8 +267,34 @@ def peak_memory() -> dict[str, float]:
     return out
 
 
+class _GcClock:
+    """Wall seconds and passes of Python's cyclic garbage collector, from ``gc.callbacks``.
+
+    Why: scoring on vLLM used to keep a dict and Logprob objects per prompt token until lm-eval parsed them,
+    and every full collection walks every live object. That work grows with the heap and is memory-bound,
+    so it is a cost that a busy neighbour on the same host makes worse; this says how much of a phase it was."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]  # per generation
+        self.passes = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            gen = min(int(info.get("generation", 2)), 2)
+            self.seconds[gen] += time.perf_counter() - self._t0
+            self.passes[gen] += 1
+
+
+GC_CLOCK = _GcClock()
+gc.callbacks.append(GC_CLOCK)
+
+
 def cpu_usage() -> dict[str, float]:
-    """This process's CPU time and context switches so far (all its threads; vLLM's engine runs in-process).
+    """This process's CPU time and context switches so far (all its threads; vLLM's engine runs in-process),
+    and the time its garbage collector took (``_GcClock``).
 
     Why: a phase's CPU seconds against its wall seconds tell a slow cell's causes apart. If the CPU time
     grew too, each instruction ran slower (cores or caches shared with another cell). If it stayed put while
@@ -275,7 +302,8 @@ def cpu_usage() -> dict[str, float]:
     took a core away."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return {"user_s": r.ru_utime, "sys_s": r.ru_stime, "voluntary_switches": r.ru_nvcsw,
-            "involuntary_switches": r.ru_nivcsw}
+            "involuntary_switches": r.ru_nivcsw, "gc_s": sum(GC_CLOCK.seconds),
+            "gc_full_s": GC_CLOCK.seconds[2], "gc_full_passes": GC_CLOCK.passes[2]}
 
 
 def usage_since(before: dict[str, float]) -> dict[str, float]:
@@ -332,6 +360,8 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     meta["load_s"] = time.perf_counter() - t0
     meta["precision"] = precision.probe() | {"attention_backend": backend.attention_backend(lm)}
     meta["settings"]["bos_added"] = _bos_added(lm)
+    if hasattr(lm, "scoring_params"):  # vLLM: scored with flat prompt logprobs (backends/vllm.py)?
+        meta["settings"]["flat_logprobs"] = lm.scoring_params is not None
 
     import lm_eval
     from lm_eval.loggers import EvaluationTracker

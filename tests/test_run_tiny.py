@@ -39,6 +39,9 @@ def test_every_cell_finished_with_its_files(run_dir):
         assert meta["load_s"] > 0 and meta["eval_s"] > 0 and meta["peak_rss_gib"] > 0
         cpu = meta["eval_cpu"]  # CPU time of the evaluation phase: on CPU, the model's own threads' work
         assert cpu["user_s"] > 0 and cpu["sys_s"] >= 0 and cpu["voluntary_switches"] >= 0
+        assert 0 <= cpu["gc_full_s"] <= cpu["gc_s"] <= meta["eval_s"] and cpu["gc_full_passes"] >= 0
+        if meta["backend"] == "vllm":  # scored with flat prompt logprobs (test_vllm_scoring.py)
+            assert meta["settings"]["flat_logprobs"] is True
         assert meta["versions"]["lm_eval"] and meta["versions"]["vllm"] != "not installed"
     assert not list((out / "cells").glob(".tmp-*"))
 

@@ -60,8 +60,28 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
     }
 
 
+def flat_scoring_params():
+    """The sampling parameters lm-eval scores with (``VLLM._model_generate``: temperature 0,
+    ``prompt_logprobs=1``, ``max_tokens=1``, ``detokenize=False``) plus ``flat_logprobs=True``; None where
+    this vLLM predates ``flat_logprobs`` (0.12).
+
+    Why: lm-eval sends all of a cell's scoring requests in one ``generate`` call (batch size auto), and by
+    default vLLM keeps each prompt token's logprobs as a dict of ``Logprob`` objects until that call
+    returns: millions of objects, which every full pass of Python's garbage collector walks again. With
+    ``flat_logprobs`` each request holds a handful of flat lists instead. The numbers are the same floats;
+    only their container changes (FlatLogprobs reads back as the same dicts, which lm-eval's parser uses)."""
+    from vllm import SamplingParams
+
+    try:
+        return SamplingParams(temperature=0, prompt_logprobs=1, max_tokens=1, detokenize=False,
+                              flat_logprobs=True)
+    except TypeError:
+        return None
+
+
 def create_lm(args: dict):
-    """A VLLM LM that also keeps the generated token ids, keyed by the prompt text."""
+    """A VLLM LM that also keeps the generated token ids, keyed by the prompt text, and scores with flat
+    prompt logprobs (``flat_scoring_params``) where vLLM has them."""
     compat.apply()
     from lm_eval.models.vllm_causallms import VLLM
 
@@ -70,8 +90,16 @@ def create_lm(args: dict):
             super().__init__(**kw)
             self.generated_ids: dict[str, list[int]] = {}
             self._by_prompt_ids: dict[tuple, list[int]] = {}
+            self.scoring_params = flat_scoring_params()  # None: lm-eval's own path
 
         def _model_generate(self, requests=None, generate=False, sampling_params=None, **kw):
+            if not generate and self.scoring_params is not None and self.data_parallel_size == 1:
+                from vllm import TokensPrompt
+
+                # lm-eval's own single-replica scoring call, with the flat container (see above)
+                return self.model.generate([TokensPrompt(prompt_token_ids=r) for r in requests],
+                                           sampling_params=self.scoring_params,
+                                           use_tqdm=self.batch_size == "auto", lora_request=self.lora_request)
             out = super()._model_generate(requests=requests, generate=generate,
                                           sampling_params=sampling_params, **kw)
             if generate:

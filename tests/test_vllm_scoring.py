@@ -1,0 +1,68 @@
+"""vLLM scoring with flat prompt logprobs (backends/vllm.py): the same numbers as lm-eval's own path.
+
+One vLLM engine on the tiny model scores the same requests twice in a child process: through lm-eval's own
+``_model_generate`` (whose sampling parameters are captured) and through evalparity's flat-logprobs call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from evalparity.backends import vllm as backend
+
+    lm = backend.create_lm({"pretrained": sys.argv[1], "dtype": "float32", "batch_size": "auto",
+                            "max_model_len": 256, "seed": 1234, "enable_prefix_caching": False,
+                            "enforce_eager": True})
+    ours = lm.scoring_params
+    reqs = [(("", ""), lm.tok_encode(c), lm.tok_encode(x))
+            for c, x in [("the cat sat on", " the mat"), ("one two three", " four five"),
+                         ("what is the answer", " yes"), ("big red house", " and a blue tree river")]]
+    flat = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    seen = []
+    generate = lm.model.generate
+    def capture(*a, **kw):
+        seen.append(kw["sampling_params"])
+        return generate(*a, **kw)
+    lm.model.generate = capture
+    lm.scoring_params = None  # lm-eval's own path
+    plain = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    theirs = seen[0][0] if isinstance(seen[0], list) else seen[0]
+    fields = ("temperature", "prompt_logprobs", "max_tokens", "detokenize", "logprobs", "n", "seed")
+    print(json.dumps({"flat": flat, "plain": plain, "flat_param": ours.flat_logprobs,
+                      "ours": {f: getattr(ours, f) for f in fields},
+                      "theirs": {f: getattr(theirs, f) for f in fields},
+                      "theirs_flat": getattr(theirs, "flat_logprobs", None)}))
+""")
+
+
+def test_flat_scoring_matches_lm_evals_own_path(tiny_model):
+    env = dict(os.environ) | {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+                              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["flat_param"] is True and got["theirs_flat"] is False
+    assert got["ours"] == got["theirs"]  # lm-eval's scoring parameters, bar the container
+    assert got["flat"] == got["plain"]  # the same floats and greedy flags, bit for bit
+    assert len(got["flat"]) == 4 and all(ll < 0 for ll, _ in got["flat"])
+
+
+def test_gc_clock_counts_collections():
+    import gc
+
+    from evalparity.cells import cpu_usage, usage_since
+
+    before = cpu_usage()
+    junk = []
+    for _ in range(3):
+        junk.append([[i] for i in range(50_000)])
+        gc.collect()
+    used = usage_since(before)
+    assert used["gc_full_passes"] >= 3 and 0 < used["gc_full_s"] <= used["gc_s"]
