@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU side (nvidia-h200-x2), after ../shared/gpu's install.sh and scripts/gpu/install_ray.sh: the scale-out
 # measurement of results/h200x2-scaleout/README.md. One step per call (each fits the 10-minute call limit):
-#   MODE=prepare  build the embedded model, then a warm-up run (vllm-fp32, hf-fp32 and, with TF32=1, a TF32
-#                 vLLM cell, on 200 docs, over both GPUs) so that neither timed run pays the machine's cold
-#                 first vLLM start; prints the precision each cell read back (do TF32 cells get TF32 matmuls?)
+#   MODE=prepare  build the embedded model, then a warm-up run (all six cells and, with TF32=1, a TF32 vLLM
+#                 cell, on 200 docs, over both GPUs) so that neither timed run pays a cold first start of any
+#                 backend or dtype (kernel caches); prints the precision each cell read back
 #   MODE=two      the 6-cell matrix on both GPUs: evalparity puts the cells on a local Ray instance
+#                 (TWO_OUT, default /tmp/so-2gpu: a second two-GPU run after the one-GPU run brackets it)
 #   MODE=one      the same matrix on one GPU (CUDA_VISIBLE_DEVICES=0), cells one after another. It outlasts
 #                 one call, so it starts in its own session (setsid) and this call waits up to BUDGET s;
 #   MODE=wait     waits (up to BUDGET s) for the one-GPU run, then compares the two runs' tables.
@@ -58,7 +59,7 @@ for run in (alone, paired):
     if log.exists():  # where the run's own time went (evalparity/runlog.py)
         r = json.loads(log.read_text())
         print(f"{run}: run.json total {r['total_s']:.1f} s, outside stages {r['outside_stages_s']:.1f} s,",
-              {k: round(v, 1) for k, v in r["stages_s"].items()})
+              {k: round(v, 1) for k, v in r["stages_s"].items()}, "ray_init_s", r.get("ray_init_s"))
 for d in sorted(pathlib.Path(paired, "cells").glob("*/samples.parquet")):
     one = pathlib.Path(alone, "cells") / d.parent.name / "samples.parquet"
     if one.exists():
@@ -76,18 +77,19 @@ wait_one() {  # wait for the one-GPU run started by MODE=one, at most until this
   else echo "one GPU: still running after $(( $(date +%s) - $(cat /tmp/so-1gpu.t0) )) s"; tail -n 3 /tmp/so-1gpu.log; fi
 }
 
-RUN=/tmp/so-2gpu
+TWO_OUT=${TWO_OUT:-/tmp/so-2gpu}
+RUN=$TWO_OUT
 case $MODE in
   prepare)
     python3 -m evalparity.cli models prepare 2>&1 | tail -n 3
     timeout "$BUDGET" python3 -m evalparity.cli run --device cuda --tasks hellaswag --limit 200 --num-fewshot 0 \
-      --datasets-dir .gpudata --no-fail-on-inconclusive --backends vllm,hf --dtypes fp32 \
+      --datasets-dir .gpudata --no-fail-on-inconclusive --backends vllm,hf --dtypes "${WARM_DTYPES:-fp32,bf16,fp16}" \
       ${TF32:+--tf32 vllm} --out /tmp/so-warm
     echo "warm-up: exit $? after $(( $(date +%s) - T0 )) s"
     precision_readback /tmp/so-warm; RUN=/tmp/so-warm ;;
   two)
-    timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out /tmp/so-2gpu
-    echo "two GPUs: exit $? after $(( $(date +%s) - T0 )) s"; compare_runs ;;
+    timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out "$TWO_OUT"
+    echo "two GPUs: exit $? after $(( $(date +%s) - T0 )) s"; compare_runs /tmp/so-1gpu "$TWO_OUT" ;;
   one)
     RUN=/tmp/so-1gpu
     date +%s > /tmp/so-1gpu.t0
