@@ -76,42 +76,23 @@ class Placement:
     cells_per_gpu: int = 1     # >1 lets small models share a GPU (each then takes 1/N of it)
 
 
-def _ray_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("ray") is not None  # found, not imported: RayExecutor sets Ray's env first
-
-
-def _gpu_slots(placement: Placement, tensor_parallel: int) -> int:
-    """Jobs this host's visible GPUs can hold at once."""
-    from evalparity import placement as pl
-
-    return pl.gpu_count() * placement.cells_per_gpu // tensor_parallel
-
-
-def local_ray_wanted(device: str, placement: Placement, tensor_parallel: int, n_jobs: int) -> bool:
-    """Whether the cells go to a new local Ray instance: asked for (``--ray local``), or several jobs, Ray
-    installed and room on this host's GPUs for more than one job at a time."""
-    if placement.ray:
-        return placement.ray == "local"
-    return device != "cpu" and n_jobs > 1 and _ray_installed() and _gpu_slots(placement, tensor_parallel) > 1
-
-
 def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: Path, model_path: str,
-                    console: Console, ray_start=None):
-    """Ray when asked, or when this host has room for more than one job at a time; else one at a time.
-    ``ray_start`` (placement.RayStart) is a local Ray instance already starting, used when Ray is chosen."""
+                    console: Console):
+    """Ray when asked, or when this host has room for more than one job at a time; else one at a time."""
     from evalparity import placement as pl
 
-    if placement.ray and placement.ray != "local":
+    if placement.ray:
         return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
-    if local_ray_wanted(spec.device, placement, spec.tensor_parallel, n_jobs):
-        return pl.RayExecutor(str(run_dir.resolve()), model_path, "local", started=ray_start)
-    if ray_start is not None:
-        ray_start.shutdown()  # started on a guess (every cell to run) that the resumed run did not need
-    if spec.device != "cpu" and n_jobs > 1 and not _ray_installed() and _gpu_slots(placement, spec.tensor_parallel) > 1:
-        console.print(f"[yellow]{pl.gpu_count()} GPUs visible but Ray is not installed: running one "
-                      "cell at a time (pip install 'ray>=2.40' to use them all)[/yellow]")
+    if spec.device != "cpu" and n_jobs > 1:
+        slots = pl.gpu_count() * placement.cells_per_gpu // spec.tensor_parallel
+        if slots > 1:
+            import importlib.util
+
+            if importlib.util.find_spec("ray") is None:  # found, not imported: RayExecutor sets Ray's env first
+                console.print(f"[yellow]{pl.gpu_count()} GPUs visible but Ray is not installed: running one "
+                              "cell at a time (pip install 'ray>=2.40' to use them all)[/yellow]")
+                return pl.LocalExecutor(str(run_dir), model_path)
+            return pl.RayExecutor(str(run_dir.resolve()), model_path, "local")
     return pl.LocalExecutor(str(run_dir), model_path)
 
 
@@ -139,10 +120,9 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
 
 def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = False, offline: bool = False,
                console: Console | None = None, placement: Placement | None = None,
-               log: RunLog | None = None, ray_start=None) -> list[CellOutcome]:
+               log: RunLog | None = None) -> list[CellOutcome]:
     """Run every cell (or shard) not yet done; return one outcome per cell of the spec. ``log`` gets the
-    time spent starting the executor, running the cells and stopping it. ``ray_start``: a local Ray
-    instance the caller began starting early (placement.RayStart); it is used or shut down here."""
+    time spent starting the executor, running the cells and stopping it."""
     console = console or Console(stderr=True)
     placement = placement or Placement()
     log = log or RunLog()
@@ -156,15 +136,8 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     for cell in merge_only:
         outcomes[cell.name] = _merge(run_dir, cell, 0.0)
     with log.stage("executor_start"):
-        if jobs:
-            executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, console, ray_start)
-        else:
-            executor = None
-            if ray_start is not None:
-                ray_start.shutdown()
+        executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, console) if jobs else None
     log.facts.update(executor=executor.name if executor else None, jobs=len(jobs))
-    if ray_start is not None and executor is not None and executor.name == "ray":
-        log.facts["ray_init_s"] = round(ray_start.seconds, 3)  # on its own thread, overlapping setup
     if executor is not None and executor.name == "ray":
         res = executor.resources()
         console.print(f"[dim]Ray: {res.get('GPU', 0):g} GPU(s), {res.get('CPU', 0):g} CPU(s) in the cluster; "

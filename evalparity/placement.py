@@ -251,100 +251,40 @@ def use_token_auth(address: str | None) -> bool:
     return False
 
 
-def connect_ray(address: str | None, log_path: str | None = None):
-    """``ray.init`` with Ray's logs and its workers' output kept off the user's terminal (cells log to files);
-    what Ray's C++ side prints while it connects (a warning a second while it retries) goes to ``log_path``.
-    Returns the ``ray`` module; a cluster that cannot be reached is a one-line EvalParityError."""
-    import importlib.util
-    import logging
-
-    if importlib.util.find_spec("ray") is None:
-        raise EvalParityError("Ray is not installed: pip install 'ray>=2.40' (or the [ray] extra), "
-                              "or run without --ray")
-    check_reachable(address)
-    token = use_token_auth(address)  # read when Ray is first imported: nothing here imports it earlier
-    import ray
-
-    kw = {"address": address} if address else {}
-    try:
-        with _stderr_to(log_path) if log_path else contextlib.nullcontext():
-            ray.init(**kw, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR,
-                     configure_logging=True, ignore_reinit_error=True)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        where = address or "a new local instance"
-        fix = "start it with `ray start --head` or pass --ray local"
-        if address and address not in RAY_KEYWORDS and not token:
-            fix = ("if it uses token authentication, set RAY_AUTH_MODE=token and give its token "
-                   "(RAY_AUTH_TOKEN or ~/.ray/auth_token); else " + fix)
-        raise EvalParityError(f"cannot connect to Ray at {where} ({str(err).splitlines()[0][:120]}): "
-                              f"{fix}") from None
-    return ray
-
-
-class RayStart:
-    """A new local Ray instance started on a thread of its own, so that its start (about 10 s on a 32-core
-    GPU host) overlaps the run's own setup (task index, preflight) instead of following it.
-
-    The thread stays alive until ``shutdown``: Ray starts its GCS and raylet with PR_SET_PDEATHSIG, so they
-    die when the thread that started them ends. Only for a new local instance (``--ray local``, or several
-    GPUs here): connecting to a cluster stays in the foreground, where its retries are logged to ray.log."""
-
-    def __init__(self) -> None:
-        import threading
-
-        self.seconds = 0.0  # how long ray.init took on the thread
-        self.error: BaseException | None = None
-        self._ready, self._done = threading.Event(), threading.Event()
-        self._up = False
-        self._thread = threading.Thread(target=self._main, name="evalparity-ray-start", daemon=True)
-        self._thread.start()
-
-    def _main(self) -> None:
-        import time
-
-        t0 = time.perf_counter()
-        try:
-            connect_ray("local")
-            self._up = True
-        except BaseException as err:  # noqa: BLE001 - handed to the thread that waits for Ray
-            self.error = err
-        finally:
-            self.seconds = time.perf_counter() - t0
-            self._ready.set()
-        self._done.wait()
-
-    def wait(self):
-        """Block until Ray is up; return the ``ray`` module, or raise what its start raised."""
-        self._ready.wait()
-        if self.error is not None:
-            raise self.error
-        import ray
-
-        return ray
-
-    def shutdown(self) -> None:
-        """Stop the instance (if it came up) and let the thread end; safe to call more than once."""
-        if self._done.is_set():
-            return
-        self._ready.wait()
-        if self._up:
-            import ray
-
-            ray.shutdown()
-        self._done.set()
-        self._thread.join(timeout=30)
-
-
 class RayExecutor:
     """Every job as a Ray task asking for its GPUs/CPUs; Ray queues and places them."""
 
     name = "ray"
 
-    def __init__(self, run_dir: str, model_path: str, address: str | None, started: RayStart | None = None):
+    def __init__(self, run_dir: str, model_path: str, address: str | None):
+        import importlib.util
+        import logging
+
+        if importlib.util.find_spec("ray") is None:
+            raise EvalParityError("Ray is not installed: pip install 'ray>=2.40' (or the [ray] extra), "
+                                  "or run without --ray")
+        check_reachable(address)
+        token = use_token_auth(address)  # read when Ray is first imported: nothing here imports it earlier
+        import ray
+
+        self.ray = ray
         self.run_dir, self.model_path = run_dir, model_path
-        self.started = started
-        self.ray = started.wait() if started else connect_ray(address, os.path.join(run_dir, "ray.log"))
-        self.task = self.ray.remote(max_retries=0)(_ray_job)
+        kw = {"address": address} if address else {}
+        try:
+            # Ray's own logs and the workers' output stay off the user's terminal (cells log to files); what
+            # its C++ side prints while it connects (a warning a second while it retries) goes to ray.log.
+            with _stderr_to(os.path.join(run_dir, "ray.log")):
+                ray.init(**kw, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR,
+                         configure_logging=True, ignore_reinit_error=True)
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            where = address or "a new local instance"
+            fix = "start it with `ray start --head` or pass --ray local"
+            if address and address not in RAY_KEYWORDS and not token:
+                fix = ("if it uses token authentication, set RAY_AUTH_MODE=token and give its token "
+                       "(RAY_AUTH_TOKEN or ~/.ray/auth_token); else " + fix)
+            raise EvalParityError(f"cannot connect to Ray at {where} ({str(err).splitlines()[0][:120]}): "
+                                  f"{fix}") from None
+        self.task = ray.remote(max_retries=0)(_ray_job)
         self.refs: dict = {}
 
     def resources(self) -> dict:
@@ -383,7 +323,4 @@ class RayExecutor:
         for ref in list(self.refs):
             self.ray.cancel(ref, force=True)
         self.refs.clear()
-        if self.started:
-            self.started.shutdown()
-        else:
-            self.ray.shutdown()
+        self.ray.shutdown()

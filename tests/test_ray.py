@@ -144,24 +144,3 @@ def test_killed_worker_loses_one_cell_and_rerun_completes(tiny_model, tiny_tasks
     for name in ("hf-fp32", "hf-bf16"):
         assert json.loads((out / "cells" / name / "cell.json").read_text())["status"] == "ok"
     shutil.rmtree(out, ignore_errors=True)
-
-
-def test_local_ray_starts_beside_setup_and_a_finished_run_skips_it(tiny_model, tiny_tasks, tmp_path):
-    """`--ray local` (as on a host with several GPUs) starts Ray on a thread while the run reads its tasks;
-    the cells still run as Ray tasks. Rerun once every cell is done, the command starts no Ray at all."""
-    out = tmp_path / "local"
-    args = ["run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
-            "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "8", "--max-length", "512", "--out", str(out),
-            "--ray", "local", "--no-fail-on-inconclusive"]
-    first = evalparity(*args)
-    assert first.returncode == 0, first.stderr[-3000:]
-    log = json.loads((out / "run.json").read_text())
-    assert log["executor"] == "ray" and log["jobs"] == 2 and log["ray_init_s"] > 0
-    assert {"setup", "executor_start", "cells", "executor_stop"} <= set(log["stages_s"])
-    for cell in ("hf-fp32", "hf-bf16"):
-        assert json.loads((out / "cells" / cell / "cell.json").read_text())["placement"]["executor"] == "ray"
-    again = evalparity(*args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    log = json.loads((out / "run.json").read_text())
-    assert log["executor"] is None and log["jobs"] == 0 and "ray_init_s" not in log
-    assert "2 cell(s) already done" in again.stderr

@@ -59,7 +59,7 @@ for run in (alone, paired):
     if log.exists():  # where the run's own time went (evalparity/runlog.py)
         r = json.loads(log.read_text())
         print(f"{run}: run.json total {r['total_s']:.1f} s, outside stages {r['outside_stages_s']:.1f} s,",
-              {k: round(v, 1) for k, v in r["stages_s"].items()}, "ray_init_s", r.get("ray_init_s"))
+              {k: round(v, 1) for k, v in r["stages_s"].items()})
 for d in sorted(pathlib.Path(paired, "cells").glob("*/samples.parquet")):
     one = pathlib.Path(alone, "cells") / d.parent.name / "samples.parquet"
     if one.exists():
