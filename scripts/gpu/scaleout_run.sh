@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # GPU side (nvidia-h200-x2), after ../shared/gpu's install.sh and scripts/gpu/install_ray.sh: the scale-out
 # measurement of results/h200x2-scaleout/README.md. One step per call (each fits the 10-minute call limit):
-#   MODE=prepare  build the embedded model, then a warm-up run (all six cells and, with TF32=1, a TF32 vLLM
-#                 cell, on 200 docs, over both GPUs) so that neither timed run pays a cold first start of any
-#                 backend or dtype (kernel caches); prints the precision each cell read back
+#   MODE=prepare  start scripts/gpu/corespeed.py (one core's speed every 5 s, in /tmp/corespeed.txt, for the
+#                 rest of the lease: compare_runs prints it per run), build the embedded model, then a warm-up
+#                 run (all six cells and, with TF32=1, a TF32 vLLM cell, on 200 docs, over both GPUs) so that
+#                 no timed run pays a cold first start of any backend or dtype; prints each cell's precision
 #   MODE=two      the 6-cell matrix on both GPUs: evalparity puts the cells on a local Ray instance
 #                 (TWO_OUT, default /tmp/so-2gpu: a second two-GPU run after the one-GPU run brackets it)
-#   MODE=one      the same matrix on one GPU (CUDA_VISIBLE_DEVICES=0), cells one after another. It outlasts
-#                 one call, so it starts in its own session (setsid) and this call waits up to BUDGET s;
+#   MODE=one      the same matrix on one GPU (CUDA_VISIBLE_DEVICES=0, ONE_OUT, default /tmp/so-1gpu), cells
+#                 one after another. It outlasts one call, so it starts in its own session (setsid) and this
+#                 call waits up to BUDGET s;
 #   MODE=wait     waits (up to BUDGET s) for the one-GPU run, then compares the two runs' tables.
 #   MODE=extras   a sharded repeat added to the two-GPU run, then drift on 100 prompts
-#   MODE=probe    why cells run slower side by side (results/h200x2-scaleout/README.md, third lease): vllm-fp32
+#   MODE=probe    why cells ran slower side by side (results/h200x2-scaleout/README.md, third lease): vllm-fp32
 #                 and vllm-bf16 on HellaSwag's later, long-context docs (5,001 on), one after another on one
 #                 GPU, then side by side on two; prints each cell's eval wall and CPU time (cell.json eval_cpu)
 # LIMIT (default: all 10,042 docs) sets HellaSwag's documents. Steps leave $OUT/<mode>.tgz.
@@ -38,7 +40,7 @@ PY
 }
 
 compare_runs() {  # ALONE PAIRED: each run's cell timings and stages; does placement change what is computed?
-  python3 - "${1:-/tmp/so-1gpu}" "${2:-/tmp/so-2gpu}" <<'PY'
+  python3 - "${1:-$ONE_OUT}" "${2:-$TWO_OUT}" <<'PY'
 import json, pathlib, sys
 import pandas as pd
 from datetime import datetime
@@ -60,6 +62,14 @@ for run in (alone, paired):
         r = json.loads(log.read_text())
         print(f"{run}: run.json total {r['total_s']:.1f} s, outside stages {r['outside_stages_s']:.1f} s,",
               {k: round(v, 1) for k, v in r["stages_s"].items()})
+        speed = pathlib.Path("/tmp/corespeed.txt")  # the host's one-core speed while the run ran
+        if speed.exists():
+            t0, t1 = (datetime.fromisoformat(r[k]).timestamp() for k in ("started", "finished"))
+            took = sorted(float(b) for a, b in (ln.split() for ln in speed.read_text().splitlines())
+                          if t0 <= float(a) <= t1)
+            if took:
+                print(f"{run}: core-speed workload {len(took)} samples, median {took[len(took) // 2]:.4f} s, "
+                      f"mean {sum(took) / len(took):.4f} s, max {took[-1]:.4f} s")
 for d in sorted(pathlib.Path(paired, "cells").glob("*/samples.parquet")):
     one = pathlib.Path(alone, "cells") / d.parent.name / "samples.parquet"
     if one.exists():
@@ -72,15 +82,17 @@ PY
 }
 
 wait_one() {  # wait for the one-GPU run started by MODE=one, at most until this call's budget
-  while [[ ! -f /tmp/so-1gpu.done ]] && (( $(date +%s) - T0 < BUDGET )); do sleep 5; done
-  if [[ -f /tmp/so-1gpu.done ]]; then cat /tmp/so-1gpu.done; tail -n 25 /tmp/so-1gpu.log; compare_runs
-  else echo "one GPU: still running after $(( $(date +%s) - $(cat /tmp/so-1gpu.t0) )) s"; tail -n 3 /tmp/so-1gpu.log; fi
+  while [[ ! -f $ONE_OUT.done ]] && (( $(date +%s) - T0 < BUDGET )); do sleep 5; done
+  if [[ -f $ONE_OUT.done ]]; then cat $ONE_OUT.done; tail -n 25 $ONE_OUT.log; compare_runs
+  else echo "one GPU: still running after $(( $(date +%s) - $(cat $ONE_OUT.t0) )) s"; tail -n 3 $ONE_OUT.log; fi
 }
 
-TWO_OUT=${TWO_OUT:-/tmp/so-2gpu}
+TWO_OUT=${TWO_OUT:-/tmp/so-2gpu} ONE_OUT=${ONE_OUT:-/tmp/so-1gpu}
 RUN=$TWO_OUT
 case $MODE in
   prepare)
+    # one core's speed every 5 s for the rest of the lease (scripts/gpu/corespeed.py), in its own session
+    setsid python3 scripts/gpu/corespeed.py /tmp/corespeed.txt 5 < /dev/null > /dev/null 2>&1 &
     python3 -m evalparity.cli models prepare 2>&1 | tail -n 3
     timeout "$BUDGET" python3 -m evalparity.cli run --device cuda --tasks hellaswag --limit 200 --num-fewshot 0 \
       --datasets-dir .gpudata --no-fail-on-inconclusive --backends vllm,hf --dtypes "${WARM_DTYPES:-fp32,bf16,fp16}" \
@@ -89,16 +101,16 @@ case $MODE in
     precision_readback /tmp/so-warm; RUN=/tmp/so-warm ;;
   two)
     timeout "$BUDGET" python3 -m evalparity.cli run "${COMMON[@]}" --out "$TWO_OUT"
-    echo "two GPUs: exit $? after $(( $(date +%s) - T0 )) s"; compare_runs /tmp/so-1gpu "$TWO_OUT" ;;
+    echo "two GPUs: exit $? after $(( $(date +%s) - T0 )) s"; compare_runs "$ONE_OUT" "$TWO_OUT" ;;
   one)
-    RUN=/tmp/so-1gpu
-    date +%s > /tmp/so-1gpu.t0
-    setsid bash -c "CUDA_VISIBLE_DEVICES=0 python3 -m evalparity.cli run ${COMMON[*]} --out /tmp/so-1gpu \
-      > /tmp/so-1gpu.log 2>&1; echo \"one GPU: exit \$? after \$(( \$(date +%s) - $T0 )) s\" > /tmp/so-1gpu.done" \
+    RUN=$ONE_OUT
+    date +%s > $ONE_OUT.t0
+    setsid bash -c "CUDA_VISIBLE_DEVICES=0 python3 -m evalparity.cli run ${COMMON[*]} --out $ONE_OUT \
+      > $ONE_OUT.log 2>&1; echo \"one GPU: exit \$? after \$(( \$(date +%s) - $T0 )) s\" > $ONE_OUT.done" \
       < /dev/null > /dev/null 2>&1 &
     wait_one ;;
   wait)
-    RUN=/tmp/so-1gpu; wait_one ;;
+    RUN=$ONE_OUT; wait_one ;;
   probe)
     LATE=/tmp/late-data/Rowan/hellaswag/default
     mkdir -p "$LATE" && tail -n +5001 .gpudata/Rowan/hellaswag/default/validation.jsonl > "$LATE/validation.jsonl"
@@ -121,5 +133,6 @@ nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader || true
 if [[ -n ${OUT:-} && -d $RUN ]]; then
   (cd "$RUN" && tar czf "$OUT/$MODE.tgz" --ignore-failed-read spec.json run.json report stats/verdicts.json \
      stats/comparisons.parquet stats/deltas.parquet cells/*/cell.json shards/*/cell.json drift/*.json 2>/dev/null)
+  cp /tmp/corespeed.txt "$OUT/" 2>/dev/null || true
   ls -la "$OUT"
 fi
