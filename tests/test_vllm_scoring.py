@@ -12,6 +12,10 @@ import subprocess
 import sys
 import textwrap
 
+from evalparity.backends import vllm as backend
+from evalparity.matrix import cell_environment
+from evalparity.spec import RunSpec, build_cells
+
 SCRIPT = textwrap.dedent("""
     import json, sys
     from evalparity.backends import vllm as backend
@@ -42,8 +46,9 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_flat_scoring_matches_lm_evals_own_path(tiny_model):
-    env = dict(os.environ) | {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
-                              "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
+    spec = RunSpec(model="m", tasks=("t",), cells=build_cells(["vllm"], ["fp32"], 8, []), device="cpu",
+                   leaf_docs=(("t", 1),))
+    env = dict(os.environ) | cell_environment(spec, backend.environment(spec, spec.cells[0]), offline=True)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model)], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
