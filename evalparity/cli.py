@@ -97,7 +97,7 @@ def run(
     from evalparity import tasks as tasks_mod
     from evalparity.data import embedded, mirrors
     from evalparity.devices import check_dtypes, resolve_device
-    from evalparity.matrix import Placement, run_matrix, summary_table
+    from evalparity.matrix import Placement, early_ray_head, run_matrix, summary_table
     from evalparity.models import resolve_model
     from evalparity.spec import (
         Alignment,
@@ -126,78 +126,87 @@ def run(
     limit = check_limit(limit)
     if num_fewshot is not None and num_fewshot < 0:
         raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
-    dev = resolve_device(device)
-    bs = parse_batch_size(batch_size) if batch_size is not None else (8 if dev == "cpu" else "auto")
-    task_limits = parse_task_limits(task_limit or [])
     if tensor_parallel < 1 or cells_per_gpu < 1:
         raise EvalParityError("--tensor-parallel and --cells-per-gpu must be at least 1")
-    if tensor_parallel > 1 and dev == "cpu":
-        raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
-    cell_specs = build_cells(split_list(backends), split_list(dtypes), bs, repeat or [], split_list(tf32), shards)
-    check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
-    offline = not mirrors.hub_reachable()
-    if offline:
-        os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
-
-    model_id, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
-    if tasks is None:  # the default tasks read the embedded mirror; prepare it (once) before the preflight
-        embedded.dataset_mirror(say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
-    roots = mirrors.mirror_roots(datasets_dir)
-    console.print(f"checking {len(task_list)} task(s) and their data ...")
-    tm = tasks_mod.task_manager(include_path or [])
-    plan = tasks_mod.preflight(task_list, tm, roots, limit, num_fewshot)
-    unknown_limits = [t for t, _ in task_limits if t not in plan.leaves and t not in plan.groups]
-    if unknown_limits:
-        raise EvalParityError(f"--task-limit names {unknown_limits[0]}, which is not among the run's tasks: use one of "
-                              f"{', '.join(sorted(plan.leaves))}")
-    spec = RunSpec(
-        model=model_id, tasks=tuple(task_list), cells=cell_specs, limit=limit, num_fewshot=num_fewshot,
-        device=dev, include_paths=tuple(str(Path(p).resolve()) for p in include_path or []),
-        datasets_dir=str(Path(datasets_dir).resolve()) if datasets_dir else None,
-        alignment=Alignment(softmax_fp32=align_softmax, add_bos_token=add_bos_token, max_length=max_len,
-                            prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32,
-                            max_gen_toks=max_gen_toks),
-        hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
-        leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
-    )
-    # The document count comes from the same rule the cells use (spec.samples), so the two cannot disagree.
-    per_task = spec.samples()
-    n_docs = sum(len(ids) for ids in per_task.values()) if per_task else \
-        sum(min(n, limit or n) for n in plan.leaves.values())
-    console.print(f"tasks: {len(plan.leaves)} leaf task(s), {n_docs:,} documents per cell")
-    if opts.reference not in {c.name for c in cell_specs}:
-        if reference == "hf-fp32":
-            first = cell_specs[0].name
-            console.print(f"[yellow]hf-fp32 is not in this run: comparing against {first}[/yellow]")
-            opts = opts.with_reference(first)
-        else:
-            raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
-                                  f"{', '.join(c.name for c in cell_specs)}")
-    run_dir = out or _default_out(model if model is not None else str(model_path))
-    log.mark("setup", log.t0)  # arguments, model, task index, preflight of every task's data
+    placement = Placement(ray=ray, cells_per_gpu=cells_per_gpu)
+    # A Ray instance of the run's own starts now, in its own process, so that its start overlaps the setup
+    # below (torch's import, the task index, every task's data) instead of following it
+    n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
+    head = early_ray_head(device, tensor_parallel, placement, n_jobs)
     try:
-        outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
-                              placement=Placement(ray=ray, cells_per_gpu=cells_per_gpu), log=log)
-        console.print(summary_table(outcomes))
-        failed = [o.name for o in outcomes if o.status == "failed"]
-        if failed:
-            console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
-                          "Rerun the same command to retry them.[/red]")
-        ok = [o for o in outcomes if o.status != "failed"]
-        if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
-            console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
-            raise typer.Exit(EXIT_CELL_FAILED)
-        if drift:
-            from evalparity.drift import prompts_from_run, run_drift
+        dev = resolve_device(device)
+        bs = parse_batch_size(batch_size) if batch_size is not None else (8 if dev == "cpu" else "auto")
+        task_limits = parse_task_limits(task_limit or [])
+        if tensor_parallel > 1 and dev == "cpu":
+            raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
+        cell_specs = build_cells(split_list(backends), split_list(dtypes), bs, repeat or [], split_list(tf32), shards)
+        check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
+        offline = not mirrors.hub_reachable()
+        if offline:
+            os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
 
-            with log.stage("drift"):
-                run_drift(str(model_path), prompts_from_run(run_dir, drift),
-                          [c.name for c in cell_specs if not c.tag], run_dir / "drift", reference=opts.reference,
-                          device=dev, max_len=max_len, console=console)
-        code = _stats_and_report(run_dir, opts, fail_on_inconclusive, log)
-        raise typer.Exit(EXIT_CELL_FAILED if failed and code == 0 else code)
+        model_id, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+        if tasks is None:  # the default tasks read the embedded mirror; prepare it (once) before the preflight
+            embedded.dataset_mirror(say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+        roots = mirrors.mirror_roots(datasets_dir)
+        console.print(f"checking {len(task_list)} task(s) and their data ...")
+        tm = tasks_mod.task_manager(include_path or [])
+        plan = tasks_mod.preflight(task_list, tm, roots, limit, num_fewshot)
+        unknown_limits = [t for t, _ in task_limits if t not in plan.leaves and t not in plan.groups]
+        if unknown_limits:
+            raise EvalParityError(f"--task-limit names {unknown_limits[0]}, which is not among the run's tasks: use one of "
+                                  f"{', '.join(sorted(plan.leaves))}")
+        spec = RunSpec(
+            model=model_id, tasks=tuple(task_list), cells=cell_specs, limit=limit, num_fewshot=num_fewshot,
+            device=dev, include_paths=tuple(str(Path(p).resolve()) for p in include_path or []),
+            datasets_dir=str(Path(datasets_dir).resolve()) if datasets_dir else None,
+            alignment=Alignment(softmax_fp32=align_softmax, add_bos_token=add_bos_token, max_length=max_len,
+                                prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32,
+                                max_gen_toks=max_gen_toks),
+            hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
+            leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
+        )
+        # The document count comes from the same rule the cells use (spec.samples), so the two cannot disagree.
+        per_task = spec.samples()
+        n_docs = sum(len(ids) for ids in per_task.values()) if per_task else \
+            sum(min(n, limit or n) for n in plan.leaves.values())
+        console.print(f"tasks: {len(plan.leaves)} leaf task(s), {n_docs:,} documents per cell")
+        if opts.reference not in {c.name for c in cell_specs}:
+            if reference == "hf-fp32":
+                first = cell_specs[0].name
+                console.print(f"[yellow]hf-fp32 is not in this run: comparing against {first}[/yellow]")
+                opts = opts.with_reference(first)
+            else:
+                raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
+                                      f"{', '.join(c.name for c in cell_specs)}")
+        run_dir = out or _default_out(model if model is not None else str(model_path))
+        log.mark("setup", log.t0)  # arguments, model, task index, preflight of every task's data
+        try:
+            outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
+                                  placement=placement, log=log, ray_head=head)
+            console.print(summary_table(outcomes))
+            failed = [o.name for o in outcomes if o.status == "failed"]
+            if failed:
+                console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
+                              "Rerun the same command to retry them.[/red]")
+            ok = [o for o in outcomes if o.status != "failed"]
+            if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
+                console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
+                raise typer.Exit(EXIT_CELL_FAILED)
+            if drift:
+                from evalparity.drift import prompts_from_run, run_drift
+
+                with log.stage("drift"):
+                    run_drift(str(model_path), prompts_from_run(run_dir, drift),
+                              [c.name for c in cell_specs if not c.tag], run_dir / "drift", reference=opts.reference,
+                              device=dev, max_len=max_len, console=console)
+            code = _stats_and_report(run_dir, opts, fail_on_inconclusive, log)
+            raise typer.Exit(EXIT_CELL_FAILED if failed and code == 0 else code)
+        finally:
+            log.write()  # <run>/run.json: where this invocation's time went
     finally:
-        log.write()  # <run>/run.json: where this invocation's time went
+        if head is not None:
+            head.close()  # already stopped, and its log moved into the run, if the run got as far as Ray
 
 
 def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunLog | None = None) -> int:

@@ -76,23 +76,47 @@ class Placement:
     cells_per_gpu: int = 1     # >1 lets small models share a GPU (each then takes 1/N of it)
 
 
-def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: Path, model_path: str,
-                    console: Console):
-    """Ray when asked, or when this host has room for more than one job at a time; else one at a time."""
+def local_ray_wanted(device: str, tensor_parallel: int, placement: Placement, n_jobs: int, gpus: int) -> bool:
+    """Whether the run wants a Ray instance of its own on this host: ``--ray local``, or (no ``--ray``) more
+    than one job and room on this host's ``gpus`` for more than one at a time."""
+    if placement.ray:
+        return placement.ray == "local"
+    return device != "cpu" and n_jobs > 1 and gpus * placement.cells_per_gpu // tensor_parallel > 1
+
+
+def early_ray_head(device: str, tensor_parallel: int, placement: Placement, n_jobs: int):
+    """Start the run's own Ray instance now, before the setup, if it will likely want one (``--device`` not
+    cpu and the GPUs the driver lists, counted without importing torch), so that Ray's start overlaps the
+    setup (``placement.LocalRayHead``). None when not, or when Ray is not installed. A guess that turns out
+    wrong costs nothing: ``choose_executor`` decides again, and an unused instance is stopped."""
+    import importlib.util
+
     from evalparity import placement as pl
 
-    if placement.ray:
-        return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
-    if spec.device != "cpu" and n_jobs > 1:
-        slots = pl.gpu_count() * placement.cells_per_gpu // spec.tensor_parallel
-        if slots > 1:
-            import importlib.util
+    if importlib.util.find_spec("ray") is None:
+        return None
+    if not local_ray_wanted(device, tensor_parallel, placement, n_jobs, pl.gpu_count(cheap=True)):
+        return None
+    return pl.LocalRayHead()
 
-            if importlib.util.find_spec("ray") is None:  # found, not imported: RayExecutor sets Ray's env first
-                console.print(f"[yellow]{pl.gpu_count()} GPUs visible but Ray is not installed: running one "
-                              "cell at a time (pip install 'ray>=2.40' to use them all)[/yellow]")
-                return pl.LocalExecutor(str(run_dir), model_path)
-            return pl.RayExecutor(str(run_dir.resolve()), model_path, "local")
+
+def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: Path, model_path: str,
+                    console: Console, head=None):
+    """Ray when asked, or when this host has room for more than one job at a time; else one at a time.
+    ``head``: a local Ray instance already started for this run (``early_ray_head``), used instead of
+    starting one here."""
+    from evalparity import placement as pl
+
+    if placement.ray and placement.ray != "local":
+        return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
+    if local_ray_wanted(spec.device, spec.tensor_parallel, placement, n_jobs, pl.gpu_count()):
+        import importlib.util
+
+        if placement.ray is None and importlib.util.find_spec("ray") is None:  # not imported: see RayExecutor
+            console.print(f"[yellow]{pl.gpu_count()} GPUs visible but Ray is not installed: running one "
+                          "cell at a time (pip install 'ray>=2.40' to use them all)[/yellow]")
+            return pl.LocalExecutor(str(run_dir), model_path)
+        return pl.RayExecutor(str(run_dir.resolve()), model_path, "local", head=head)
     return pl.LocalExecutor(str(run_dir), model_path)
 
 
@@ -120,9 +144,10 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
 
 def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = False, offline: bool = False,
                console: Console | None = None, placement: Placement | None = None,
-               log: RunLog | None = None) -> list[CellOutcome]:
+               log: RunLog | None = None, ray_head=None) -> list[CellOutcome]:
     """Run every cell (or shard) not yet done; return one outcome per cell of the spec. ``log`` gets the
-    time spent starting the executor, running the cells and stopping it."""
+    time spent starting the executor, running the cells and stopping it. ``ray_head``: see
+    ``early_ray_head``."""
     console = console or Console(stderr=True)
     placement = placement or Placement()
     log = log or RunLog()
@@ -136,8 +161,14 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     for cell in merge_only:
         outcomes[cell.name] = _merge(run_dir, cell, 0.0)
     with log.stage("executor_start"):
-        executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, console) if jobs else None
+        executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, console, ray_head) \
+            if jobs else None
     log.facts.update(executor=executor.name if executor else None, jobs=len(jobs))
+    if ray_head is not None:
+        if getattr(executor, "head", None) is ray_head:  # its start, from before the setup
+            log.facts["ray_head_ready_s"] = round(ray_head.ready_s, 3)
+        else:  # started on a guess that proved wrong (or every cell was done already)
+            ray_head.close()
     if executor is not None and executor.name == "ray":
         res = executor.resources()
         console.print(f"[dim]Ray: {res.get('GPU', 0):g} GPU(s), {res.get('CPU', 0):g} CPU(s) in the cluster; "

@@ -20,9 +20,12 @@ import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 
 from evalparity.cells import unit_location
@@ -92,10 +95,15 @@ def run_job_here(job: Job, run_dir: str, model_path: str, placement: dict) -> in
         raise
 
 
-def _visible_gpus() -> list[str]:
+def _visible_gpus(cheap: bool = False) -> list[str]:
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if vis is not None:
         return [g for g in vis.split(",") if g.strip()]
+    if cheap:  # the GPUs the NVIDIA driver lists, without importing torch (seconds) or starting CUDA
+        try:
+            return sorted(os.listdir("/proc/driver/nvidia/gpus"))
+        except OSError:
+            return []
     try:
         import torch
 
@@ -104,8 +112,9 @@ def _visible_gpus() -> list[str]:
         return []
 
 
-def gpu_count() -> int:
-    return len(_visible_gpus())
+def gpu_count(cheap: bool = False) -> int:
+    """GPUs this process may use; ``cheap``: as the driver lists them, a guess made before torch is loaded."""
+    return len(_visible_gpus(cheap))
 
 
 class LocalExecutor:
@@ -251,18 +260,119 @@ def use_token_auth(address: str | None) -> bool:
     return False
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRayHead:
+    """A new Ray instance on this host, started in a process of its own (``ray start --head --block``) as
+    soon as the run knows it will want one, so that Ray's start overlaps the run's setup (reading the task
+    index and every task's data) instead of following it.
+
+    Why a process and not ``ray.init()``: Ray's start is mostly waiting on the daemons it spawns (GCS, raylet,
+    agents), 4-6 s on a 2-core machine and about 10 s on the H200 host, and the run's setup is about 8 s more
+    on the latter. Started on a thread of the run's own process instead, the two slowed each other down (GIL)
+    and overlapped by about 1 s (results/h200x2-scaleout/README.md, fourth lease). Stopping the head (SIGTERM)
+    takes its daemons down with it; if this process dies, the head gets SIGKILL (PR_SET_PDEATHSIG) and Ray's
+    reaper takes the daemons down. Its output goes to a file of its own (``log_path``), not the terminal."""
+
+    READY = "Ray runtime started"
+
+    def __init__(self, log_path: str | None = None) -> None:
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="evalparity-ray-", suffix=".log")
+            os.close(fd)
+        self.log_path = log_path
+        port = _free_port()
+        self.address = f"127.0.0.1:{port}"
+        # its own temp dir: `ray start` records its address there (ray_current_cluster), and in Ray's default
+        # one it would redirect the user's own `ray.init()` and `ray status` to this short-lived instance
+        self.temp_dir = tempfile.mkdtemp(prefix="evalparity-ray-")
+        cmd = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())",
+               "start", "--head", "--block", f"--port={port}", f"--ray-client-server-port={_free_port()}",
+               f"--temp-dir={self.temp_dir}", "--include-dashboard=false", "--disable-usage-stats"]
+        self.t0 = time.perf_counter()
+        self.ready_s: float | None = None
+        self.failed = False
+        with open(log_path, "w") as log:
+            # no 30 s drain on SIGTERM (Ray >= 2.5x waits for a node's work to move elsewhere): a run stops
+            # its instance only when no cell is left on it
+            env = dict(os.environ) | {"PYTHONUNBUFFERED": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+            self.proc = subprocess.Popen(cmd, env=env,
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+
+    def _log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def wait(self, timeout: float = 300.0) -> str:
+        """The head's address, once it says it is up; a one-line error if it exits or stays silent."""
+        while self.ready_s is None:
+            if self.READY in self._log():
+                self.ready_s = time.perf_counter() - self.t0
+            elif self.proc.poll() is not None or time.perf_counter() - self.t0 > timeout:
+                lines = [ln.strip() for ln in self._log().splitlines() if ln.strip()]
+                code = self.proc.returncode
+                why = f"exit {code}" if code is not None else f"not up in {timeout:.0f} s"
+                errors = [ln for ln in lines if "Error:" in ln or "Exception:" in ln]  # the raise, not its advice
+                last = (errors or lines or ["no output"])[-1][:160]
+                self.failed = True
+                self.stop()
+                raise EvalParityError(f"a local Ray instance did not start ({why}: {last}; log {self.log_path}): "
+                                      "pass --ray ADDRESS of a running cluster, or see the log")
+            else:
+                time.sleep(0.1)
+        return self.address
+
+    def close(self, log_to: str | None = None) -> None:
+        """Stop the head and move its log to ``log_to`` (the run directory's), or remove it; a head that
+        failed to start keeps its log where the error said."""
+        self.stop()
+        with contextlib.suppress(OSError):
+            if log_to:
+                os.replace(self.log_path, log_to)
+            elif not self.failed:
+                os.remove(self.log_path)
+        if not self.failed:  # Ray's own session logs: the head's log above says what a user needs
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def stop(self) -> None:
+        """SIGTERM the head (it stops its daemons), SIGKILL its whole session after 30 s. Safe to call twice."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
 class RayExecutor:
     """Every job as a Ray task asking for its GPUs/CPUs; Ray queues and places them."""
 
     name = "ray"
 
-    def __init__(self, run_dir: str, model_path: str, address: str | None):
+    def __init__(self, run_dir: str, model_path: str, address: str | None, head: LocalRayHead | None = None):
+        """Connect to Ray at ``address``, or to ``head`` (a new local instance started earlier), which this
+        executor then stops with itself."""
         import importlib.util
         import logging
 
         if importlib.util.find_spec("ray") is None:
             raise EvalParityError("Ray is not installed: pip install 'ray>=2.40' (or the [ray] extra), "
                                   "or run without --ray")
+        self.head = head
+        if head is not None:
+            address = head.wait()
         check_reachable(address)
         token = use_token_auth(address)  # read when Ray is first imported: nothing here imports it earlier
         import ray
@@ -277,6 +387,9 @@ class RayExecutor:
                 ray.init(**kw, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR,
                          configure_logging=True, ignore_reinit_error=True)
         except (ConnectionError, RuntimeError, ValueError) as err:
+            if head is not None:
+                head.failed = True
+                head.stop()
             where = address or "a new local instance"
             fix = "start it with `ray start --head` or pass --ray local"
             if address and address not in RAY_KEYWORDS and not token:
@@ -324,3 +437,5 @@ class RayExecutor:
             self.ray.cancel(ref, force=True)
         self.refs.clear()
         self.ray.shutdown()
+        if self.head is not None:
+            self.head.close(log_to=os.path.join(self.run_dir, "ray-head.log"))

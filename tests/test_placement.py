@@ -25,11 +25,52 @@ def _spec(device: str = "cuda", tp: int = 1, shard_count: int = 1) -> RunSpec:
     ("cuda", 2, 1, "ray"),     # two GPUs, one per cell: Ray on this host
 ])
 def test_executor_choice(monkeypatch, tmp_path, device, gpus, tp, expected):
-    monkeypatch.setattr(placement, "gpu_count", lambda: gpus)
+    monkeypatch.setattr(placement, "gpu_count", lambda cheap=False: gpus)
     fake_ray = type("FakeRayExecutor", (), {"name": "ray"})  # no Ray instance is started here
     monkeypatch.setattr(placement, "RayExecutor", lambda *a, **k: fake_ray())
     ex = matrix.choose_executor(_spec(device, tp), matrix.Placement(), 4, tmp_path, "m", Console(quiet=True))
     assert ex.name == expected
+
+
+@pytest.mark.parametrize("device,ray,gpus,tp,per_gpu,jobs,expected", [
+    ("cpu", None, 0, 1, 1, 4, False),
+    ("cpu", "local", 0, 1, 1, 4, True),              # --ray local: always an instance of the run's own
+    ("auto", "10.0.0.1:6379", 8, 1, 1, 4, False),    # a cluster's address: none of its own
+    ("cuda", None, 2, 1, 1, 4, True),
+    ("auto", None, 2, 1, 1, 1, False),               # one job: nothing to spread
+    ("cuda", None, 2, 2, 1, 4, False),               # every job needs both GPUs
+    ("cuda", None, 1, 1, 2, 4, True),                # two cells share the one GPU
+])
+def test_when_a_run_starts_a_ray_instance_of_its_own(device, ray, gpus, tp, per_gpu, jobs, expected):
+    wanted = matrix.local_ray_wanted(device, tp, matrix.Placement(ray=ray, cells_per_gpu=per_gpu), jobs, gpus)
+    assert wanted is expected
+
+
+def test_the_early_gpu_count_needs_no_torch(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert placement.gpu_count(cheap=True) == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert placement.gpu_count(cheap=True) == 0
+    assert matrix.early_ray_head("cuda", 1, matrix.Placement(), 4) is None  # no GPU listed: no instance
+
+
+def test_a_ray_instance_that_cannot_start_is_one_line_with_its_log(monkeypatch):
+    """Ray refuses to start on a port already taken: the run says so in one line, naming the cause and the
+    log, and keeps that log."""
+    import socket
+
+    from evalparity.errors import EvalParityError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(placement, "_free_port", lambda: taken.getsockname()[1])
+        head = placement.LocalRayHead()
+        with pytest.raises(EvalParityError, match=r"did not start \(exit 1: \w+Error: .*port.*; log ") as err:
+            head.wait(timeout=120)
+    head.close()
+    assert "\n" not in str(err.value) and os.path.exists(head.log_path)
+    os.remove(head.log_path)
 
 
 def test_jobs_ask_for_their_gpus_and_shards(tmp_path):

@@ -3,6 +3,7 @@
 - The same matrix run without Ray and through Ray gives equal per-sample tables, sharded cells included.
 - A sharded cell's merged table has exactly the shape, order and alignment of the unsharded one.
 - Killing the Ray worker that runs a cell loses that cell only; rerunning the command completes the matrix.
+- ``--ray local`` starts an instance of the run's own beside the setup, and stops it when the cells are done.
 """
 
 from __future__ import annotations
@@ -144,3 +145,35 @@ def test_killed_worker_loses_one_cell_and_rerun_completes(tiny_model, tiny_tasks
     for name in ("hf-fp32", "hf-bf16"):
         assert json.loads((out / "cells" / name / "cell.json").read_text())["status"] == "ok"
     shutil.rmtree(out, ignore_errors=True)
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                found.append(cmdline.parent.name)
+        except OSError:
+            pass
+    return found
+
+
+def test_ray_local_starts_its_own_instance_beside_the_setup_and_stops_it(tiny_run, tiny_model, tiny_tasks,
+                                                                         token_env, tmp_path):
+    plain, _ = tiny_run
+    out = tmp_path / "local"
+    args = tiny_run_args(tiny_model, tiny_tasks, out)
+    del args[args.index("--repeat"):args.index("--repeat") + 2]
+    proc = evalparity(*args, "--backends", "hf", "--ray", "local", env=token_env)
+    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
+    for name in ("hf-fp32", "hf-bf16"):
+        pd.testing.assert_frame_equal(read_table(plain / "cells" / name / "samples.parquet"),
+                                      read_table(out / "cells" / name / "samples.parquet"))
+        assert json.loads((out / "cells" / name / "cell.json").read_text())["placement"]["executor"] == "ray"
+    run = json.loads((out / "run.json").read_text())
+    assert run["executor"] == "ray" and run["ray_head_ready_s"] > 0
+    log = (out / "ray-head.log").read_text()
+    assert "Ray runtime started" in log
+    temp_dir = log.split("Process exit logs will be saved to: ")[1].split("/session_")[0]
+    assert "evalparity-ray-" in temp_dir and not Path(temp_dir).exists()  # its own, and removed
+    assert not _processes_mentioning(temp_dir)  # no daemon of it is left
