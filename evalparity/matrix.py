@@ -166,7 +166,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     log.facts.update(executor=executor.name if executor else None, jobs=len(jobs))
     if ray_head is not None:
         if getattr(executor, "head", None) is ray_head:  # its start, from before the setup
-            log.facts["ray_head_ready_s"] = round(ray_head.ready_s, 3)
+            log.facts.update(ray_head_ready_s=round(ray_head.ready_s, 3), ray_head_waited_s=round(ray_head.waited_s, 3))
         else:  # started on a guess that proved wrong (or every cell was done already)
             ray_head.close()
     if executor is not None and executor.name == "ray":

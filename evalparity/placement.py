@@ -295,8 +295,9 @@ class LocalRayHead:
         cmd = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())",
                "start", "--head", "--block", f"--port={port}", f"--ray-client-server-port={_free_port()}",
                f"--temp-dir={self.temp_dir}", "--include-dashboard=false", "--disable-usage-stats"]
-        self.t0 = time.perf_counter()
+        self.t0, self.started_at = time.perf_counter(), time.time()
         self.ready_s: float | None = None
+        self.waited_s = 0.0
         self.failed = False
         with open(log_path, "w") as log:
             # no 30 s drain on SIGTERM (Ray >= 2.5x waits for a node's work to move elsewhere): a run stops
@@ -314,10 +315,14 @@ class LocalRayHead:
             return ""
 
     def wait(self, timeout: float = 300.0) -> str:
-        """The head's address, once it says it is up; a one-line error if it exits or stays silent."""
+        """The head's address, once it says it is up; a one-line error if it exits or stays silent.
+        Sets ``ready_s`` (from the head's start to its "started" line, by that line's own time stamp) and
+        ``waited_s`` (how long this call waited: what the early start did not hide)."""
+        t = time.perf_counter()
         while self.ready_s is None:
-            if self.READY in self._log():
-                self.ready_s = time.perf_counter() - self.t0
+            text = self._log()
+            if self.READY in text:
+                self.ready_s = self._stamped(text) or time.perf_counter() - self.t0
             elif self.proc.poll() is not None or time.perf_counter() - self.t0 > timeout:
                 lines = [ln.strip() for ln in self._log().splitlines() if ln.strip()]
                 code = self.proc.returncode
@@ -330,7 +335,20 @@ class LocalRayHead:
                                       "pass --ray ADDRESS of a running cluster, or see the log")
             else:
                 time.sleep(0.1)
+        self.waited_s = time.perf_counter() - t
         return self.address
+
+    def _stamped(self, text: str) -> float | None:
+        """Seconds from the head's start to the log line saying it is up, by that line's time stamp (Ray's
+        "2026-11-30 12:52:19,206 SUCC ..."); None if it cannot be read."""
+        from datetime import datetime
+
+        line = next(ln for ln in text.splitlines() if self.READY in ln)
+        try:
+            at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        except ValueError:
+            return None
+        return max(0.0, at - self.started_at)
 
     def close(self, log_to: str | None = None) -> None:
         """Stop the head and move its log to ``log_to`` (the run directory's), or remove it; a head that
