@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pandas as pd
 import pytest
@@ -71,6 +72,7 @@ def test_a_ray_instance_that_cannot_start_is_one_line_with_its_log(monkeypatch):
     head.close()
     assert "\n" not in str(err.value) and os.path.exists(head.log_path)
     os.remove(head.log_path)
+    shutil.rmtree(head.temp_dir, ignore_errors=True)  # kept, with Ray's own logs, for a user to read
 
 
 def test_jobs_ask_for_their_gpus_and_shards(tmp_path):

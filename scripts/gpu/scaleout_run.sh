@@ -11,6 +11,10 @@
 #                 one after another. It outlasts one call, so it starts in its own session (setsid) and this
 #                 call waits up to BUDGET s;
 #   MODE=wait     waits (up to BUDGET s) for the one-GPU run, then compares the two runs' tables.
+#   MODE=ab       on a host with 3+ GPUs (nvidia-h200-x4): the one-GPU run (GPU 0) and the two-GPU run (GPUs 1
+#                 and 2) at the same time, so both see the same minutes of a host whose per-core speed drifts
+#                 (results/h200x2-scaleout/README.md, fourth and fifth leases); both in their own sessions,
+#                 this call waits up to BUDGET s; MODE=wait then waits for the rest and compares them
 #   MODE=extras   a sharded repeat added to the two-GPU run, then drift on 100 prompts
 #   MODE=probe    why cells ran slower side by side (results/h200x2-scaleout/README.md, third lease): vllm-fp32
 #                 and vllm-bf16 on HellaSwag's later, long-context docs (5,001 on), one after another on one
@@ -21,7 +25,7 @@ source .gpu/bin/env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
 mkdir -p "$EVALPARITY_CACHE/wheels"
 cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
-MODE=${MODE:?MODE=prepare, two, one, wait, extras or probe}
+MODE=${MODE:?MODE=prepare, two, one, ab, wait, extras or probe}
 BUDGET=${BUDGET:-570}
 COMMON=(--device cuda --tasks hellaswag --num-fewshot 0 --datasets-dir .gpudata --no-fail-on-inconclusive)
 [[ -n ${LIMIT:-} ]] && COMMON+=(--limit "$LIMIT")
@@ -81,10 +85,26 @@ for d in sorted(pathlib.Path(paired, "cells").glob("*/samples.parquet")):
 PY
 }
 
-wait_one() {  # wait for the one-GPU run started by MODE=one, at most until this call's budget
-  while [[ ! -f $ONE_OUT.done ]] && (( $(date +%s) - T0 < BUDGET )); do sleep 5; done
-  if [[ -f $ONE_OUT.done ]]; then cat $ONE_OUT.done; tail -n 25 $ONE_OUT.log; compare_runs
-  else echo "one GPU: still running after $(( $(date +%s) - $(cat $ONE_OUT.t0) )) s"; tail -n 3 $ONE_OUT.log; fi
+in_background() {  # in_background GPUS OUT LABEL: an evalparity run on those GPUs, in its own session
+  date +%s > "$2.t0"
+  setsid bash -c "CUDA_VISIBLE_DEVICES=$1 python3 -m evalparity.cli run ${COMMON[*]} --out $2 \
+    > $2.log 2>&1; echo \"$3: exit \$? after \$(( \$(date +%s) - $T0 )) s\" > $2.done" \
+    < /dev/null > /dev/null 2>&1 &
+}
+
+wait_one() {  # wait for the background run(s) (MODE=one, MODE=ab), at most until this call's budget
+  local runs=("$ONE_OUT") r
+  [[ -f $TWO_OUT.t0 ]] && runs+=("$TWO_OUT")
+  for r in "${runs[@]}"; do
+    while [[ ! -f $r.done ]] && (( $(date +%s) - T0 < BUDGET )); do sleep 5; done
+  done
+  for r in "${runs[@]}"; do
+    if [[ -f $r.done ]]; then cat "$r.done"; tail -n 12 "$r.log"
+    else echo "$r: still running after $(( $(date +%s) - $(cat "$r.t0") )) s"; tail -n 3 "$r.log"; fi
+  done
+  local all=1
+  for r in "${runs[@]}"; do [[ -f $r.done ]] || all=0; done
+  (( all )) && compare_runs
 }
 
 TWO_OUT=${TWO_OUT:-/tmp/so-2gpu} ONE_OUT=${ONE_OUT:-/tmp/so-1gpu}
@@ -104,10 +124,12 @@ case $MODE in
     echo "two GPUs: exit $? after $(( $(date +%s) - T0 )) s"; compare_runs "$ONE_OUT" "$TWO_OUT" ;;
   one)
     RUN=$ONE_OUT
-    date +%s > $ONE_OUT.t0
-    setsid bash -c "CUDA_VISIBLE_DEVICES=0 python3 -m evalparity.cli run ${COMMON[*]} --out $ONE_OUT \
-      > $ONE_OUT.log 2>&1; echo \"one GPU: exit \$? after \$(( \$(date +%s) - $T0 )) s\" > $ONE_OUT.done" \
-      < /dev/null > /dev/null 2>&1 &
+    in_background 0 "$ONE_OUT" "one GPU"
+    wait_one ;;
+  ab)
+    RUN=$TWO_OUT
+    in_background 0 "$ONE_OUT" "one GPU"
+    in_background 1,2 "$TWO_OUT" "two GPUs"
     wait_one ;;
   wait)
     RUN=$ONE_OUT; wait_one ;;
@@ -130,9 +152,15 @@ case $MODE in
     echo "drift: exit $? after $(( $(date +%s) - T0 )) s" ;;
 esac
 nvidia-smi --query-gpu=index,name,memory.used --format=csv,noheader || true
-if [[ -n ${OUT:-} && -d $RUN ]]; then
-  (cd "$RUN" && tar czf "$OUT/$MODE.tgz" --ignore-failed-read spec.json run.json report stats/verdicts.json \
+PACK=("$MODE:$RUN")  # what comes back: MODE.tgz; after MODE=ab, the two-GPU run as two.tgz too
+[[ $MODE == ab || ( $MODE == wait && -f $TWO_OUT.t0 ) ]] && PACK=("one:$ONE_OUT" "two:$TWO_OUT")
+for p in "${PACK[@]}"; do
+  name=${p%%:*} dir=${p#*:}
+  [[ -n ${OUT:-} && -d $dir ]] || continue
+  (cd "$dir" && tar czf "$OUT/$name.tgz" --ignore-failed-read spec.json run.json report stats/verdicts.json \
      stats/comparisons.parquet stats/deltas.parquet cells/*/cell.json shards/*/cell.json drift/*.json 2>/dev/null)
+done
+if [[ -n ${OUT:-} ]]; then
   cp /tmp/corespeed.txt "$OUT/" 2>/dev/null || true
   ls -la "$OUT"
 fi
