@@ -181,30 +181,28 @@ def run(
                                       f"{', '.join(c.name for c in cell_specs)}")
         run_dir = out or _default_out(model if model is not None else str(model_path))
         log.mark("setup", log.t0)  # arguments, model, task index, preflight of every task's data
-        try:
-            outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
-                                  placement=placement, log=log, ray_head=head)
-            console.print(summary_table(outcomes))
-            failed = [o.name for o in outcomes if o.status == "failed"]
-            if failed:
-                console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
-                              "Rerun the same command to retry them.[/red]")
-            ok = [o for o in outcomes if o.status != "failed"]
-            if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
-                console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
-                raise typer.Exit(EXIT_CELL_FAILED)
-            if drift:
-                from evalparity.drift import prompts_from_run, run_drift
+        outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
+                              placement=placement, log=log, ray_head=head)
+        console.print(summary_table(outcomes))
+        failed = [o.name for o in outcomes if o.status == "failed"]
+        if failed:
+            console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
+                          "Rerun the same command to retry them.[/red]")
+        ok = [o for o in outcomes if o.status != "failed"]
+        if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
+            console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
+            raise typer.Exit(EXIT_CELL_FAILED)
+        if drift:
+            from evalparity.drift import prompts_from_run, run_drift
 
-                with log.stage("drift"):
-                    run_drift(str(model_path), prompts_from_run(run_dir, drift),
-                              [c.name for c in cell_specs if not c.tag], run_dir / "drift", reference=opts.reference,
-                              device=dev, max_len=max_len, console=console)
-            code = _stats_and_report(run_dir, opts, fail_on_inconclusive, log)
-            raise typer.Exit(EXIT_CELL_FAILED if failed and code == 0 else code)
-        finally:
-            log.write()  # <run>/run.json: where this invocation's time went
+            with log.stage("drift"):
+                run_drift(str(model_path), prompts_from_run(run_dir, drift),
+                          [c.name for c in cell_specs if not c.tag], run_dir / "drift", reference=opts.reference,
+                          device=dev, max_len=max_len, console=console)
+        code = _stats_and_report(run_dir, opts, fail_on_inconclusive, log)
+        raise typer.Exit(EXIT_CELL_FAILED if failed and code == 0 else code)
     finally:
+        log.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
         if head is not None:
             head.close()  # already stopped, and its log moved into the run, if the run got as far as Ray
 

@@ -329,8 +329,7 @@ class LocalRayHead:
                 why = f"exit {code}" if code is not None else f"not up in {timeout:.0f} s"
                 errors = [ln for ln in lines if "Error:" in ln or "Exception:" in ln]  # the raise, not its advice
                 last = (errors or lines or ["no output"])[-1][:160]
-                self.failed = True
-                self.stop()
+                self.abandon()
                 raise EvalParityError(f"a local Ray instance did not start ({why}: {last}; log {self.log_path}): "
                                       "pass --ray ADDRESS of a running cluster, or see the log")
             else:
@@ -349,6 +348,12 @@ class LocalRayHead:
         except ValueError:
             return None
         return max(0.0, at - self.started_at)
+
+    def abandon(self) -> None:
+        """Stop a head that failed (to start, or to take the run's connection), keeping its log and Ray's
+        session logs for the user: ``close`` then leaves them where they are."""
+        self.failed = True
+        self.stop()
 
     def close(self, log_to: str | None = None) -> None:
         """Stop the head and move its log to ``log_to`` (the run directory's), or remove it; a head that
@@ -406,8 +411,7 @@ class RayExecutor:
                          configure_logging=True, ignore_reinit_error=True)
         except (ConnectionError, RuntimeError, ValueError) as err:
             if head is not None:
-                head.failed = True
-                head.stop()
+                head.abandon()
             where = address or "a new local instance"
             fix = "start it with `ray start --head` or pass --ray local"
             if address and address not in RAY_KEYWORDS and not token:
