@@ -200,11 +200,14 @@ def run(
                           [c.name for c in cell_specs if not c.tag], run_dir / "drift", reference=opts.reference,
                           device=dev, max_len=max_len, console=console)
         code = _stats_and_report(run_dir, opts, fail_on_inconclusive, log)
+        if head is not None:
+            with log.stage("ray_head_stop"):  # what is left of its stop, begun before the statistics
+                head.close()
         raise typer.Exit(EXIT_CELL_FAILED if failed and code == 0 else code)
     finally:
         log.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
         if head is not None:
-            head.close()  # already stopped, and its log moved into the run, if the run got as far as Ray
+            head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
 
 
 def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunLog | None = None) -> int:

@@ -299,10 +299,15 @@ class LocalRayHead:
         self.ready_s: float | None = None
         self.waited_s = 0.0
         self.failed = False
+        self.terminated = False
+        self.log_to: str | None = None
         with open(log_path, "w") as log:
-            # no 30 s drain on SIGTERM (Ray >= 2.5x waits for a node's work to move elsewhere): a run stops
-            # its instance only when no cell is left on it
-            env = dict(os.environ) | {"PYTHONUNBUFFERED": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
+            # No 30 s drain on SIGTERM (Ray >= 2.5x waits for a node's work to move elsewhere): a run stops
+            # its instance only when no cell is left on it. No prestarted workers: when the first driver
+            # connects, the raylet starts one idle worker per CPU (32 on a 2-GPU H200 host) and ray.init()
+            # waits on them (0.8 s with 2 here), for a run that needs one worker per cell.
+            env = dict(os.environ) | {"PYTHONUNBUFFERED": "1", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+                                      "RAY_prestart_worker_first_driver": "0"}
             self.proc = subprocess.Popen(cmd, env=env,
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True, preexec_fn=_die_with_parent)
@@ -356,9 +361,11 @@ class LocalRayHead:
         self.stop()
 
     def close(self, log_to: str | None = None) -> None:
-        """Stop the head and move its log to ``log_to`` (the run directory's), or remove it; a head that
-        failed to start keeps its log where the error said."""
+        """Stop the head and move its log to ``log_to`` (else ``self.log_to``, the run directory's, set once a
+        run connected), or remove it; a head that failed to start keeps its log where the error said. Safe to
+        call twice."""
         self.stop()
+        log_to = log_to or self.log_to
         with contextlib.suppress(OSError):
             if log_to:
                 os.replace(self.log_path, log_to)
@@ -367,10 +374,16 @@ class LocalRayHead:
         if not self.failed:  # Ray's own session logs: the head's log above says what a user needs
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def stop(self) -> None:
-        """SIGTERM the head (it stops its daemons), SIGKILL its whole session after 30 s. Safe to call twice."""
+    def stop(self, wait: bool = True) -> None:
+        """SIGTERM the head (it stops its daemons), SIGKILL its whole session after 30 s. ``wait=False`` only
+        sends SIGTERM: the daemons then stop (about 2 s) while the run computes its statistics, and ``close``
+        waits for them. Safe to call twice."""
         if self.proc.poll() is None:
-            self.proc.terminate()
+            if not self.terminated:
+                self.proc.terminate()
+                self.terminated = True
+            if not wait:
+                return
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -406,6 +419,8 @@ class RayExecutor:
         try:
             # Ray's own logs and the workers' output stay off the user's terminal (cells log to files); what
             # its C++ side prints while it connects (a warning a second while it retries) goes to ray.log.
+            if address == "local":  # a new instance in this process: no prestarted workers (LocalRayHead)
+                kw["_system_config"] = {"prestart_worker_first_driver": False}
             with _stderr_to(os.path.join(run_dir, "ray.log")):
                 ray.init(**kw, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR,
                          configure_logging=True, ignore_reinit_error=True)
@@ -419,6 +434,8 @@ class RayExecutor:
                        "(RAY_AUTH_TOKEN or ~/.ray/auth_token); else " + fix)
             raise EvalParityError(f"cannot connect to Ray at {where} ({str(err).splitlines()[0][:120]}): "
                                   f"{fix}") from None
+        if head is not None:
+            head.log_to = os.path.join(run_dir, "ray-head.log")
         self.task = ray.remote(max_retries=0)(_ray_job)
         self.refs: dict = {}
 
@@ -459,5 +476,5 @@ class RayExecutor:
             self.ray.cancel(ref, force=True)
         self.refs.clear()
         self.ray.shutdown()
-        if self.head is not None:
-            self.head.close(log_to=os.path.join(self.run_dir, "ray-head.log"))
+        if self.head is not None:  # its daemons stop while the run goes on; LocalRayHead.close waits for them
+            self.head.stop(wait=False)

@@ -172,6 +172,7 @@ def test_ray_local_starts_its_own_instance_beside_the_setup_and_stops_it(tiny_ru
         assert json.loads((out / "cells" / name / "cell.json").read_text())["placement"]["executor"] == "ray"
     run = json.loads((out / "run.json").read_text())
     assert run["executor"] == "ray" and run["ray_head_ready_s"] > 0 and run["ray_head_waited_s"] >= 0
+    assert "ray_head_stop" in run["stages_s"]  # the head's stop, begun before the statistics, is timed too
     log = (out / "ray-head.log").read_text()
     assert "Ray runtime started" in log
     temp_dir = log.split("Process exit logs will be saved to: ")[1].split("/session_")[0]
