@@ -35,7 +35,7 @@ StatsOpt = {
 
 
 def _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs):
-    from evalparity.stats.compare import StatsOptions
+    from evalparity.stats.options import StatsOptions
 
     if not 0 < alpha < 1:
         raise EvalParityError(f"--alpha {alpha} is not a probability: give a value between 0 and 1, e.g. 0.05")

@@ -8,5 +8,6 @@ Modules, in the order a comparison uses them:
 - ``power``: minimum detectable difference and the n needed to reach a margin.
 - ``multiplicity``: Holm / Benjamini-Hochberg over the whole family.
 - ``verdict``: EQUIVALENT / DIFFERENT / INCONCLUSIVE with the reason in words.
+- ``options``: the stage's options (light: ``evalparity run`` checks them before it starts anything).
 - ``compare``: runs all of the above over a run's tables and writes ``stats/``.
 """

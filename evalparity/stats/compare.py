@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,24 +26,9 @@ from evalparity import samples as samples_mod
 from evalparity.cells import read_cell_json, write_json
 from evalparity.errors import EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
 from evalparity.stats import deltas, flips, generations, multiplicity, paired, power, verdict
+from evalparity.stats.options import StatsOptions  # noqa: F401 - part of this module's interface
 
 SCHEMA = "evalparity.verdicts/1"
-
-
-@dataclass(frozen=True)
-class StatsOptions:
-    reference: str = "hf-fp32"
-    margin: float = 0.01
-    ll_tolerance: float = 0.05
-    alpha: float = 0.05
-    multiple: str = "holm"
-    cluster: bool = False
-    gate_logprobs: bool = False
-    n_resamples: int = 2000
-    seed: int = 0
-
-    def with_reference(self, name: str) -> StatsOptions:
-        return replace(self, reference=name)
 
 
 @dataclass(frozen=True)
