@@ -360,15 +360,13 @@ class LocalRayHead:
         self.failed = True
         self.stop()
 
-    def close(self, log_to: str | None = None) -> None:
-        """Stop the head and move its log to ``log_to`` (else ``self.log_to``, the run directory's, set once a
-        run connected), or remove it; a head that failed to start keeps its log where the error said. Safe to
-        call twice."""
+    def close(self) -> None:
+        """Stop the head and move its log to ``log_to`` (the run directory's, set once a run connected), or
+        remove it; a head that failed to start keeps its log where the error said. Safe to call twice."""
         self.stop()
-        log_to = log_to or self.log_to
         with contextlib.suppress(OSError):
-            if log_to:
-                os.replace(self.log_path, log_to)
+            if self.log_to:
+                os.replace(self.log_path, self.log_to)
             elif not self.failed:
                 os.remove(self.log_path)
         if not self.failed:  # Ray's own session logs: the head's log above says what a user needs
