@@ -8,40 +8,61 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from decide import decide_ll, decide_scores
+
 from evalparity.errors import EvalParityError
 from evalparity.samples import check_alignment
 from evalparity.stats import deltas, flips, generations, paired, verdict
-from evalparity.stats.compare import StatsOptions, _score_row
 
 
 def decide_binary(ref, cell, margin=0.01):
     r = paired.paired_binary(np.asarray(ref, float), np.asarray(cell, float), margin=margin)
-    return verdict.decide(effect=r.statistic, ci_low=r.ci.low, ci_high=r.ci.high, p_diff_adj=r.pvalue,
-                          p_equiv_adj=r.tost_pvalue, margin=margin, alpha=0.05, n=r.n), r
+    return decide_scores(ref, cell), r
 
 
 def test_all_pairs_concordant_large_n_is_equivalent():
-    (v, why), r = decide_binary([1, 0] * 500, [1, 0] * 500)
-    assert v == verdict.EQUIVALENT and r.pvalue == 1.0 and r.tost_pvalue == pytest.approx(0.99 ** 1000)
-    assert all(map(math.isfinite, (r.ci.low, r.ci.high)))
+    c, r = decide_binary([1, 0] * 500, [1, 0] * 500)
+    assert c.verdict == verdict.EQUIVALENT and r.pvalue == 1.0 and r.tost_pvalue == pytest.approx(0.99 ** 1000)
+    assert c.p_equivalence == pytest.approx(0.99 ** 1000)
+    assert all(map(math.isfinite, (r.ci.low, r.ci.high, c.ci_low, c.ci_high)))
+    # the interval printed beside it is the exact 90% bound, and it lies inside the margin
+    assert c.ci_level == pytest.approx(0.90) and -0.01 < c.ci_low and c.ci_high < 0.01
 
 
 def test_all_pairs_concordant_small_n_is_inconclusive_with_numbers():
-    (v, why), r = decide_binary([1, 0] * 20, [1, 0] * 20)
-    assert v == verdict.INCONCLUSIVE
-    assert "needed" in why or "detectable" in why or "n = 40" in why
+    c, r = decide_binary([1, 0] * 20, [1, 0] * 20)
+    assert c.verdict == verdict.INCONCLUSIVE
+    assert "settle it" in c.reason and "detectable" in c.reason and "n = 40" in c.reason
 
 
 def test_single_doc():
-    (v, why), r = decide_binary([1], [1])
-    assert v == verdict.INCONCLUSIVE and r.n == 1 and "n = 1" in why
-    (v, _), r = decide_binary([1], [0])
-    assert v == verdict.INCONCLUSIVE and (r.ci.low, r.ci.high) == (-1.0, 1.0)
+    c, r = decide_binary([1], [1])
+    assert c.verdict == verdict.INCONCLUSIVE and r.n == 1 and "n = 1" in c.reason
+    c, r = decide_binary([1], [0])
+    assert c.verdict == verdict.INCONCLUSIVE and c.ci_low == pytest.approx(-1.0, abs=1e-6)
 
 
 def test_every_score_zero():
-    row = _score_row(np.zeros(300), np.zeros(300), StatsOptions())
-    assert row["effect"] == 0 and row["p_diff"] == 1.0 and math.isfinite(row["p_equiv"])
+    c = decide_scores(np.zeros(300), np.zeros(300))
+    assert c.effect == 0 and c.p_shift == 1.0 and math.isfinite(c.p_equivalence)
+
+
+def test_nonfinite_on_either_side_is_treated_alike():
+    """A NaN in the reference and a NaN in the cell are the same disagreement: both DIFFERENT, counted."""
+    ref = np.array([1.0, 0.0, 1.0, 1.0] * 300)
+    cell = ref.copy()
+    bad_cell, bad_ref = cell.copy(), ref.copy()
+    bad_cell[5] = np.nan
+    bad_ref[5] = np.nan
+    a, b = decide_scores(ref, bad_cell), decide_scores(bad_ref, cell)
+    assert a.verdict == b.verdict == verdict.DIFFERENT
+    assert (a.n_nonfinite_cell, a.n_nonfinite_reference) == (1, 0)
+    assert (b.n_nonfinite_cell, b.n_nonfinite_reference) == (0, 1)
+    assert "non-finite" in a.reason and "non-finite" in b.reason
+    both = ref.copy()
+    both[5] = np.nan
+    c = decide_scores(both, both)  # non-finite on both sides: left out, counted, no disagreement
+    assert c.verdict == verdict.EQUIVALENT and c.n_nonfinite_both == 1 and "both sides" in c.reason
 
 
 def test_nonfinite_loglikelihoods_are_counted_not_averaged():
@@ -49,23 +70,33 @@ def test_nonfinite_loglikelihoods_are_counted_not_averaged():
     cell = np.array([-1.0, np.nan, -np.inf, -4.1])
     r = deltas.loglikelihood_deltas(ref, cell)
     assert r.n == 2 and r.n_nonfinite_cell == 2 and math.isfinite(r.statistic)
-    v, why = verdict.decide(effect=r.statistic, ci_low=r.ci.low, ci_high=r.ci.high, p_diff_adj=r.pvalue,
-                            p_equiv_adj=r.tost_pvalue, margin=0.05, alpha=0.05, n=r.n,
-                            n_nonfinite=r.n_nonfinite_cell, unit="nats")
-    assert v == verdict.DIFFERENT and "non-finite" in why
+    c = decide_ll(ref, cell)
+    assert c.verdict == verdict.DIFFERENT and "non-finite" in c.reason
+    c = decide_ll(cell, ref)  # the same on the reference's side
+    assert c.verdict == verdict.DIFFERENT and c.n_nonfinite_reference == 2
 
 
 def test_all_loglikelihoods_nonfinite_gives_inconclusive_not_nan():
-    r = deltas.loglikelihood_deltas(np.array([np.nan, np.nan]), np.array([np.nan, -1.0]))
-    v, why = verdict.decide(effect=r.statistic, ci_low=r.ci.low, ci_high=r.ci.high, p_diff_adj=r.pvalue,
-                            p_equiv_adj=r.tost_pvalue, margin=0.05, alpha=0.05, n=r.n, unit="nats")
-    assert v == verdict.INCONCLUSIVE and "no paired samples" in why
+    c = decide_ll(np.array([np.nan, np.nan]), np.array([np.nan, np.nan]))
+    assert c.verdict == verdict.INCONCLUSIVE and "no paired samples" in c.reason and c.n_nonfinite_both == 2
 
 
 def test_identical_loglikelihoods_are_equivalent_exactly():
     x = -np.arange(1.0, 50.0)
     r = deltas.loglikelihood_deltas(x, x.copy())
     assert r.abs_max == 0 and r.pvalue == 1.0 and r.tost_pvalue == 0.0 and r.n_exact_zero == x.size
+    assert decide_ll(x, x.copy()).verdict == verdict.EQUIVALENT
+
+
+def test_zero_mean_noise_of_large_size_is_not_equivalent():
+    """Issue 17: zero-mean noise with mean |Δ| 0.40 nats was EQUIVALENT within ±0.05 (a test of the signed
+    mean). The tolerance is compared with mean |Δ| now: beyond it, shown."""
+    rng = np.random.default_rng(3)
+    ref = -rng.exponential(5, 4000)
+    cell = ref + rng.normal(0, 0.5, ref.size)  # mean |Δ| ≈ 0.40
+    c = decide_ll(ref, cell, docs=np.repeat(np.arange(1000), 4))
+    assert c.effect == pytest.approx(0.40, abs=0.02) and c.verdict == verdict.DIFFERENT
+    assert c.estimand.startswith("mean |Δ")
 
 
 def test_mismatched_doc_sets_name_the_doc():

@@ -1,34 +1,38 @@
 """The statistics stage: read the cells' per-sample tables, compare every cell with the reference, decide.
 
-Reads ``cells/*/samples.parquet`` (only cells whose ``cell.json`` says ok), writes ``stats/``:
-``comparisons.parquet`` (one row per task x metric x cell, with its verdict), ``deltas.parquet``,
-``flips.parquet``, ``flipped_samples.parquet``, ``generations.parquet``, ``first_divergence.parquet`` and
-``verdicts.json`` (the documented schema the report and CI read).
+Reads ``cells/*/samples.parquet`` and writes ``stats/``: ``comparisons.parquet`` (one ``record.Comparison``
+per task × metric × cell), ``deltas.parquet``, ``flips.parquet``, ``flipped_samples.parquet``,
+``generations.parquet``, ``first_divergence.parquet`` and ``verdicts.json`` (the documented schema the
+report and CI read).
 
 Which comparisons gate the sign-off: for a task inside a group (an mmlu subject), the group's pooled
-comparison gates and the members are shown under it; for a plain task, the task's own. Score metrics gate;
-loglikelihood shifts gate only with ``gate_logprobs``. Noise-floor comparisons (a cell against its repeat
-at another batch size) never gate: they are the yardstick the cross-backend numbers are read against.
+comparison gates and the members are shown under it; for a plain task, the task's own. Proportion metrics
+gate with the proportion margin; other metrics only with a margin given for them; loglikelihoods only with
+``gate_logprobs``. Noise-floor comparisons (a cell against its repeat at another batch size) never gate and
+get no verdict: they are the yardstick that the cross-backend discordance is tested against.
+
+Every cell the run's spec names must be readable: a cell that failed, is missing, or whose table cannot be
+read makes the sign-off INCOMPLETE (exit 5), named in the verdicts and the report, whatever the others say.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from statsmodels.stats.weightstats import DescrStatsW
 
 from evalparity import samples as samples_mod
 from evalparity.cells import read_cell_json, write_json
-from evalparity.errors import EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
-from evalparity.stats import deltas, flips, generations, multiplicity, paired, power, verdict
-from evalparity.stats.options import StatsOptions  # noqa: F401 - part of this module's interface
+from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
+from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, verdict
+from evalparity.stats.options import StatsOptions
+from evalparity.stats.record import SCHEMA, Comparison, columns
 
-SCHEMA = "evalparity.verdicts/1"
+__all__ = ["StatsOptions", "StatsSummary", "compute", "SCHEMA"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,11 @@ class StatsSummary:
     sign_off: str
     reason: str
     comparisons: pd.DataFrame
+    incomplete: tuple[tuple[str, str], ...] = ()  # (cell, why) for every named cell that could not be read
 
     def exit_code(self, fail_on_inconclusive: bool = True) -> int:
+        if self.sign_off == verdict.INCOMPLETE:
+            return EXIT_CELL_FAILED
         if self.sign_off == verdict.PASS:
             return 0
         if self.sign_off == verdict.FAIL:
@@ -46,18 +53,44 @@ class StatsSummary:
 
 
 # ---------------------------------------------------------------- loading
-def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict]]:
-    tables, metas = {}, {}
+def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict], list[tuple[str, str]]]:
+    """The finished cells' tables and cell.json, and (cell, why) for each cell that cannot be used: every
+    cell the spec names, and every cell folder present, must be finished and readable."""
+    tables, metas, missing = {}, {}, []
     cells_dir = run_dir / "cells"
-    for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
-        if not d.is_dir() or d.name.startswith(".") or d.name.endswith(".failed"):
-            continue
+    named = _spec_cells(run_dir)
+    present = sorted(d.name for d in cells_dir.iterdir() if d.is_dir() and not d.name.startswith(".")
+                     and not d.name.endswith(".failed")) if cells_dir.is_dir() else []
+    for name in list(dict.fromkeys([*named, *present])):
+        d = cells_dir / name
         meta = read_cell_json(d)
-        if not meta or meta.get("status") != "ok" or not (d / "samples.parquet").exists():
+        if not d.is_dir():
+            missing.append((name, "its folder is missing"))
             continue
-        tables[d.name] = samples_mod.read_table(d / "samples.parquet")
-        metas[d.name] = meta
-    return tables, metas
+        if meta is None:
+            missing.append((name, "cell.json is missing or unreadable"))
+            continue
+        if meta.get("status") != "ok":
+            missing.append((name, f"it {meta.get('status', 'did not finish')}"))
+            continue
+        try:
+            tables[name] = samples_mod.read_table(d / "samples.parquet")
+        except FileNotFoundError:
+            missing.append((name, "samples.parquet is missing"))
+            continue
+        except Exception as err:  # pyarrow raises several types for a truncated or corrupt file
+            missing.append((name, f"samples.parquet cannot be read ({type(err).__name__})"))
+            continue
+        metas[name] = meta
+    return tables, metas, missing
+
+
+def _spec_cells(run_dir: Path) -> list[str]:
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return []
+    return [c["name"] for c in spec.get("cells", []) if isinstance(c, dict) and "name" in c]
 
 
 def _pairs(metas: dict[str, dict], reference: str) -> list[tuple[str, str, str]]:
@@ -86,92 +119,266 @@ def _doc_frame(ref: pd.DataFrame, cell: pd.DataFrame) -> pd.DataFrame:
     return r.merge(c, on=["task", "filter", "doc_id"], suffixes=("_ref", "_cell"))
 
 
-# ---------------------------------------------------------------- one score comparison
-def _score_row(x_ref: np.ndarray, x_cell: np.ndarray, opts: StatsOptions, clusters=None) -> dict:
-    ok = np.isfinite(x_ref) & np.isfinite(x_cell)
-    n_nonfinite = int(np.sum(np.isfinite(x_ref) & ~np.isfinite(x_cell)))
+# ---------------------------------------------------------------- one comparison, before the family
+@dataclass
+class Pending:
+    """A comparison whose tests are computed but whose verdict waits for its family's adjustment."""
+
+    meta: dict
+    n: int
+    reference_score: float
+    cell_score: float
+    estimand: str
+    unit: str
+    inf: inference.PairedInference | None
+    margin: verdict.Margin | None
+    tests: verdict.Tests | None
+    shift_test: str
+    method: str
+    counts: dict = field(default_factory=dict)
+    mdd: float | None = None
+    n_needed: float | None = None
+    n_needed_at_zero: float | None = None
+    discordance: pd.Series | None = None  # per doc: 1 where the two cells' scores differ (binary metrics)
+
+
+def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: StatsOptions,
+                     clusters: np.ndarray | None = None, doc_keys: pd.Index | None = None) -> Pending:
+    """A per-doc metric: binary scores through the paired binary tests, other metrics through paired t."""
+    metric = meta["metric"]
+    fin_r, fin_c = np.isfinite(x_ref), np.isfinite(x_cell)
+    ok = fin_r & fin_c
+    counts = {"n_nonfinite_reference": int(np.sum(~fin_r & fin_c)), "n_nonfinite_cell": int(np.sum(fin_r & ~fin_c)),
+              "n_nonfinite_both": int(np.sum(~fin_r & ~fin_c))}
     x_ref, x_cell = x_ref[ok], x_cell[ok]
     clusters = clusters[ok] if clusters is not None else None
     n = int(x_ref.size)
-    base = {"n": n, "ref_score": float(x_ref.mean()) if n else math.nan,
-            "cell_score": float(x_cell.mean()) if n else math.nan, "n_nonfinite": n_nonfinite}
+    binary = n > 0 and bool(np.all(np.isin(x_ref, (0.0, 1.0))) and np.all(np.isin(x_cell, (0.0, 1.0))))
+    proportion = binary or n == 0
+    m = opts.margin_for(metric, proportion=proportion)
+    unit = "pp" if proportion else ""
+    margin = verdict.Margin.around_zero(m, opts.direction, unit) if m is not None else None
+    base = dict(meta=meta, n=n, reference_score=float(x_ref.mean()) if n else math.nan,
+                cell_score=float(x_cell.mean()) if n else math.nan, estimand=f"Δ {metric}", unit=unit,
+                counts=counts)
     if n == 0:
-        return base | {"effect": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p_diff": 1.0, "p_equiv": 1.0,
-                       "method": "none", "mdd": math.nan, "n_needed": math.nan, "discordant": 0}
-    binary = np.all(np.isin(x_ref, (0.0, 1.0))) and np.all(np.isin(x_cell, (0.0, 1.0)))
-    if binary:
-        use_clusters = clusters if clusters is not None and len(np.unique(clusters)) > 1 else None
-        r = paired.paired_binary(x_ref, x_cell, margin=opts.margin, alpha=opts.alpha, clusters=use_clusters)
-        psi = r.discordant / n
-        return base | {"effect": r.statistic, "ci_low": r.ci.low, "ci_high": r.ci.high, "p_diff": r.pvalue,
-                       "p_equiv": r.tost_pvalue, "method": f"McNemar exact + TOST ({r.method})",
-                       "mdd": power.minimum_detectable_difference(n, psi, alpha=opts.alpha),
-                       "n_needed": power.n_for_equivalence(opts.margin, max(psi, 1.0 / n), alpha=opts.alpha),
-                       "discordant": r.discordant, "ref_only": r.ref_only, "cell_only": r.cell_only}
+        return Pending(**base, inf=None, margin=margin, tests=None, shift_test="", method="none")
+    use_clusters = clusters if clusters is not None and len(np.unique(clusters)) > 1 else None
     d = x_cell - x_ref
-    if n < 2 or np.all(d == d[0]):
-        exact = n >= 2
-        return base | {"effect": float(d.mean()), "ci_low": float(d.mean()) if exact else -math.inf,
-                       "ci_high": float(d.mean()) if exact else math.inf, "p_diff": 1.0 if d[0] == 0 else 0.0,
-                       "p_equiv": 0.0 if exact and abs(d[0]) < opts.margin else 1.0,
-                       "method": "all differences equal", "mdd": math.nan, "n_needed": math.nan,
-                       "discordant": int(np.sum(d != 0))}
-    ds = DescrStatsW(d)
-    lo, hi = ds.tconfint_mean(alpha=opts.alpha)
-    sd = float(d.std(ddof=1))
-    from scipy import stats as sps
+    keys = doc_keys[ok] if doc_keys is not None else None
+    if binary:
+        r = paired.paired_binary(x_ref, x_cell, margin=m or opts.margin, alpha=opts.alpha, clusters=use_clusters)
+        inf, psi = r.inference, r.discordant / n
+        counts |= {"discordant": r.discordant, "reference_only": r.ref_only, "cell_only": r.cell_only}
+        shift = "McNemar exact" if use_clusters is None else "cluster score t"
+        mdd = power.minimum_detectable_difference(n, psi, alpha=opts.alpha)
+        var = max(psi, 1.0 / n) - r.statistic ** 2
+        method = f"{inf.method} ({'exact' if r.discordant == 0 else 'score'} CI)"
+        disc = pd.Series((d != 0).astype(np.int8), index=keys) if keys is not None else None
+    else:
+        inf = (inference.cluster_inference(d, use_clusters, bounds=(-math.inf, math.inf)) if use_clusters is not None
+               else inference.mean_inference(d))
+        shift = "paired t" if use_clusters is None else "cluster score t"
+        sd = float(d.std(ddof=1)) if n > 1 else math.nan
+        mdd = power.minimum_detectable_shift(n, sd, alpha=opts.alpha) if n > 1 else math.nan
+        var = sd * sd if n > 1 else math.nan
+        method = inf.method
+        counts |= {"discordant": int(np.sum(d != 0))}
+        disc = None
+    p_shift = None
+    if binary and use_clusters is None and margin is not None and margin.sides == 2:
+        p_shift = paired.mcnemar_exact_pvalue(counts["reference_only"], counts["cell_only"])
+    tests = verdict.tests(inf, margin, p_shift=p_shift) if margin is not None else None
+    n_needed = n_at_zero = None
+    if margin is not None and math.isfinite(var):
+        n_needed = power.n_to_settle(margin.size, var, inf.estimate, alpha=opts.alpha)
+        n_at_zero = power.n_to_settle(margin.size, var + inf.estimate ** 2, 0.0, alpha=opts.alpha) if binary else \
+            power.n_to_settle(margin.size, var, 0.0, alpha=opts.alpha)
+    return Pending(**base, inf=inf, margin=margin, tests=tests, shift_test=shift, method=method, mdd=mdd,
+                   n_needed=n_needed, n_needed_at_zero=n_at_zero, discordance=disc)
 
-    z = sps.norm.ppf(1 - opts.alpha / 2) + sps.norm.ppf(0.8)
-    z_equiv = sps.norm.ppf(1 - opts.alpha) + sps.norm.ppf(0.9)  # TOST at 80% power when Δ = 0
-    return base | {"effect": float(d.mean()), "ci_low": float(lo), "ci_high": float(hi),
-                   "p_diff": float(ds.ttest_mean(0)[1]), "p_equiv": float(ds.ttost_mean(-opts.margin, opts.margin)[0]),
-                   "method": "paired t + TOST (continuous metric)", "mdd": float(z * sd / math.sqrt(n)),
-                   "n_needed": float(math.ceil((z_equiv * sd / opts.margin) ** 2)),
-                   "discordant": int(np.sum(d != 0))}
+
+def loglikelihood_comparison(meta: dict, d: deltas.DeltaResult, ref_mean: float, cell_mean: float,
+                             opts: StatsOptions) -> Pending:
+    """Mean |Δ loglikelihood| per request against ``--ll-tolerance`` (see ``deltas``)."""
+    margin = verdict.Margin.below(opts.ll_tolerance, "nats")
+    counts = {"n_nonfinite_reference": d.n_nonfinite_ref, "n_nonfinite_cell": d.n_nonfinite_cell,
+              "n_nonfinite_both": d.n_nonfinite_both, "discordant": d.n - d.n_exact_zero}
+    base = dict(meta=meta, n=d.n, reference_score=ref_mean, cell_score=cell_mean,
+                estimand="mean |Δ loglikelihood| per request", unit="nats", counts=counts)
+    if d.n == 0:
+        return Pending(**base, inf=None, margin=margin, tests=None, shift_test="", method="none")
+    tests = verdict.tests(d.abs_inference, margin, p_shift=d.inference.pvalue_zero())
+    return Pending(**base, inf=d.abs_inference, margin=margin, tests=tests,
+                   shift_test=f"mean Δ ({d.inference.method})", method=d.abs_inference.method)
+
+
+# ---------------------------------------------------------------- the family and the verdicts
+def decide_all(pending: list[Pending], gating: np.ndarray, opts: StatsOptions) -> list[Comparison]:
+    """Adjust each family (gating cross comparisons; the other comparisons with a margin) and decide."""
+    k = len(pending)
+    p_beyond = np.array([p.tests.p_beyond if p.tests else np.nan for p in pending])
+    p_shift = np.array([p.tests.p_shift if p.tests else np.nan for p in pending])
+    family = np.array([p.meta["kind"] != "noise_floor" and p.tests is not None for p in pending])
+    adj_b, adj_s = np.full(k, np.nan), np.full(k, np.nan)
+    thr_b, thr_s = np.full(k, np.nan), np.full(k, np.nan)
+    for mask in (family & gating, family & ~gating):
+        if mask.any():
+            adj_b[mask] = multiplicity.adjust(p_beyond[mask], opts.multiple)
+            adj_s[mask] = multiplicity.adjust(p_shift[mask], opts.multiple)
+            thr_b[mask] = multiplicity.rejection_thresholds(p_beyond[mask], opts.alpha, opts.multiple)
+            thr_s[mask] = multiplicity.rejection_thresholds(p_shift[mask], opts.alpha, opts.multiple)
+    out = []
+    for i, p in enumerate(pending):
+        out.append(_finish(i, p, bool(gating[i]), adj_b[i], adj_s[i], thr_b[i], thr_s[i], opts))
+    return out
+
+
+def _finish(i: int, p: Pending, gating: bool, adj_b: float, adj_s: float, thr_b: float, thr_s: float,
+            opts: StatsOptions) -> Comparison:
+    nan = math.nan
+    m = p.margin
+    rec = dict(id=i, **p.meta, estimand=p.estimand, unit=p.unit, n=p.n, reference_score=p.reference_score,
+               cell_score=p.cell_score, effect=p.inf.estimate if p.inf else nan, margin=m.size if m else None,
+               margin_low=m.low if m else None, margin_high=m.high if m else None,
+               direction=opts.direction if p.unit != "nats" else "below", p_equivalence=nan, p_beyond=nan,
+               p_beyond_adjusted=adj_b, p_shift=nan, p_shift_adjusted=adj_s, shift_test=p.shift_test,
+               method=p.method, gating=gating, mdd=p.mdd, n_needed=p.n_needed, **p.counts)
+    if p.tests is not None:
+        rec |= {"p_equivalence": p.tests.p_equivalence, "p_beyond": p.tests.p_beyond, "p_shift": p.tests.p_shift}
+    one_sided = p.counts.get("n_nonfinite_reference", 0) + p.counts.get("n_nonfinite_cell", 0)
+    if p.meta["kind"] == "noise_floor":
+        level = 1 - opts.alpha
+        ci = p.inf.confidence_interval(level) if p.inf else None
+        v, why = "", "the backend's own run-to-run variation: no verdict, the yardstick for the cross comparisons"
+    elif one_sided:
+        level = 1 - 2 * opts.alpha
+        ci = p.inf.confidence_interval(level) if p.inf else None
+        v = verdict.DIFFERENT
+        why = (f"non-finite values on one side only (reference {p.counts['n_nonfinite_reference']}, cell "
+               f"{p.counts['n_nonfinite_cell']}): the two cells disagree on whether these samples have a value")
+    elif p.inf is None:
+        level, ci = 1 - 2 * opts.alpha, None
+        v, why = verdict.INCONCLUSIVE, "no paired samples to compare" + (
+            f" ({p.counts['n_nonfinite_both']} non-finite on both sides)" if p.counts.get("n_nonfinite_both") else "")
+    elif m is None:
+        level = 1 - opts.alpha
+        ci = p.inf.confidence_interval(level)
+        v = verdict.NO_MARGIN
+        why = (f"{p.meta['metric']} is not a proportion and has no margin: {p.estimand} = "
+               f"{verdict.fmt(p.inf.estimate, '')}, {verdict.ci_str(ci, level, '')}; pass --margin "
+               f"{p.meta['metric']}=VALUE (in its own unit) to gate on it")
+    else:
+        v = verdict.classify(p.tests.p_equivalence, np.isfinite(thr_b), np.isfinite(thr_s), opts.alpha)
+        level = verdict.decisive_level(v, opts.alpha, thr_b, m.sides)
+        ci = p.inf.confidence_interval(level)
+        why = verdict.reason(verdict=v, estimate=p.inf.estimate, ci=ci, level=level, margin=m, t=p.tests,
+                             p_beyond_adj=adj_b, p_shift_adj=adj_s, alpha=opts.alpha, multiple=opts.multiple,
+                             n=p.n, estimand=p.estimand, shift_test=p.shift_test, mdd=p.mdd,
+                             n_needed=p.n_needed, n_needed_at_zero=p.n_needed_at_zero)
+        if p.counts.get("n_nonfinite_both"):
+            why += f"; {p.counts['n_nonfinite_both']} samples non-finite on both sides left out"
+    rec |= {"ci_low": ci.low if ci else nan, "ci_high": ci.high if ci else nan, "ci_level": level,
+            "verdict": v, "reason": why}
+    return Comparison(**rec)
+
+
+# ---------------------------------------------------------------- the noise floor as a yardstick
+def attach_noise_floor(records: list[Comparison], pending: list[Pending], opts: StatsOptions) -> None:
+    """For each cross comparison of a binary metric, test whether its discordance exceeds the run-to-run
+    discordance of a noise-floor pair (a cell against its repeat) on the same docs: an exact one-sided
+    McNemar test on the two discordance indicators, with the score interval on the difference of rates.
+    Where several noise floors apply (the reference's and the cell's), the noisier one is the yardstick."""
+    floors: dict[tuple, list[tuple[str, pd.Series]]] = {}
+    for rec, p in zip(records, pending):
+        if rec.kind == "noise_floor" and p.discordance is not None:
+            key = (rec.task, rec.level, rec.filter, rec.metric)
+            floors.setdefault(key, []).append((rec.reference, rec.cell, p.discordance))
+    for rec, p in zip(records, pending):
+        if rec.kind == "noise_floor" or p.discordance is None:
+            continue
+        cands = [(base, rep, s) for base, rep, s in floors.get((rec.task, rec.level, rec.filter, rec.metric), [])
+                 if base in (rec.reference, rec.cell)]
+        if not cands:
+            continue
+        best = None
+        for base, rep, s in cands:
+            x, nf = p.discordance.align(s, join="inner")
+            if x.size == 0:
+                continue
+            x_only, nf_only = int(np.sum((x == 1) & (nf == 0))), int(np.sum((x == 0) & (nf == 1)))
+            cand = (float(nf.mean()), f"{base} vs {rep}", x_only, nf_only, int(x.size))
+            best = cand if best is None or cand[0] > best[0] else best
+        if best is None:
+            continue
+        rate_nf, pair, x_only, nf_only, n = best
+        inf = inference.binary_inference(nf_only, x_only, n)  # Δ = cross rate − noise rate
+        ci = inf.confidence_interval(1 - opts.alpha)
+        k = x_only + nf_only
+        from scipy import stats as sps
+
+        p_more = float(sps.binom.sf(x_only - 1, k, 0.5)) if k else 1.0
+        rec.noise_floor_pair, rec.noise_discordance = pair, rate_nf
+        rec.discordance_excess, rec.discordance_excess_ci = inf.estimate, [ci.low, ci.high]
+        rec.p_beyond_noise, rec.beyond_noise = p_more, p_more < opts.alpha
 
 
 # ---------------------------------------------------------------- the whole stage
 def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
-    tables, metas = load_cells(run_dir)
+    tables, metas, missing = load_cells(run_dir)
     if opts.reference not in tables:
         have = ", ".join(tables) or "none"
-        raise EvalParityError(f"reference cell {opts.reference} has no finished results in {run_dir} "
-                              f"(finished: {have}): pass --reference with one of them")
+        why = dict(missing).get(opts.reference)
+        raise EvalParityError(f"reference cell {opts.reference} has no usable results in {run_dir}"
+                              + (f" ({why})" if why else "") + f" (usable: {have}): rerun it, or pass "
+                              "--reference with one of the usable cells", exit_code=EXIT_CELL_FAILED if why else 2)
     if len(tables) < 2:
-        raise EvalParityError(f"only one finished cell in {run_dir}: a comparison needs two")
+        raise EvalParityError(f"only one usable cell in {run_dir}: a comparison needs two"
+                              + (f" ({'; '.join(f'{c}: {w}' for c, w in missing)})" if missing else ""),
+                              exit_code=EXIT_CELL_FAILED if missing else 2)
     samples_mod.check_alignment({opts.reference: tables[opts.reference],
                                  **{k: v for k, v in tables.items() if k != opts.reference}})
-    rows, delta_rows, flip_rows, flipped, gen_rows, divs, hist_rows = [], [], [], [], [], [], []
+    pending: list[Pending] = []
+    delta_rows, flip_rows, flipped, gen_rows, divs, hist_rows = [], [], [], [], [], []
     for kind, ref_name, cell_name in _pairs(metas, opts.reference):
         ref, cell = tables[ref_name], tables[cell_name]
         docs = _doc_frame(ref, cell)
         common = {"kind": kind, "reference": ref_name, "cell": cell_name}
+        metrics = samples_mod.metric_columns(ref)
         for (task, filt), g in docs.groupby(["task", "filter"], sort=True):
-            group = g["group"].iloc[0]
-            for m in samples_mod.metric_columns(ref):
-                if f"{m}_ref" not in g or g[f"{m}_ref"].isna().all():
+            keys = pd.MultiIndex.from_arrays([g["task"], g["doc_id"]])
+            for mc in metrics:
+                if f"{mc}_ref" not in g or g[f"{mc}_ref"].isna().all():
                     continue
-                r = _score_row(g[f"{m}_ref"].to_numpy(float), g[f"{m}_cell"].to_numpy(float), opts)
-                rows.append(common | {"task": task, "group": group, "level": "task", "filter": filt,
-                                      "metric": m[len(samples_mod.METRIC_PREFIX):]} | r)
+                meta = common | {"task": task, "group": g["group"].iloc[0], "level": "task", "filter": filt,
+                                 "metric": mc[len(samples_mod.METRIC_PREFIX):]}
+                pending.append(score_comparison(meta, g[f"{mc}_ref"].to_numpy(float),
+                                                g[f"{mc}_cell"].to_numpy(float), opts, doc_keys=keys))
         for (group, filt), g in docs.groupby(["group", "filter"], sort=True):
             if g["task"].nunique() < 2:
                 continue
-            for m in samples_mod.metric_columns(ref):
-                if g[f"{m}_ref"].isna().all():
+            keys = pd.MultiIndex.from_arrays([g["task"], g["doc_id"]])
+            for mc in metrics:
+                if f"{mc}_ref" not in g or g[f"{mc}_ref"].isna().all():
                     continue
+                meta = common | {"task": group, "group": group, "level": "group", "filter": filt,
+                                 "metric": mc[len(samples_mod.METRIC_PREFIX):]}
                 clusters = g["task"].to_numpy() if opts.cluster else None
-                r = _score_row(g[f"{m}_ref"].to_numpy(float), g[f"{m}_cell"].to_numpy(float), opts, clusters)
-                rows.append(common | {"task": group, "group": group, "level": "group", "filter": filt,
-                                      "metric": m[len(samples_mod.METRIC_PREFIX):]} | r)
-        _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, flipped, hist_rows)
+                pending.append(score_comparison(meta, g[f"{mc}_ref"].to_numpy(float),
+                                                g[f"{mc}_cell"].to_numpy(float), opts, clusters, doc_keys=keys))
+        _loglikelihood_stats(ref, cell, common, opts, pending, delta_rows, flip_rows, flipped, hist_rows)
         _generation_stats(ref, cell, common, gen_rows, divs)
-    comp = pd.DataFrame(rows)
-    if comp.empty:
+    if not pending:
         raise EvalParityError("no metric could be compared: the cells share no task with per-sample metrics")
-    comp = _gating(comp, opts)
-    comp = _adjust_and_decide(comp, opts)
+    gating = _gating(pending, opts)
+    records = decide_all(pending, gating, opts)
+    attach_noise_floor(records, pending, opts)
+    comp = pd.DataFrame([asdict(r) for r in records], columns=columns())
     status, reason = verdict.sign_off(comp.loc[comp["gating"], "verdict"].tolist())
+    if missing:
+        status = verdict.INCOMPLETE
+        reason = (f"{len(missing)} cell(s) of the run cannot be used ({'; '.join(f'{c}: {w}' for c, w in missing)}): "
+                  f"rerun to finish them; the verdicts below are for the others only ({reason})")
     out = run_dir / "stats"
     out.mkdir(exist_ok=True)
     samples_mod.write_table(comp, out / "comparisons.parquet")
@@ -181,12 +388,21 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
     samples_mod.write_table(pd.concat(flipped) if flipped else pd.DataFrame(), out / "flipped_samples.parquet")
     samples_mod.write_table(pd.DataFrame(divs, columns=["kind", "reference", "cell", "task", "position"]),
                             out / "first_divergence.parquet")
-    summary = StatsSummary(status, reason, comp)
-    write_json(out / "verdicts.json", verdicts_document(run_dir, comp, opts, summary, metas))
+    summary = StatsSummary(status, reason, comp, tuple(missing))
+    write_json(out / "verdicts.json", verdicts_document(run_dir, records, opts, summary, metas))
     return summary
 
 
-def _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, flipped, hist_rows) -> None:
+def _choice_chars(g: pd.DataFrame) -> np.ndarray:
+    """Each choice's length in characters as lm-eval's acc_norm divides by: the choice without the target
+    delimiter that lm-eval puts before it in the request's continuation."""
+    if "choice_chars" in g and g["choice_chars"].notna().all():
+        return g["choice_chars"].to_numpy(float)
+    cont = g["continuation"].fillna("").astype(str)
+    return cont.str.removeprefix(" ").str.len().to_numpy(float)
+
+
+def _loglikelihood_stats(ref, cell, common, opts, pending, delta_rows, flip_rows, flipped, hist_rows) -> None:
     ll_types = ("multiple_choice", "loglikelihood", "loglikelihood_rolling")
     r = ref[ref["output_type"].isin(ll_types) & (ref["filter"] == "none")]
     c = cell[cell["output_type"].isin(ll_types) & (cell["filter"] == "none")]
@@ -196,33 +412,41 @@ def _loglikelihood_stats(ref, cell, common, opts, rows, delta_rows, flip_rows, f
                 on=["task", "filter", "doc_id", "choice"], suffixes=("_ref", "_cell"))
     hist_rows += _delta_histogram(j, common)
     for task, g in j.groupby("task", sort=True):
-        d = deltas.loglikelihood_deltas(g["loglikelihood_ref"].to_numpy(), g["loglikelihood_cell"].to_numpy(),
-                                        tolerance=opts.ll_tolerance, alpha=opts.alpha,
-                                        n_resamples=opts.n_resamples, seed=opts.seed)
-        delta_rows.append(common | {"task": task, "group": g["group"].iloc[0]} | _delta_dict(d))
-        rows.append(common | {
-            "task": task, "group": g["group"].iloc[0], "level": "task", "filter": "none", "metric": "loglikelihood",
-            "n": d.n, "ref_score": float(np.nanmean(g["loglikelihood_ref"])),
-            "cell_score": float(np.nanmean(g["loglikelihood_cell"])), "n_nonfinite": d.n_nonfinite_cell,
-            "effect": d.statistic, "ci_low": d.ci.low, "ci_high": d.ci.high, "p_diff": d.pvalue,
-            "p_equiv": d.tost_pvalue, "method": "Wilcoxon + bootstrap CI + TOST (mean Δ loglikelihood, nats)",
-            "mdd": math.nan, "n_needed": math.nan, "discordant": d.n - d.n_exact_zero})
+        lr, lc = g["loglikelihood_ref"].to_numpy(float), g["loglikelihood_cell"].to_numpy(float)
+        d = deltas.loglikelihood_deltas(lr, lc, docs=g["doc_id"].to_numpy(), tolerance=opts.ll_tolerance,
+                                        alpha=opts.alpha, n_resamples=opts.n_resamples, seed=opts.seed)
+        group = g["group"].iloc[0]
+        delta_rows.append(common | {"task": task, "group": group} | _delta_dict(d))
+        meta = common | {"task": task, "group": group, "level": "task", "filter": "none", "metric": "loglikelihood"}
+        fin = np.isfinite(lr) & np.isfinite(lc)
+        pending.append(loglikelihood_comparison(meta, d, float(lr[fin].mean()) if fin.any() else math.nan,
+                                                float(lc[fin].mean()) if fin.any() else math.nan, opts))
         if g["output_type"].iloc[0] != "multiple_choice":
             continue
-        choices = g.rename(columns={"loglikelihood_ref": "ref_score", "loglikelihood_cell": "cell_score"})
-        f = flips.decision_flips(choices[["doc_id", "choice", "ref_score", "cell_score", "gold"]])
-        flip_rows.append(common | {"task": task, "group": g["group"].iloc[0], "n_docs": f.n_docs,
-                                   "observed": f.statistic, "expected": f.expected, "pvalue": f.pvalue})
-        if len(f.flipped):
-            detail = f.flipped.copy()
-            ctx = g[g["choice"] == 0].set_index("doc_id")["context"]
-            conts = g.groupby("doc_id")["continuation"].apply(list)
-            detail["context"] = detail["doc_id"].map(ctx)
-            detail["choices"] = detail["doc_id"].map(conts)
-            for k, v in common.items():
-                detail[k] = v
-            detail["task"] = task
-            flipped.append(detail)
+        metrics = {m[len(samples_mod.METRIC_PREFIX):] for m in samples_mod.metric_columns(ref)}
+        chars = _choice_chars(g)
+        for metric, scale in (("acc", 1.0), ("acc_norm", chars)):
+            if metric == "acc_norm" and "acc_norm" not in metrics:
+                continue
+            with np.errstate(divide="ignore", invalid="ignore"):
+                choices = pd.DataFrame({"doc_id": g["doc_id"].to_numpy(), "choice": g["choice"].to_numpy(),
+                                        "ref_score": lr / scale, "cell_score": lc / scale,
+                                        "gold": g["gold"].to_numpy()})
+            f = flips.decision_flips(choices, seed=opts.seed)
+            flip_rows.append(common | {"task": task, "group": group, "metric": metric, "n_docs": f.n_docs,
+                                       "observed": f.statistic, "expected": f.expected, "pvalue": f.pvalue,
+                                       "method": f.method})
+            if len(f.flipped):
+                detail = f.flipped.copy()
+                ctx = g[g["choice"] == 0].set_index("doc_id")["context"]
+                conts = g.groupby("doc_id")["continuation"].apply(list)
+                detail["context"] = detail["doc_id"].map(ctx)
+                detail["choices"] = detail["doc_id"].map(conts)
+                for k, v in common.items():
+                    detail[k] = v
+                detail["task"] = task
+                detail["metric"] = metric
+                flipped.append(detail)
 
 
 def _delta_histogram(j: pd.DataFrame, common: dict) -> list[dict]:
@@ -236,10 +460,13 @@ def _delta_histogram(j: pd.DataFrame, common: dict) -> list[dict]:
 
 
 def _delta_dict(d: deltas.DeltaResult) -> dict:
-    out = {k: v for k, v in asdict(d).items() if k != "ci"}
+    out = {k: v for k, v in asdict(d).items() if k not in ("ci", "inference", "abs_inference")}
     out["mean"] = out.pop("statistic")
     out["wilcoxon_p"] = out.pop("pvalue")
     out["ci_low"], out["ci_high"] = d.ci.low, d.ci.high
+    a = d.abs_inference.confidence_interval(0.95) if d.n else None
+    out["abs_ci_low"], out["abs_ci_high"] = (a.low, a.high) if a else (math.nan, math.nan)
+    out["method"] = d.inference.method if d.inference else "none"
     return out
 
 
@@ -264,74 +491,41 @@ def _generation_stats(ref, cell, common, gen_rows, divs) -> None:
         divs.extend((common["kind"], common["reference"], common["cell"], task, int(p)) for p in res.first_divergence)
 
 
-def _gating(comp: pd.DataFrame, opts: StatsOptions) -> pd.DataFrame:
-    in_group = comp["group"] != comp["task"]
-    grouped_tasks = set(comp.loc[(comp["level"] == "group"), "group"])
-    member_of_gated_group = (comp["level"] == "task") & in_group & comp["group"].isin(grouped_tasks)
-    is_ll = comp["metric"] == "loglikelihood"
-    comp["gating"] = (comp["kind"] == "cross") & ~member_of_gated_group & (~is_ll | opts.gate_logprobs)
-    return comp
+def _gating(pending: list[Pending], opts: StatsOptions) -> np.ndarray:
+    """Which comparisons gate: cross ones with a margin, a group's pooled row instead of its members, and
+    loglikelihoods only with ``gate_logprobs``."""
+    grouped = {p.meta["group"] for p in pending if p.meta["level"] == "group"}
+    out = []
+    for p in pending:
+        m = p.meta
+        member = m["level"] == "task" and m["group"] != m["task"] and m["group"] in grouped
+        is_ll = m["metric"] == "loglikelihood"
+        out.append(m["kind"] == "cross" and not member and (not is_ll or opts.gate_logprobs)
+                   and p.margin is not None)
+    return np.array(out, dtype=bool)
 
 
-def _adjust_and_decide(comp: pd.DataFrame, opts: StatsOptions) -> pd.DataFrame:
-    comp = comp.copy()
-    comp["p_diff_adj"] = np.nan
-    comp["p_equiv_adj"] = np.nan
-    for mask in (comp["gating"], ~comp["gating"]):
-        if mask.any():
-            comp.loc[mask, "p_diff_adj"] = multiplicity.adjust(comp.loc[mask, "p_diff"].to_numpy(), opts.multiple)
-            comp.loc[mask, "p_equiv_adj"] = multiplicity.adjust(comp.loc[mask, "p_equiv"].to_numpy(), opts.multiple)
-    verdicts, reasons, margins = [], [], []
-    for row in comp.itertuples(index=False):
-        is_ll = row.metric == "loglikelihood"
-        margin = opts.ll_tolerance if is_ll else opts.margin
-        v, why = verdict.decide(effect=row.effect, ci_low=row.ci_low, ci_high=row.ci_high,
-                                p_diff_adj=row.p_diff_adj, p_equiv_adj=row.p_equiv_adj, margin=margin,
-                                alpha=opts.alpha, n=int(row.n), unit="nats" if is_ll else "pp",
-                                mdd=None if is_ll else row.mdd, n_needed=None if is_ll else row.n_needed,
-                                n_nonfinite=int(row.n_nonfinite))
-        verdicts.append(v)
-        reasons.append(why)
-        margins.append(margin)
-    comp["verdict"], comp["reason"], comp["margin"] = verdicts, reasons, margins
-    return comp
-
-
-def _clean(x):
-    if isinstance(x, (np.floating, float)):
-        return None if not math.isfinite(float(x)) else float(x)
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.bool_,)):
-        return bool(x)
-    return x
-
-
-def verdicts_document(run_dir: Path, comp: pd.DataFrame, opts: StatsOptions, summary: StatsSummary,
+def verdicts_document(run_dir: Path, records: list[Comparison], opts: StatsOptions, summary: StatsSummary,
                       metas: dict[str, dict]) -> dict:
     """The ``verdicts.json`` schema (documented in the README): one record per comparison + sign-off."""
     spec_path = run_dir / "spec.json"
-    spec = json.loads(spec_path.read_text()) if spec_path.exists() else {}
-    records = []
-    for i, r in enumerate(comp.to_dict("records")):
-        records.append({
-            "id": i, "kind": r["kind"], "task": r["task"], "group": r["group"], "level": r["level"],
-            "filter": r["filter"], "metric": r["metric"], "cell": r["cell"], "reference": r["reference"],
-            "n": _clean(r["n"]), "reference_score": _clean(r["ref_score"]), "cell_score": _clean(r["cell_score"]),
-            "effect": _clean(r["effect"]), "ci": [_clean(r["ci_low"]), _clean(r["ci_high"])],
-            "ci_level": 1 - opts.alpha, "p_value": _clean(r["p_diff"]), "p_value_adjusted": _clean(r["p_diff_adj"]),
-            "p_equivalence": _clean(r["p_equiv"]), "p_equivalence_adjusted": _clean(r["p_equiv_adj"]),
-            "margin": _clean(r["margin"]), "method": r["method"], "verdict": r["verdict"], "reason": r["reason"],
-            "gating": bool(r["gating"]),
-        })
+    try:
+        spec = json.loads(spec_path.read_text()) if spec_path.exists() else {}
+    except json.JSONDecodeError:
+        spec = {}
     return {
         "schema": SCHEMA,
         "model": spec.get("model"),
         "tasks": spec.get("tasks"),
         "cells": sorted(metas),
-        "options": asdict(opts),
+        "options": opts.as_dict(),
+        "decision_rule": ("EQUIVALENT: the (1-2α) CI lies inside the margin (TOST at α, no adjustment: PASS is "
+                          "an intersection-union test). DIFFERENT: the CI at the family threshold lies outside "
+                          f"the margin ({opts.multiple} over the gating comparisons). SHIFT: a change shown, "
+                          "within-margin not shown. INCONCLUSIVE: neither."),
         "sign_off": {"status": summary.sign_off, "reason": summary.reason,
                      "exit_code": summary.exit_code(True),
-                     "exit_code_if_inconclusive_allowed": summary.exit_code(False)},
-        "comparisons": records,
+                     "exit_code_if_inconclusive_allowed": summary.exit_code(False),
+                     "incomplete_cells": [{"cell": c, "why": w} for c, w in summary.incomplete]},
+        "comparisons": [r.to_json() for r in records],
     }

@@ -1,13 +1,20 @@
 """Loglikelihood deltas per request: Δ = loglikelihood(cell) - loglikelihood(reference).
 
-Scores can agree while logprobs drift, and logprobs are where drift shows first. For each comparison this
-module gives the size of |Δ| (mean, median, p95, p99, max), whether Δ has a systematic sign (Wilcoxon
-signed-rank, scipy; and a bootstrap CI of the mean), and whether the mean shift is within a tolerance
-(TOST, statsmodels).
+Scores can agree while logprobs drift, and logprobs are where drift shows first. What each number means:
+
+- mean |Δ| (with median, p95, p99, max): how far apart the two cells are per request. Its interval and
+  tests decide the loglikelihood verdict against ``--ll-tolerance`` (a mean |Δ| below the tolerance is
+  EQUIVALENT): zero-mean noise can be large, and a test on the signed mean would call it equivalent.
+- mean Δ with its interval: a systematic shift (one cell scores every continuation higher). A change shown
+  here is the SHIFT outcome. ``tost_pvalue`` is the classic TOST of the signed mean, kept for reference.
+- Wilcoxon signed-rank p (scipy, asymptotic): whether Δ's distribution is symmetric about 0, a test of
+  location, not of the mean. Reported only; it decides nothing.
+
+The choices of one doc share its context, so the doc is the independent unit: intervals come from a doc
+bootstrap for few docs and from a doc-clustered t interval from ``BOOTSTRAP_BELOW_DOCS`` docs on.
 
 Non-finite loglikelihoods are never averaged: pairs where either side is NaN or infinite are left out of
-every statistic and counted, and the verdict stage reports a cell that produced them where the reference
-did not.
+every statistic and counted on each side; the comparison treats both sides alike.
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats as sps
-from statsmodels.stats.weightstats import DescrStatsW
 
+from evalparity.stats.inference import ExactInference, PairedInference, TInference
 from evalparity.stats.results import ConfidenceInterval
 
 
@@ -41,6 +48,9 @@ class DeltaResult:
     tolerance: float
     ci: ConfidenceInterval
     sd: float
+    n_nonfinite_both: int = 0
+    inference: PairedInference | None = None
+    abs_inference: PairedInference | None = None
 
     def confidence_interval(self) -> ConfidenceInterval:
         return self.ci
@@ -94,16 +104,89 @@ def bootstrap_mean_ci(
     return ConfidenceInterval(float(low), float(high))
 
 
+@dataclass(frozen=True)
+class BootstrapInference:
+    """A percentile bootstrap over docs of a ratio mean (Σ per-doc totals / Σ per-doc counts). Its p-values
+    are the bootstrap distribution's tail shares, so they invert its percentile intervals (up to 1/B)."""
+
+    estimate: float
+    means: np.ndarray  # the bootstrap means, sorted
+    method: str = "doc bootstrap (percentile)"
+    bounds: tuple[float, float] = (-np.inf, np.inf)
+
+    def pvalue_greater(self, delta: float) -> float:  # H0: θ ≤ δ
+        return float(np.searchsorted(self.means, delta, side="right") / self.means.size)
+
+    def pvalue_less(self, delta: float) -> float:  # H0: θ ≥ δ
+        return float(1 - np.searchsorted(self.means, delta, side="left") / self.means.size)
+
+    def pvalue_zero(self) -> float:
+        return float(min(1.0, 2 * min(self.pvalue_greater(0.0), self.pvalue_less(0.0))))
+
+    def confidence_interval(self, level: float) -> ConfidenceInterval:
+        tail = (1 - level) / 2
+        lo, hi = np.quantile(self.means, [tail, 1 - tail])
+        return ConfidenceInterval(float(lo), float(hi))
+
+
+# Below this many docs the loglikelihood intervals come from a doc bootstrap; from it on, from the
+# doc-clustered t interval, O(n) (benchmarks/stats_bench.py prints both intervals' coverage at this n).
+BOOTSTRAP_BELOW_DOCS = 1000
+
+
+def doc_mean_inference(x: np.ndarray, doc_codes: np.ndarray, *, n_resamples: int, seed: int,
+                       bounds: tuple[float, float] = (-np.inf, np.inf)) -> PairedInference:
+    """Inference on the mean over requests of ``x`` when requests come in docs (the choices of one doc share
+    its context, so the doc is the independent unit): a doc bootstrap for few docs, else a t interval with
+    the ratio estimator's doc-clustered standard error."""
+    totals = np.bincount(doc_codes, weights=x)
+    counts = np.bincount(doc_codes).astype(float)
+    keep = counts > 0
+    totals, counts = totals[keep], counts[keep]
+    g, n_req = totals.size, counts.sum()
+    est = float(totals.sum() / n_req)
+    resid = totals - est * counts
+    if g >= 2 and not np.any(resid):
+        return ExactInference(est, method="all docs' mean Δ equal", bounds=bounds)
+    if g < 2:
+        return TInference(est, np.inf, 1, method="one doc: no spread", bounds=bounds)
+    if g < BOOTSTRAP_BELOW_DOCS:
+        means = bootstrap_ratio_means(totals, counts, n_resamples=n_resamples, seed=seed)
+        return BootstrapInference(est, np.sort(means), bounds=bounds)
+    se = float(np.sqrt(g / (g - 1) * np.sum(resid * resid)) / n_req)
+    return TInference(est, se, g - 1, method="doc-clustered t", bounds=bounds)
+
+
+def bootstrap_ratio_means(totals: np.ndarray, counts: np.ndarray, *, n_resamples: int, seed: int) -> np.ndarray:
+    """Bootstrap means Σ totals[idx] / Σ counts[idx] over docs resampled with replacement."""
+    rng = np.random.default_rng(seed)
+    g = totals.size
+    out = np.empty(n_resamples)
+    per_chunk = max(1, (1 << 22) // g)
+    for start in range(0, n_resamples, per_chunk):
+        stop = min(n_resamples, start + per_chunk)
+        idx = rng.integers(0, g, size=(stop - start, g))
+        out[start:stop] = np.take(totals, idx).sum(axis=1) / np.take(counts, idx).sum(axis=1)
+    return out
+
+
 def loglikelihood_deltas(
     ref: np.ndarray,
     cell: np.ndarray,
     *,
+    docs: np.ndarray | None = None,
     tolerance: float = 0.05,
     alpha: float = 0.05,
     n_resamples: int = 2_000,
     seed: int = 0,
 ) -> DeltaResult:
-    """Summarise Δ = cell - ref over paired requests; see the module docstring."""
+    """Summarise Δ = cell − ref over paired requests; see the module docstring.
+
+    ``docs`` labels each request with its doc (default: every request its own doc); the intervals and tests
+    resample or cluster by doc. ``inference`` is about the signed mean Δ (a systematic shift);
+    ``abs_inference`` about mean |Δ| (how far apart the two cells are per request), which is what the
+    tolerance is compared with: zero-mean noise of mean |Δ| 0.4 nats is not "equivalent within 0.05".
+    """
     ref = np.asarray(ref, dtype=float)
     cell = np.asarray(cell, dtype=float)
     if ref.shape != cell.shape:
@@ -113,36 +196,30 @@ def loglikelihood_deltas(
     delta = cell[keep] - ref[keep]
     n = int(delta.size)
     nonfinite_cell = int(np.sum(fin_ref & ~fin_cell))
-    nonfinite_ref = int(np.sum(~fin_ref))
+    nonfinite_ref = int(np.sum(~fin_ref & fin_cell))
+    nonfinite_both = int(np.sum(~fin_ref & ~fin_cell))
+    nan = float("nan")
     if n == 0:
-        nan = float("nan")
+        none = TInference(nan, np.inf, 1, method="no finite pairs")
         return DeltaResult(0, nonfinite_cell, nonfinite_ref, nan, nan, nan, nan, nan, nan, nan, 0, 1.0, 1.0,
-                           tolerance, ConfidenceInterval(nan, nan), nan)
+                           tolerance, ConfidenceInterval(nan, nan), nan, nonfinite_both, none, none)
+    codes = (np.unique(np.asarray(docs)[keep], return_inverse=True)[1] if docs is not None
+             else np.arange(n))
     absd = np.abs(delta)
     p95, p99 = np.quantile(absd, [0.95, 0.99])
     n_zero = int(np.sum(delta == 0))
-    mean = float(delta.mean())
     sd = float(delta.std(ddof=1)) if n > 1 else 0.0
-    if n_zero == n:
-        p_shift = 1.0
-    else:
-        p_shift = float(sps.wilcoxon(delta, zero_method="wilcox").pvalue)
-    if n > 1 and sd > 0:
-        p_tost = float(DescrStatsW(delta).ttost_mean(-tolerance, tolerance)[0])
-        ci = bootstrap_mean_ci(delta, n_resamples=n_resamples, confidence_level=1 - alpha, seed=seed)
-    elif n > 1:
-        # Every Δ equal (typically all exactly 0): the mean is known exactly from these requests.
-        p_tost = 0.0 if abs(mean) < tolerance else 1.0
-        ci = ConfidenceInterval(mean, mean)
-    else:
-        # One request says nothing about the spread: no equivalence claim from it.
-        p_tost = 1.0
-        ci = ConfidenceInterval(float("-inf"), float("inf"))
+    signed = doc_mean_inference(delta, codes, n_resamples=n_resamples, seed=seed)
+    absolute = doc_mean_inference(absd, codes, n_resamples=n_resamples, seed=seed + 1, bounds=(0.0, np.inf))
+    p_tost = max(signed.pvalue_less(tolerance), signed.pvalue_greater(-tolerance))
+    p_sign = 1.0 if n_zero == n else float(sps.wilcoxon(delta, zero_method="wilcox", method="asymptotic").pvalue)
     return DeltaResult(
-        n=n, n_nonfinite_cell=nonfinite_cell, n_nonfinite_ref=nonfinite_ref, statistic=mean,
+        n=n, n_nonfinite_cell=nonfinite_cell, n_nonfinite_ref=nonfinite_ref, statistic=float(delta.mean()),
         median=float(np.median(delta)), abs_mean=float(absd.mean()), abs_median=float(np.median(absd)),
         abs_p95=float(p95), abs_p99=float(p99), abs_max=float(absd.max()), n_exact_zero=n_zero,
-        pvalue=p_shift, tost_pvalue=p_tost, tolerance=tolerance, ci=ci, sd=sd,
+        pvalue=p_sign, tost_pvalue=p_tost, tolerance=tolerance,
+        ci=signed.confidence_interval(1 - alpha), sd=sd, n_nonfinite_both=nonfinite_both,
+        inference=signed, abs_inference=absolute,
     )
 
 

@@ -5,8 +5,8 @@ the two aggregate accuracies as if they were independent samples (a two-proporti
 pairing away; here every statistic is computed on the pairs:
 
 - the 2x2 agreement table and the exact McNemar test (statsmodels) for "is there a difference at all";
-- the paired difference Δ = mean(cell) - mean(ref) with a confidence interval on the per-doc differences
-  d_i = cell_i - ref_i (a paired t interval, statsmodels' ``DescrStatsW``);
+- the paired difference Δ = mean(cell) - mean(ref) with Tango's score interval, which inverts the same
+  score test that decides equivalence and difference-beyond-the-margin (``inference.ScoreInference``);
 - a TOST equivalence test of Δ against ±margin, which is what lets a report say "equivalent" as a claim
   the data supports rather than "not significant". The default uses Tango's score statistic (the variance
   of d_i taken at the null boundary, from the restricted maximum-likelihood estimate), because the plain
@@ -14,31 +14,42 @@ pairing away; here every statistic is computed on the pairs:
   discordant pairs are rare: with 1 discordant pair in 400 docs its variance estimate is tiny and it
   declares equivalence at a true difference equal to the margin 8% of the time at α = 5% (our simulation
   test found this). The score test holds its level there;
-- optionally, cluster-robust standard errors when docs come in clusters (the subjects of a group).
+- optionally, a cluster score test when docs come in clusters (the subjects of a group):
+  ``inference.ClusterScoreInference``.
 
 When every pair is concordant the per-doc differences have zero variance and a t interval would be a
 point. The honest bound then comes from the discordance rate: |Δ| <= (b + c) / n always, and with 0
 discordant pairs out of n the exact (Clopper-Pearson) upper bound on the discordance rate is
-1 - (α/2)^(1/n). The equivalence p-value is P(0 discordant | discordance = margin) = (1 - margin)^n,
-which is exact and valid because |Δ| >= margin implies a discordance rate >= margin.
+1 - (α/2)^(1/n) (``inference.ZeroDiscordance``). The equivalence p-value is
+P(0 discordant | discordance = margin) = (1 - margin)^n, which is exact and valid because |Δ| >= margin
+implies a discordance rate >= margin.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats as sps
-from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.weightstats import DescrStatsW, ttost_paired
 
+from evalparity.stats.inference import (  # noqa: F401 - re-exported: the score statistic lives there
+    PairedInference,
+    ScoreInference,
+    TInference,
+    ZeroDiscordance,
+    cluster_inference,
+    mcnemar_exact_pvalue,
+    restricted_mle_ref_only,
+    score_statistic,
+)
 from evalparity.stats.results import ConfidenceInterval
 
 
 @dataclass(frozen=True)
 class PairedBinaryResult:
-    """Result of :func:`paired_binary`. ``statistic`` is Δ = mean(cell) - mean(ref)."""
+    """Result of :func:`paired_binary`. ``statistic`` is Δ = mean(cell) − mean(ref); ``pvalue`` the exact
+    McNemar test of Δ = 0; ``tost_pvalue`` the equivalence test against ±margin; ``ci`` the two-sided
+    (1 − alpha) interval. ``inference`` answers the decision rule's questions at any boundary and level."""
 
     n: int
     both_correct: int
@@ -53,18 +64,14 @@ class PairedBinaryResult:
     standard_error: float
     ci: ConfidenceInterval
     method: str
+    inference: PairedInference
 
     @property
     def discordant(self) -> int:
         return self.ref_only + self.cell_only
 
-    @property
-    def table(self) -> np.ndarray:
-        """Rows: reference correct / wrong; columns: cell correct / wrong."""
-        return np.array([[self.both_correct, self.ref_only], [self.cell_only, self.both_wrong]])
-
-    def confidence_interval(self) -> ConfidenceInterval:
-        return self.ci
+    def confidence_interval(self, confidence_level: float | None = None) -> ConfidenceInterval:
+        return self.ci if confidence_level is None else self.inference.confidence_interval(confidence_level)
 
 
 def _as_binary(x: np.ndarray, name: str) -> np.ndarray:
@@ -80,11 +87,9 @@ def agreement_table(ref: np.ndarray, cell: np.ndarray) -> tuple[int, int, int, i
     return int(np.sum(r & c)), int(np.sum(r & ~c)), int(np.sum(~r & c)), int(np.sum(~r & ~c))
 
 
-def mcnemar_exact_pvalue(ref_only: int, cell_only: int) -> float:
-    """Exact McNemar p-value (statsmodels); 1.0 when there are no discordant pairs."""
-    if ref_only + cell_only == 0:
-        return 1.0
-    return float(mcnemar([[0, ref_only], [cell_only, 0]], exact=True).pvalue)
+def tost_pvalue(inference: PairedInference, margin: float) -> float:
+    """Equivalence within ±margin: the larger of the one-sided p-values for Δ ≥ margin and Δ ≤ −margin."""
+    return max(inference.pvalue_less(margin), inference.pvalue_greater(-margin))
 
 
 def paired_binary(
@@ -98,8 +103,10 @@ def paired_binary(
 ) -> PairedBinaryResult:
     """Compare binary scores of the same docs in two cells.
 
-    ``clusters`` (one label per doc) switches the standard error to a cluster-robust one: use it when
-    docs are not independent, e.g. the subjects of a group (docs of one subject share a prompt format).
+    ``clusters`` (one label per doc) switches to the cluster score test (``inference``): use it when docs
+    are not independent, e.g. the subjects of a group. ``standard_error`` is then statsmodels'
+    cluster-robust one, reported for reference. ``equivalence='t'`` is the plain paired t (statsmodels'
+    ``ttost_paired``), kept for comparison only: it is anti-conservative when discordance is rare.
     """
     ref = _as_binary(ref, "ref")
     cell = _as_binary(cell, "cell")
@@ -112,89 +119,75 @@ def paired_binary(
     diff = cell - ref
     delta = float(diff.mean())
     p_mcnemar = mcnemar_exact_pvalue(b, c)
+    level = 1 - alpha
 
-    if b + c == 0 or n < 2:
-        # Zero-variance (or single-doc) case: bound Δ through the discordance rate, exactly.
-        k = b + c
-        upper = 1.0 if k == n else float(sps.beta.ppf(1 - alpha / 2, k + 1, n - k))
-        ci = ConfidenceInterval(-upper, upper) if k == 0 else ConfidenceInterval(-1.0, 1.0)
-        p_tost = float((1 - margin) ** n) if k == 0 else 1.0
-        return PairedBinaryResult(n, a, b, c, d, delta, p_mcnemar, min(p_tost, 1.0), margin, alpha,
-                                  0.0, ci, "exact discordance bound")
-
-    if clusters is not None:
-        se, dist = _cluster_robust_se(diff, np.asarray(clusters))
-        q = dist.ppf(1 - alpha / 2)
-        ci = ConfidenceInterval(delta - q * se, delta + q * se)
-        p_tost = float(max(dist.sf((delta + margin) / se), dist.cdf((delta - margin) / se)))
-        method = "cluster-robust"
+    if b + c == 0:
+        inf = ZeroDiscordance(n)
+        se = 0.0
+    elif clusters is not None:
+        se = _cluster_robust_se(diff, np.asarray(clusters))
+        inf = cluster_inference(diff, np.asarray(clusters))
     elif equivalence == "t":
         ds = DescrStatsW(diff)
         se = float(ds.std_mean)
+        inf = TInference(delta, se, n - 1, bounds=(-1.0, 1.0))
         low, high = ds.tconfint_mean(alpha=alpha)
-        ci = ConfidenceInterval(float(low), float(high))
-        p_tost = float(ttost_paired(cell, ref, -margin, margin)[0])
-        method = "paired t"
+        return PairedBinaryResult(n, a, b, c, d, delta, p_mcnemar,
+                                  float(ttost_paired(cell, ref, -margin, margin)[0]), margin, alpha, se,
+                                  ConfidenceInterval(float(low), float(high)), "paired t", inf)
     elif equivalence == "score":
-        se = float(DescrStatsW(diff).std_mean)
-        ci = score_interval(b, c, n, alpha)
-        p_tost = score_tost_pvalue(b, c, n, margin)
-        method = "Tango score"
+        se = float(diff.std(ddof=1) / np.sqrt(n)) if n > 1 else float("inf")
+        inf = ScoreInference(b, c, n)
     else:
         raise ValueError(f"unknown equivalence test {equivalence!r}: use 'score' or 't'")
-    return PairedBinaryResult(n, a, b, c, d, delta, p_mcnemar, p_tost, margin, alpha, se, ci, method)
+    return PairedBinaryResult(n, a, b, c, d, delta, p_mcnemar, min(tost_pvalue(inf, margin), 1.0), margin, alpha,
+                              se, inf.confidence_interval(level), inf.method, inf)
 
 
-def _cluster_robust_se(diff: np.ndarray, clusters: np.ndarray):
-    """Cluster-robust SE of the mean difference via statsmodels OLS on a constant.
-
-    Returns (se, distribution): Student t with G-1 degrees of freedom, as statsmodels uses for clusters.
-    """
+def _cluster_robust_se(diff: np.ndarray, clusters: np.ndarray) -> float:
+    """Cluster-robust SE of the mean difference via statsmodels OLS on a constant (reported, not tested)."""
     import statsmodels.api as sm
 
     codes = np.unique(clusters, return_inverse=True)[1]
-    n_groups = int(codes.max()) + 1
-    if n_groups < 2:
+    if int(codes.max()) + 1 < 2:
         raise ValueError("cluster-robust errors need at least two clusters")
     fit = sm.OLS(diff, np.ones_like(diff)).fit(cov_type="cluster", cov_kwds={"groups": codes}, use_t=True)
-    return float(fit.bse[0]), sps.t(df=n_groups - 1)
-
-
-def restricted_mle_ref_only(b: int, c: int, n: int, delta: float) -> float:
-    """MLE of P(ref only) under the constraint P(cell only) - P(ref only) = delta (Tango 1998): the root
-    of 2n p^2 + B p + C = 0 with B = -(b + c) + delta (2n + b - c), C = -b delta (1 - delta)."""
-    a_ = 2.0 * n
-    b_ = -(b + c) + delta * (2.0 * n + b - c)
-    c_ = -b * delta * (1.0 - delta)
-    disc = max(b_ * b_ - 4 * a_ * c_, 0.0)
-    return max((-b_ + math.sqrt(disc)) / (2 * a_), 0.0)
-
-
-def score_statistic(b: int, c: int, n: int, delta: float) -> float:
-    """Tango's score z for H0: Δ = delta, with Δ = P(cell only) - P(ref only)."""
-    p_b = restricted_mle_ref_only(b, c, n, delta)
-    var = n * (2 * p_b + delta - delta * delta)
-    num = (c - b) - n * delta
-    if var <= 0:
-        return 0.0 if num == 0 else math.copysign(math.inf, num)
-    return num / math.sqrt(var)
+    return float(fit.bse[0])
 
 
 def score_tost_pvalue(b: int, c: int, n: int, margin: float) -> float:
     """max of the two one-sided score p-values for H0: Δ >= margin and H0: Δ <= -margin."""
-    p_upper = float(sps.norm.cdf(score_statistic(b, c, n, margin)))
-    p_lower = float(sps.norm.sf(score_statistic(b, c, n, -margin)))
-    return max(p_upper, p_lower)
+    return tost_pvalue(ScoreInference(b, c, n), margin)
 
 
 def score_interval(b: int, c: int, n: int, alpha: float) -> ConfidenceInterval:
     """Two-sided (1 - alpha) score interval for Δ: the deltas the score test does not reject."""
-    from scipy.optimize import brentq
+    return ScoreInference(b, c, n).confidence_interval(1 - alpha)
 
-    z = sps.norm.ppf(1 - alpha / 2)
-    est = (c - b) / n
-    f = lambda d: score_statistic(b, c, n, d)  # noqa: E731 - decreasing in d
-    eps = 1e-12
-    low = -1.0 if f(-1 + eps) <= z else brentq(lambda d: f(d) - z, -1 + eps, est)
-    high = 1.0 if f(1 - eps) >= -z else brentq(lambda d: f(d) + z, est, 1 - eps)
-    return ConfidenceInterval(float(low), float(high))
+
+def binary_tests(b, c, n, margin, *, direction: str = "both"):
+    """The decision rule's three p-values for paired binary scores, vectorised over (b, c): exactly what
+    ``verdict.tests`` computes from ``binary_inference(b, c, n)`` (checked in the tests), in a form that the
+    exact enumeration of the design (``calibration``) can evaluate on every possible table at once.
+
+    Returns (p_equivalence, p_beyond, p_shift) arrays."""
+    from scipy import stats as sps
+
+    b, c = np.asarray(b), np.asarray(c)
+    k = b + c
+    zero = k == 0
+    z_hi, z_lo = score_statistic(b, c, n, margin), score_statistic(b, c, n, -margin)
+    if direction == "both":
+        p_eq = np.maximum(sps.norm.cdf(z_hi), sps.norm.sf(z_lo))
+        p_beyond = np.minimum(1.0, 2 * np.minimum(sps.norm.sf(z_hi), sps.norm.cdf(z_lo)))
+        p_shift = mcnemar_exact_pvalue(b, c)
+        p_eq = np.where(zero, (1 - margin) ** n, p_eq)
+    elif direction == "worse":
+        p_eq = np.where(zero, (1 - margin) ** n, sps.norm.sf(z_lo))
+        p_beyond = sps.norm.cdf(z_lo)
+        p_shift = sps.norm.cdf(score_statistic(b, c, n, 0.0))
+    else:
+        raise ValueError(f"unknown direction {direction!r}")
+    p_beyond = np.where(zero, 1.0, p_beyond)
+    p_shift = np.where(zero, 1.0, p_shift)
+    return p_eq, p_beyond, p_shift

@@ -1,0 +1,168 @@
+"""Exact operating characteristics of the verdict rule for one paired binary comparison, over a grid.
+
+For discordance ψ in {0.5%, 1%, 5%, 20%}, n in {100, 300, 1000, 3000, 10000} and true Δ/m in {0, 0.5, 0.9,
+1, 1.5, 2} (m = 1 pp, α = 0.05), every possible (ref-only, cell-only) table is enumerated
+(``evalparity.stats.calibration``) and the probabilities of PASS (EQUIVALENT), FAIL (DIFFERENT), SHIFT and
+INCONCLUSIVE are printed. Required: P(FAIL) ≤ α wherever |Δ| ≤ m, and P(EQUIVALENT) ≤ α wherever |Δ| ≥ m.
+A design point with |Δ| > ψ is impossible (|Δ| ≤ ψ always) and shown as such.
+
+Then a Monte-Carlo check of the family rule (10 and 60 comparisons, Holm) and of ``--cluster``.
+
+    python benchmarks/verdict_calibration.py [--direction both|worse] [--mc 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from evalparity.stats import calibration, multiplicity, paired, verdict
+
+ALPHA, MARGIN = 0.05, 0.01
+PSIS = (0.005, 0.01, 0.05, 0.20)
+NS = (100, 300, 1000, 3000, 10000)
+RATIOS = (0.0, 0.5, 0.9, 1.0, 1.5, 2.0)
+
+
+def grid(direction: str) -> bool:
+    ok = True
+    print(f"exact enumeration, one comparison, m = 1 pp, α = {ALPHA}, direction {direction}; true Δ = −ratio·m "
+          "for 'worse' (a drop), +ratio·m otherwise")
+    print(f"{'ψ':>6} {'n':>6} {'Δ/m':>5} | {'P(PASS)':>9} {'P(FAIL)':>9} {'P(SHIFT)':>9} {'P(INC)':>9} | check")
+    worst_fail_inside, worst_eq_outside = 0.0, 0.0
+    for psi in PSIS:
+        for n in NS:
+            for ratio in RATIOS:
+                delta = ratio * MARGIN * (-1 if direction == "worse" else 1)
+                if abs(delta) > psi + 1e-15:
+                    print(f"{psi:6.3f} {n:6d} {ratio:5.1f} |   impossible: |Δ| > ψ")
+                    continue
+                p_b, p_c = (psi - delta) / 2, (psi + delta) / 2
+                o = calibration.verdict_probabilities(n, p_b, p_c, margin=MARGIN, alpha=ALPHA, direction=direction)
+                check = ""
+                if ratio <= 1.0:
+                    worst_fail_inside = max(worst_fail_inside, o.different)
+                    if o.different > ALPHA:
+                        check += " FAIL>α inside the margin!"
+                if ratio >= 1.0:
+                    worst_eq_outside = max(worst_eq_outside, o.equivalent)
+                    if o.equivalent > ALPHA:
+                        check += " PASS>α beyond the margin!"
+                ok &= not check
+                print(f"{psi:6.3f} {n:6d} {ratio:5.1f} | {o.equivalent:9.4f} {o.different:9.4f} {o.shift:9.4f} "
+                      f"{o.inconclusive:9.4f} | {check or 'ok'}" + (f" (skipped mass {o.skipped:.1e})"
+                                                                   if o.skipped > 1e-9 else ""))
+    print(f"worst P(FAIL) with |Δ| ≤ m: {worst_fail_inside:.4f}; worst P(PASS) with |Δ| ≥ m: {worst_eq_outside:.4f}")
+    return ok
+
+
+def simulate_tables(rng, sims: int, n: int, p_b: np.ndarray, p_c: np.ndarray):
+    """(sims, K) multinomial tables for K comparisons with rates p_b, p_c."""
+    k = len(p_b)
+    b = np.empty((sims, k), int)
+    c = np.empty((sims, k), int)
+    for j in range(k):
+        draws = rng.multinomial(n, [p_b[j], p_c[j], 1 - p_b[j] - p_c[j]], size=sims)
+        b[:, j], c[:, j] = draws[:, 0], draws[:, 1]
+    return b, c
+
+
+def family(sims: int) -> bool:
+    """The sign-off over K comparisons: P(FAIL) when every |Δ| ≤ m (family-wise error of DIFFERENT), and
+    P(PASS) when one comparison sits on the margin and the rest are 0 (intersection-union)."""
+    rng = np.random.default_rng(1)
+    ok = True
+    print(f"\nfamily rule (Holm over the beyond-margin p-values; PASS needs all EQUIVALENT), {sims:,} runs each")
+    for k in (10, 60):
+        for label, deltas, n, psi in (("all Δ = m (worst case for FAIL)", np.full(k, MARGIN), 3000, 0.05),
+                                      ("all Δ = 0.9·m", np.full(k, 0.9 * MARGIN), 3000, 0.05),
+                                      ("one Δ = m, others 0", np.r_[MARGIN, np.zeros(k - 1)], 10000, 0.02)):
+            p_b, p_c = (psi - deltas) / 2, (psi + deltas) / 2
+            b, c = simulate_tables(rng, sims, n, p_b, p_c)
+            p_eq, p_beyond, p_shift = paired.binary_tests(b, c, n, MARGIN)
+            fail = pass_ = 0
+            for s in range(sims):
+                thr = multiplicity.rejection_thresholds(p_beyond[s], ALPHA, "holm")
+                v = verdict.classify(p_eq[s], np.isfinite(thr), np.zeros(k, bool), ALPHA)
+                status = verdict.sign_off(v)[0]
+                fail += status == verdict.FAIL
+                pass_ += status == verdict.PASS
+            se = np.sqrt(ALPHA * (1 - ALPHA) / sims)
+            check = ""
+            if "one Δ = m" in label and pass_ / sims > ALPHA + 3 * se:
+                check = " PASS>α!"
+            if "one Δ = m" not in label and fail / sims > ALPHA + 3 * se:
+                check = " FAIL>α!"
+            ok &= not check
+            print(f"  K = {k:2d}, n = {n:,}, ψ = {psi:.0%}, {label}: P(FAIL) = {fail / sims:.4f}, "
+                  f"P(PASS) = {pass_ / sims:.4f} (MC se {se:.4f}) {check or 'ok'}")
+    return ok
+
+
+def cluster(sims: int) -> bool:
+    """``--cluster``: 57 subjects of unequal size whose discordance and Δ vary by subject; overall Δ on the
+    margin (P(EQUIVALENT) must be ≤ α) and at 0.9·m (P(DIFFERENT) ≤ α); the Wald cluster-robust TOST beside."""
+    from scipy import stats as sps
+
+    from evalparity.stats import inference
+
+    rng = np.random.default_rng(2)
+    ok = True
+    g = 57
+    sizes = rng.integers(20, 300, g)
+    labels = np.repeat(np.arange(g), sizes)
+    print(f"\n--cluster: {g} clusters, {sizes.sum():,} docs, cluster-level random discordance and Δ; {sims:,} runs each")
+    for target, what in ((MARGIN, "Δ = m: P(EQUIVALENT)"), (0.9 * MARGIN, "Δ = 0.9·m: P(DIFFERENT)"),
+                         (-MARGIN, "Δ = −m: P(EQUIVALENT)")):
+        for psi in (0.015, 0.02, 0.08):
+            hits = wald = 0
+            for _ in range(sims):
+                psi_g = np.clip(rng.gamma(4, psi / 4, g), 0.002, 0.9)
+                # Each subject's Δ_g = ψ_g ρ_g, with ρ_g varying by subject, scaled so that the docs' mean Δ
+                # is exactly the target (|ρ_g| ≤ 1 keeps every subject's rates valid).
+                rho = np.clip(rng.normal(0.0, 0.3, g) + np.sign(target), -1, 1)
+                rho *= target * sizes.sum() / np.sum(sizes * psi_g * rho)
+                if np.any(np.abs(rho) > 1):
+                    rho = np.full(g, target * sizes.sum() / np.sum(sizes * psi_g))
+                dg = psi_g * rho
+                assert abs(np.sum(dg * sizes) / sizes.sum() - target) < 1e-12 and np.all(np.abs(dg) <= psi_g)
+                p_c = np.repeat((psi_g + dg) / 2, sizes)
+                p_b = np.repeat((psi_g - dg) / 2, sizes)
+                u = rng.random(labels.size)
+                d = np.where(u < p_b, -1.0, np.where(u < p_b + p_c, 1.0, 0.0))
+                inf = inference.cluster_inference(d, labels)
+                m = verdict.Margin.around_zero(MARGIN)
+                t = verdict.tests(inf, m)
+                if "EQUIVALENT" in what:
+                    hits += t.p_equivalence < ALPHA
+                    se = paired._cluster_robust_se(d, labels)
+                    tt = sps.t(df=g - 1)
+                    wald += max(tt.sf((d.mean() + MARGIN) / se), tt.cdf((d.mean() - MARGIN) / se)) < ALPHA
+                else:
+                    hits += t.p_beyond < ALPHA
+            se_mc = np.sqrt(ALPHA * (1 - ALPHA) / sims)
+            bad = hits / sims > ALPHA + 3 * se_mc
+            ok &= not bad
+            extra = f", Wald cluster-robust TOST {wald / sims:.4f}" if "EQUIVALENT" in what else ""
+            print(f"  ψ ≈ {psi:.0%}, {what} = {hits / sims:.4f}{extra} (MC se {se_mc:.4f}) {'FAIL!' if bad else 'ok'}")
+    return ok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--direction", default="both", choices=("both", "worse"))
+    ap.add_argument("--mc", type=int, default=2000, help="Monte-Carlo runs per family/cluster setting")
+    ap.add_argument("--skip-mc", action="store_true")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    ok = grid(a.direction)
+    if not a.skip_mc:
+        ok &= family(a.mc)
+        ok &= cluster(a.mc // 4)
+    print(f"\nall requirements met: {ok} ({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""One comparison through the product's own path (compare.score_comparison / loglikelihood_comparison →
+decide_all), for tests that check a verdict without building a run directory."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from evalparity.stats import compare, deltas
+from evalparity.stats.options import StatsOptions
+from evalparity.stats.record import Comparison
+
+META = {"kind": "cross", "task": "t", "group": "t", "level": "task", "filter": "none", "cell": "c",
+        "reference": "r"}
+
+
+def decide_scores(ref, cell, opts: StatsOptions | None = None, metric: str = "acc", clusters=None) -> Comparison:
+    opts = opts or StatsOptions()
+    p = compare.score_comparison(META | {"metric": metric}, np.asarray(ref, float), np.asarray(cell, float), opts,
+                                 clusters)
+    return compare.decide_all([p], np.array([p.margin is not None]), opts)[0]
+
+
+def decide_ll(ref, cell, opts: StatsOptions | None = None, docs=None) -> Comparison:
+    opts = opts or StatsOptions()
+    ref, cell = np.asarray(ref, float), np.asarray(cell, float)
+    d = deltas.loglikelihood_deltas(ref, cell, docs=docs, tolerance=opts.ll_tolerance, alpha=opts.alpha)
+    fin = np.isfinite(ref) & np.isfinite(cell)
+    p = compare.loglikelihood_comparison(META | {"metric": "loglikelihood"}, d,
+                                         float(ref[fin].mean()) if fin.any() else np.nan,
+                                         float(cell[fin].mean()) if fin.any() else np.nan, opts)
+    return compare.decide_all([p], np.array([True]), opts)[0]

@@ -1,0 +1,231 @@
+"""The decision rule (issue 17): exact operating characteristics, the printed interval decides the verdict,
+no Holm on equivalence, margins with units, flips under pure noise, and the family thresholds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from decide import decide_scores
+from statsmodels.stats.multitest import multipletests
+
+from evalparity.errors import EvalParityError
+from evalparity.stats import calibration, flips, inference, multiplicity, paired, verdict
+from evalparity.stats.options import StatsOptions, parse_margins
+
+ALPHA, M = 0.05, 0.01
+
+
+@pytest.mark.parametrize("psi,n", [(0.01, 3000), (0.05, 1000), (0.05, 6000), (0.20, 300), (0.005, 1000)])
+def test_exact_error_rates_on_a_grid_subset(psi, n):
+    """P(FAIL) ≤ α wherever |Δ| ≤ m and P(PASS) ≤ α wherever |Δ| ≥ m, by exact enumeration (the whole grid is
+    benchmarks/verdict_calibration.py; results/verdict-calibration.txt)."""
+    for ratio in (0.0, 0.5, 0.9, 1.0, 1.5, 2.0):
+        delta = ratio * M
+        if delta > psi:
+            continue
+        o = calibration.verdict_probabilities(n, (psi - delta) / 2, (psi + delta) / 2)
+        assert o.skipped < 1e-9
+        assert o.equivalent + o.different + o.shift + o.inconclusive == pytest.approx(1.0, abs=1e-9)
+        if ratio <= 1:
+            assert o.different <= ALPHA, (psi, n, ratio, o)
+        if ratio >= 1:
+            assert o.equivalent <= ALPHA, (psi, n, ratio, o)
+
+
+def test_fail_inside_the_margin_is_gone():
+    """Issue 17, item 1: with 5 % discordant docs and n = 6,000, P(DIFFERENT) was 0.39, 0.74 and 0.89 at
+    Δ = 0.5, 0.75 and 0.9 × margin. Now it is at most α there, exactly."""
+    for ratio in (0.5, 0.75, 0.9):
+        d = ratio * M
+        o = calibration.verdict_probabilities(6000, (0.05 - d) / 2, (0.05 + d) / 2)
+        assert o.different <= ALPHA
+    # and a shift far beyond the margin does fail
+    o = calibration.verdict_probabilities(6000, (0.05 - 0.03) / 2, (0.05 + 0.03) / 2)
+    assert o.different > 0.99
+
+
+def test_enumeration_matches_simulation():
+    """The enumeration and a direct simulation through the product's path agree."""
+    rng = np.random.default_rng(0)
+    n, p_b, p_c = 400, 0.03, 0.05
+    o = calibration.verdict_probabilities(n, p_b, p_c)
+    sims = 400
+    counts = {v: 0 for v in verdict.VERDICTS}
+    for _ in range(sims):
+        u = rng.random(n)
+        ref = np.where(u < p_b, 1.0, np.where(u < p_b + p_c, 0.0, (rng.random(n) < 0.5) * 1.0))
+        cell = np.where(u < p_b, 0.0, np.where(u < p_b + p_c, 1.0, ref))
+        counts[decide_scores(ref, cell).verdict] += 1
+    for name, p in ((verdict.EQUIVALENT, o.equivalent), (verdict.DIFFERENT, o.different),
+                    (verdict.SHIFT, o.shift), (verdict.INCONCLUSIVE, o.inconclusive)):
+        assert abs(counts[name] / sims - p) < 4 * math.sqrt(p * (1 - p) / sims) + 0.01, (name, counts, o)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_binary_tests_equal_the_product_path(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(50, 5000))
+    b, c = int(rng.integers(0, n // 10 + 1)), int(rng.integers(0, n // 10 + 1))
+    inf = inference.binary_inference(b, c, n)
+    for direction in ("both", "worse"):
+        t = verdict.tests(inf, verdict.Margin.around_zero(M, direction),
+                          p_shift=paired.mcnemar_exact_pvalue(b, c) if direction == "both" else None)
+        vec = paired.binary_tests(np.array([b]), np.array([c]), n, M, direction=direction)
+        assert (t.p_equivalence, t.p_beyond, t.p_shift) == pytest.approx(tuple(float(x[0]) for x in vec), abs=1e-12)
+
+
+def _table(n, b, c, both=0.6):
+    ref = np.zeros(n)
+    cell = np.zeros(n)
+    ref[:b] = 1
+    cell[b:b + c] = 1
+    k = int((n - b - c) * both)
+    ref[b + c:b + c + k] = 1
+    cell[b + c:b + c + k] = 1
+    return ref, cell
+
+
+@pytest.mark.parametrize("n,b,c", [(3000, 40, 41), (3000, 30, 70), (6000, 120, 170), (800, 10, 60),
+                                   (20000, 300, 430), (500, 0, 0), (10000, 80, 40)])
+def test_the_printed_interval_decides_the_verdict(n, b, c):
+    """A verdict follows from the CI printed beside it, at the level printed."""
+    r = decide_scores(*_table(n, b, c))
+    lo, hi = r.ci_low, r.ci_high
+    if r.verdict == verdict.EQUIVALENT:
+        assert r.ci_level == pytest.approx(1 - 2 * ALPHA) and -M < lo and hi < M
+    elif r.verdict == verdict.DIFFERENT:
+        assert hi < -M or lo > M
+    else:
+        assert r.ci_level == pytest.approx(1 - 2 * ALPHA)
+        assert not (-M < lo and hi < M) and not (hi < -M or lo > M)
+    assert f"{100 * r.ci_level:.0f}% CI" in r.reason or "CI" in r.reason
+
+
+def test_equivalence_is_not_adjusted_over_the_family(tmp_path):
+    """Issue 17, item 3: a task with n = 20,000, Δ = 0.65 pp, 95 % CI [+0.32, +0.99] was EQUIVALENT alone and
+    DIFFERENT next to nine small tasks. Its verdict now does not depend on the others."""
+    opts = StatsOptions()
+    big = _table(20000, 300, 430)
+    alone = decide_scores(*big)
+    assert alone.verdict == verdict.EQUIVALENT
+    from evalparity.stats import compare
+
+    meta = {"kind": "cross", "group": "g", "level": "task", "filter": "none", "cell": "c", "reference": "r",
+            "metric": "acc"}
+    pend = [compare.score_comparison(meta | {"task": "big"}, *big, opts)]
+    pend += [compare.score_comparison(meta | {"task": f"small{i}"}, *_table(60, 1, 2), opts) for i in range(9)]
+    recs = compare.decide_all(pend, np.ones(len(pend), bool), opts)
+    assert recs[0].verdict == verdict.EQUIVALENT and recs[0].p_equivalence == pytest.approx(alone.p_equivalence)
+
+
+def test_zero_discordance_is_equivalent_whatever_the_family():
+    """Issue 17, item 3: gsm8k rows with 0 of 300 docs discordant ended INCONCLUSIVE after Holm. Alone the
+    exact p is 0.99^300 = 0.049 < α: EQUIVALENT, with the exact 90 % bound printed."""
+    r = decide_scores(*_table(300, 0, 0))
+    assert r.verdict == verdict.EQUIVALENT and r.p_equivalence == pytest.approx(0.99 ** 300)
+
+
+@pytest.mark.parametrize("text,value", [("1pp", 0.01), ("1%", 0.01), ("0.01", 0.01), ("2.5pp", 0.025),
+                                        ("0.5 pp", 0.005)])
+def test_margin_units(text, value):
+    default, per = parse_margins(text)
+    assert default == pytest.approx(value) and per == ()
+
+
+@pytest.mark.parametrize("text", ["1", "1.5", "5", "0.5", "60pp", "-1pp", "abc", "0", "1e400"])
+def test_bad_margins_are_refused_with_the_accepted_forms(text):
+    with pytest.raises(EvalParityError) as e:
+        parse_margins(text)
+    assert "1pp" in str(e.value) or "positive" in str(e.value) or "not a margin" in str(e.value)
+
+
+def test_per_metric_margins_and_non_proportions():
+    opts = StatsOptions.from_cli(margin="acc=1pp,exact_match=2pp,perplexity=0.05")
+    assert opts.margin_for("acc", proportion=True) == pytest.approx(0.01)
+    assert opts.margin_for("exact_match", proportion=True) == pytest.approx(0.02)
+    assert opts.margin_for("acc_norm", proportion=True) == pytest.approx(0.01)  # the default
+    assert opts.margin_for("perplexity", proportion=False) == pytest.approx(0.05)
+    assert opts.margin_for("bleu", proportion=False) is None
+    with pytest.raises(EvalParityError):
+        StatsOptions.from_cli(margin="acc=1").margin_for("acc", proportion=True)
+
+
+def test_a_non_proportion_metric_never_gets_the_proportion_margin():
+    """Issue 17, item 5: a per-doc perplexity shifted by 0.02 came out "Δ = +2.07 pp … DIFFERENT"."""
+    rng = np.random.default_rng(0)
+    ref = rng.normal(12, 3, 2000)
+    cell = ref + 0.02
+    r = decide_scores(ref, cell, metric="perplexity")
+    assert r.verdict == verdict.NO_MARGIN and r.unit == "" and "pp" not in r.reason
+    r = decide_scores(ref, cell, StatsOptions.from_cli(margin="perplexity=0.05"), metric="perplexity")
+    assert r.verdict == verdict.EQUIVALENT
+
+
+def test_direction_worse_ignores_improvements():
+    ref, cell = _table(6000, 50, 350)  # Δ = +5 pp: an improvement beyond the margin
+    assert decide_scores(ref, cell).verdict == verdict.DIFFERENT
+    r = decide_scores(ref, cell, StatsOptions(direction="worse"))
+    assert r.verdict == verdict.EQUIVALENT and r.ci_low > -M
+    ref, cell = _table(6000, 350, 50)  # a 5 pp drop
+    assert decide_scores(ref, cell, StatsOptions(direction="worse")).verdict == verdict.DIFFERENT
+
+
+def test_n_needed_uses_the_observed_difference():
+    """Issue 17, item 8: 4,282 docs at Δ = 0 where the observed Δ = 0.8 × margin needs about 77,184."""
+    from evalparity.stats import power
+
+    assert power.n_to_settle(M, 0.05 - 0.008 ** 2, 0.008) == pytest.approx(77_184, rel=0.01)
+    assert power.n_to_settle(M, 0.05, 0.0) == pytest.approx(4_282, rel=0.01)
+
+
+def test_flips_under_pure_noise_are_not_significant():
+    """Issue 17, item 6: iid noise on 4-choice docs gave P(p < 0.05) = 0.41 (σ = 0.5) and 1.00 (σ = 1.5)."""
+    import pandas as pd
+
+    for sigma in (0.5, 1.5):
+        hits = 0
+        for seed in range(100):
+            r = np.random.default_rng(seed)
+            s = r.normal(-8, 2, (300, 4))
+            c = s + r.normal(0, sigma, s.shape)
+            df = pd.DataFrame({"doc_id": np.repeat(np.arange(300), 4), "choice": np.tile(np.arange(4), 300),
+                               "ref_score": s.ravel(), "cell_score": c.ravel()})
+            hits += flips.decision_flips(df).pvalue < 0.05
+        assert hits / 100 <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / 100), (sigma, hits)
+
+
+def test_flips_detect_systematic_drift():
+    import pandas as pd
+
+    r = np.random.default_rng(1)
+    s = r.normal(-8, 2, (500, 4))
+    c = s + r.normal(0, 0.05, s.shape)
+    near = np.argsort(np.sort(s, axis=1)[:, -1] - np.sort(s, axis=1)[:, -2])[:40]  # the near-ties
+    c[near, np.argsort(s[near], axis=1)[:, -2]] += 3.0  # drift that hits exactly the docs it can flip
+    df = pd.DataFrame({"doc_id": np.repeat(np.arange(500), 4), "choice": np.tile(np.arange(4), 500),
+                       "ref_score": s.ravel(), "cell_score": c.ravel()})
+    f = flips.decision_flips(df)
+    assert f.statistic >= 40 and f.expected < 30 and f.pvalue < 0.01
+
+
+@pytest.mark.parametrize("method,sm", [("holm", "holm"), ("bh", "fdr_bh"), ("none", None)])
+def test_rejection_thresholds_agree_with_statsmodels(method, sm):
+    rng = np.random.default_rng(4)
+    for _ in range(50):
+        p = rng.uniform(0, 0.05, int(rng.integers(1, 30))) ** rng.uniform(0.5, 2)
+        thr = multiplicity.rejection_thresholds(p, ALPHA, method)
+        reject = multipletests(p, alpha=ALPHA, method=sm)[0] if sm else p <= ALPHA
+        assert np.array_equal(np.isfinite(thr), reject)
+        assert np.all(p[reject] <= thr[reject])
+
+
+def test_cluster_interval_inverts_its_test():
+    rng = np.random.default_rng(5)
+    labels = np.repeat(np.arange(30), rng.integers(20, 80, 30))
+    d = np.where(rng.random(labels.size) < 0.05, rng.choice([-1.0, 1.0], labels.size), 0.0)
+    inf = inference.cluster_inference(d, labels)
+    ci = inf.confidence_interval(0.90)
+    assert inf.pvalue_greater(ci.low) == pytest.approx(0.05, abs=1e-9)
+    assert inf.pvalue_less(ci.high) == pytest.approx(0.05, abs=1e-9)
