@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+from evalparity.rundir import check_name
 from evalparity.spec import CellSpec, RunSpec
 
 TMP_PREFIX = ".tmp-"
@@ -75,13 +76,13 @@ def is_done(run_dir: Path, name: str, folder: str = "cells") -> bool:
 
 
 def tmp_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
-    return run_dir / folder / f"{TMP_PREFIX}{name}"
+    return run_dir / folder / f"{TMP_PREFIX}{check_name(name)}"
 
 
 def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Path:
     """Move the temp folder into place. A failed attempt never replaces a finished cell: it is kept
     beside it as ``<name>.failed``. Shards of a sharded cell live in ``shards/`` until they are merged."""
-    src = tmp_dir(run_dir, name, folder)
+    src = tmp_dir(run_dir, name, folder)  # checks the name: the target below is replaced, so it must be ours
     final = run_dir / folder / name
     if status != STATUS_OK and is_done(run_dir, name, folder):
         final = run_dir / folder / f"{name}.failed"

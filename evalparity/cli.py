@@ -47,6 +47,10 @@ def _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, ga
                         multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs)
 
 
+def _say(message: str) -> None:
+    console.print(f"[yellow]{message}[/yellow]", soft_wrap=True, highlight=False)
+
+
 def _default_out(model: str) -> Path:
     from evalparity.spec import model_label
 
@@ -263,16 +267,20 @@ def compare(
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
 ) -> None:
     """Compare existing lm-eval outputs (any model type) without rerunning anything."""
+    from evalparity import rundir
     from evalparity.importer import import_lm_eval_dirs
 
     if len(paths) < 2:
         raise EvalParityError("compare needs at least two lm-eval output directories")
+    for n in name or []:
+        rundir.check_name(n, "--name")
     run_dir = out or Path("results") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    names = import_lm_eval_dirs(paths, name or [], run_dir)
-    opts = _stats_options(reference or names[0], margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
-    if opts.reference not in names:
-        raise EvalParityError(f"--reference {opts.reference} is not one of the cells {', '.join(names)}")
-    raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
+    with rundir.acquire(run_dir, say=_say):
+        names = import_lm_eval_dirs(paths, name or [], run_dir)
+        opts = _stats_options(reference or names[0], margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
+        if opts.reference not in names:
+            raise EvalParityError(f"--reference {opts.reference} is not one of the cells {', '.join(names)}")
+        raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
 
 
 @app.command("drift")
