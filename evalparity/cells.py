@@ -70,8 +70,12 @@ def read_cell_json(cell_dir: Path) -> dict | None:
         return None
 
 
-def is_done(run_dir: Path, name: str, folder: str = "cells") -> bool:
+def is_done(run_dir: Path, name: str, folder: str = "cells", identity: str | None = None) -> bool:
+    """Whether the unit finished. With ``identity`` (``RunSpec.identity``), only if it finished under that
+    spec and model: a cell of another spec or model is never taken for this one's."""
     meta = read_cell_json(run_dir / folder / name)
+    if identity is not None and (meta or {}).get("spec_identity") != identity:
+        return False
     return bool(meta and meta.get("status") == STATUS_OK and (run_dir / folder / name / "samples.parquet").exists())
 
 
@@ -339,7 +343,8 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     out = out or tmp_dir(run_dir, cell.name)
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
                   "tag": cell.tag, "tf32": cell.tf32, "base_cell": cell.base_name, "model": spec.model,
-                  "model_path": model_path,
+                  "model_path": model_path, "spec_identity": spec.identity(),
+                  "model_fingerprint": (spec.model_fingerprint or {}).get("digest"),
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
                   "host": platform.node(), "placement": placement_meta(spec)}

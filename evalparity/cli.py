@@ -96,8 +96,10 @@ def run(
     shards: Annotated[int, typer.Option(help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1,
     tensor_parallel: Annotated[int, typer.Option(help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1,
     cells_per_gpu: Annotated[int, typer.Option(help="Cells that may share one GPU at a time (small models; each takes 1/N of it).")] = 1,
+    single_cell: Annotated[bool, typer.Option(help="Allow a run of one cell (nothing to compare it with): e.g. to add it to a run directory later.")] = False,
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
+    from evalparity import rundir
     from evalparity import tasks as tasks_mod
     from evalparity.data import embedded, mirrors
     from evalparity.devices import check_dtypes, resolve_device
@@ -133,11 +135,16 @@ def run(
     if tensor_parallel < 1 or cells_per_gpu < 1:
         raise EvalParityError("--tensor-parallel and --cells-per-gpu must be at least 1")
     placement = Placement(ray=ray, cells_per_gpu=cells_per_gpu)
+    # The run directory is locked before anything else, so a second run on it stops at once, naming the
+    # holder; a directory this run created is removed again if it fails before writing anything.
+    run_dir = out or _default_out(model if model is not None else embedded.MODEL_NAME)
+    lock = rundir.acquire(run_dir, say=_say)
+    head = None
     # A Ray instance of the run's own starts now, in its own process, so that its start overlaps the setup
     # below (torch's import, the task index, every task's data) instead of following it
     n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
-    head = early_ray_head(device, tensor_parallel, placement, n_jobs)
     try:
+        head = early_ray_head(device, tensor_parallel, placement, n_jobs)
         dev = resolve_device(device)
         bs = parse_batch_size(batch_size) if batch_size is not None else (8 if dev == "cpu" else "auto")
         task_limits = parse_task_limits(task_limit or [])
@@ -145,11 +152,16 @@ def run(
             raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
         cell_specs = build_cells(split_list(backends), split_list(dtypes), bs, repeat or [], split_list(tf32), shards)
         check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
+        if len(cell_specs) + len(_other_cells(run_dir, cell_specs)) < 2 and not single_cell:
+            raise EvalParityError(f"this run has a single cell ({cell_specs[0].name}): there is nothing to compare it "
+                                  "with; add a backend or dtype (e.g. --dtypes fp32,bf16), or pass --single-cell "
+                                  "to run it alone")
         offline = not mirrors.hub_reachable()
         if offline:
             os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
 
         model_id, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+        fingerprint = rundir.model_fingerprint(model_path, model_id, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
         if tasks is None:  # the default tasks read the embedded mirror; prepare it (once) before the preflight
             embedded.dataset_mirror(say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
         roots = mirrors.mirror_roots(datasets_dir)
@@ -169,6 +181,7 @@ def run(
                                 max_gen_toks=max_gen_toks),
             hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
             leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
+            model_fingerprint=fingerprint,
         )
         # The document count comes from the same rule the cells use (spec.samples), so the two cannot disagree.
         per_task = spec.samples()
@@ -183,7 +196,6 @@ def run(
             else:
                 raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
                                       f"{', '.join(c.name for c in cell_specs)}")
-        run_dir = out or _default_out(model if model is not None else str(model_path))
         log.mark("setup", log.t0)  # arguments, model, task index, preflight of every task's data
         outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
                               placement=placement, log=log, ray_head=head)
@@ -193,6 +205,9 @@ def run(
             console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
                           "Rerun the same command to retry them.[/red]")
         ok = [o for o in outcomes if o.status != "failed"]
+        if single_cell and len(ok) == len(outcomes) == 1:
+            console.print(f"one cell, {ok[0].name}, finished: no comparison made (--single-cell)")
+            raise typer.Exit(0)
         if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
             console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
             raise typer.Exit(EXIT_CELL_FAILED)
@@ -212,6 +227,18 @@ def run(
         log.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
         if head is not None:
             head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
+        lock.release()
+
+
+def _other_cells(run_dir: Path, cell_specs) -> list[str]:
+    """Cells an existing run directory's spec holds besides ``cell_specs`` (a run may add one cell to them)."""
+    import json
+
+    try:
+        old = json.loads((run_dir / "spec.json").read_text())
+        return [c["name"] for c in old.get("cells", []) if c["name"] not in {x.name for x in cell_specs}]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunLog | None = None) -> int:

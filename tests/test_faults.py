@@ -5,6 +5,8 @@ documented exit code. The cases and their outcomes are printed as a table at the
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,96 @@ def test_compare_input_holding_two_runs_is_refused(lm_dirs, tmp_path):
     assert "org__model-a" in line and "org__model-b" in line
     assert not (tmp_path / "o").exists()
     record("compare input dir with two lm-eval runs", "exit 2, one line listing both runs")
+
+
+def _tiny_args(model: str, tasks: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", "--model", model, "--tasks", "tiny_mc", "--include-path", str(tasks), "--backends", "hf",
+            "--dtypes", "fp32", "--limit", "2", "--max-length", "256", "--out", str(out), *extra]
+
+
+def _cells(out: Path) -> dict[str, str]:
+    return {p.name: p.joinpath("cell.json").read_text() for p in sorted((out / "cells").iterdir())
+            if p.joinpath("cell.json").exists()}
+
+
+def test_changed_model_at_the_same_path_is_refused(tiny_model, tiny_tasks, tmp_path):
+    import shutil
+
+    shutil.copytree(tiny_model, tmp_path / "m")
+    out = tmp_path / "r"
+    first = evalparity(*_tiny_args("./m", tiny_tasks, out, "--single-cell"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    spec = json.loads((out / "spec.json").read_text())
+    fp = spec["model_fingerprint"]
+    assert fp["source"] == str((tmp_path / "m").resolve())
+    assert fp["files"]["model.safetensors"]["kind"] == "weights" and fp["files"]["config.json"]["kind"] == "config"
+    assert json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())["model_fingerprint"] == fp["digest"]
+    cells_before = _cells(out)
+    # the same model, the same spec, another batch size for a finished cell: refused, nothing rerun
+    bs = evalparity(*_tiny_args("./m", tiny_tasks, out, "--dtypes", "fp32,bf16", "--batch-size", "4"), cwd=tmp_path)
+    line = one_line_error(bs)
+    assert bs.returncode == 2 and "finished with --batch-size 8, this run asks for 4" in line, line
+    record("rerun with another --batch-size", "exit 2, one line; spec.json and cells unchanged")
+    # new weights at the same path (same size): refused, naming the file
+    w = tmp_path / "m" / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-100:] = bytes(100)
+    w.write_bytes(bytes(data))
+    changed = evalparity(*_tiny_args("./m", tiny_tasks, out, "--dtypes", "fp32,bf16"), cwd=tmp_path)
+    line = one_line_error(changed)
+    assert changed.returncode == 2 and "holds cells of another model" in line, line
+    assert "weights file model.safetensors changed" in line, line
+    record("weights overwritten at the same path", "exit 2, one line naming model.safetensors; no cell rerun")
+    # ./m from another folder is another model
+    other = tmp_path / "elsewhere"
+    shutil.copytree(tiny_model, other / "m")
+    moved = evalparity(*_tiny_args("./m", tiny_tasks, out, "--dtypes", "fp32,bf16"), cwd=other)
+    line = one_line_error(moved)
+    assert moved.returncode == 2 and f"model: '{(tmp_path / 'm').resolve()}' there" in line, line
+    assert f"'{(other / 'm').resolve()}' now" in line, line
+    record("--model ./m from another folder", "exit 2, one line naming both paths")
+    assert _cells(out) == cells_before and json.loads((out / "spec.json").read_text()) == spec
+
+
+def test_single_cell_run_is_refused_before_any_model_loads(tiny_model, tiny_tasks, tmp_path):
+    out = tmp_path / "r"
+    proc = evalparity(*_tiny_args(str(tiny_model), tiny_tasks, out))
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "single cell (hf-fp32)" in line and "--single-cell" in line, line
+    assert not out.exists()
+    record("run with a single cell", "exit 2, one line, nothing written")
+
+
+def test_a_second_run_on_a_locked_dir_names_the_holder(tiny_model, tiny_tasks, tmp_path):
+    import platform
+
+    from evalparity import rundir
+
+    out = tmp_path / "r"
+    with rundir.acquire(out):
+        before = snapshot(tmp_path)
+        proc = evalparity(*_tiny_args(str(tiny_model), tiny_tasks, out, "--dtypes", "fp32,bf16"))
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and f"pid {os.getpid()} on {platform.node()}" in line, line
+        assert snapshot(tmp_path) == before
+        rep = evalparity("compare", str(tmp_path), str(tmp_path), "--out", str(out))
+        assert "is in use by another evalparity" in one_line_error(rep)
+    assert not out.exists()  # the lock's own directory goes with it, being empty
+    record("second run while a run holds the dir", "exit 2, one line naming host and pid; nothing written")
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tiny_model, tiny_tasks, tmp_path):
+    import platform
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / ".evalparity.lock").write_text(json.dumps({"host": platform.node(), "pid": dead.pid,
+                                                      "started": "2025-01-01T00:00:00", "argv": ["run"]}))
+    proc = evalparity(*_tiny_args(str(tiny_model), tiny_tasks, out))  # refused later (one cell): lock taken first
+    assert "took over a stale lock" in proc.stderr and f"pid {dead.pid}" in proc.stderr, proc.stderr
+    assert "single cell" in one_line_error(proc)
+    assert not (out / ".evalparity.lock").exists()
+    record("stale lock of a dead pid on this host", "taken over, with a message")
