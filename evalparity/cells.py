@@ -63,6 +63,67 @@ def write_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
+@contextlib.contextmanager
+def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
+    """A staging folder that reads like ``run_dir`` (links to everything but ``names``), for code that
+    writes ``run_dir/<name>/``; when the block ends without error, each ``<name>`` replaces the run's own,
+    back to back, so readers see the old set or the new one. On error the run's own are untouched."""
+    stage = run_dir / f"{TMP_PREFIX}outputs-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    trash: list[Path] = []
+    try:
+        for p in run_dir.iterdir():
+            if p.name not in names and not p.name.startswith("."):
+                (stage / p.name).symlink_to(p.resolve())
+        yield stage
+        for name in names:  # old ones out of the way first, so the swap is two renames back to back
+            if (run_dir / name).exists():
+                trash.append(run_dir / f".trash-{name}-{os.getpid()}")
+                (run_dir / name).replace(trash[-1])
+        for name in names:
+            if (stage / name).exists():
+                (stage / name).replace(run_dir / name)
+    except BaseException:
+        for t in trash:  # put back what was moved aside
+            with contextlib.suppress(OSError):
+                t.replace(run_dir / t.name.removeprefix(".trash-").rsplit("-", 1)[0])
+        raise
+    finally:
+        for t in trash:
+            shutil.rmtree(t, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def check_readable(run_dir: Path) -> None:
+    """Refuse, in one line, a run whose ``spec.json``, a cell's ``cell.json`` or a finished cell's
+    ``samples.parquet`` is truncated or corrupt, before any statistics: a traceback midway through would
+    leave a half-written report. (A finished cell whose table is missing is the statistics' business.)"""
+    from evalparity.errors import EvalParityError
+
+    spec = run_dir / "spec.json"
+    if spec.exists():
+        try:
+            json.loads(spec.read_text())
+        except (OSError, ValueError) as err:
+            raise EvalParityError(f"{spec} is truncated or corrupt ({type(err).__name__}): restore it, or rerun "
+                                  "the run into a new --out") from None
+    cells_dir = run_dir / "cells"
+    for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
+        if not d.is_dir() or d.name.startswith(".") or not (d / "cell.json").exists():
+            continue
+        try:
+            meta = json.loads((d / "cell.json").read_text())
+        except (OSError, ValueError) as err:
+            raise EvalParityError(f"{d / 'cell.json'} is truncated or corrupt ({type(err).__name__}): remove "
+                                  f"{d} and rerun the same command to redo that cell") from None
+        table = d / "samples.parquet"
+        if isinstance(meta, dict) and meta.get("status") == STATUS_OK and table.exists():
+            from evalparity.samples import check_table
+
+            check_table(table)
+
+
 def read_cell_json(cell_dir: Path) -> dict | None:
     try:
         return json.loads((cell_dir / "cell.json").read_text())

@@ -242,16 +242,29 @@ def _other_cells(run_dir: Path, cell_specs) -> list[str]:
 
 
 def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunLog | None = None) -> int:
+    """Statistics and report, written into a staging folder and published together (``cells.publish_outputs``):
+    a full disk or a kill midway leaves the previous ``stats/`` and ``report/`` as they were, never a new
+    ``report.md`` beside an old ``report.html``. A failed write is one line, exit 2."""
+    from evalparity import cells
     from evalparity.report import write_report
     from evalparity.stats.compare import compute
 
     log = log or RunLog()
-    console.print("statistics ...")
-    with log.stage("statistics"):
-        result = compute(run_dir, opts)
-    console.print("report ...")
-    with log.stage("report"):
-        paths = write_report(run_dir)
+    cells.check_readable(run_dir)
+    try:
+        with cells.staged_outputs(run_dir, ("stats", "report")) as stage:
+            console.print("statistics ...")
+            with log.stage("statistics"):
+                result = compute(stage, opts)
+            console.print("report ...")
+            with log.stage("report"):
+                paths = {k: run_dir / Path(v).relative_to(stage) for k, v in write_report(stage).items()}
+    except EvalParityError as err:  # messages name the run directory, not the staging folder
+        raise EvalParityError(str(err).replace(str(stage), str(run_dir)), err.exit_code) from None
+    except OSError as err:
+        raise EvalParityError(f"could not write the statistics and report into {run_dir} "
+                              f"({err.strerror or err}): free space or make it writable, then rerun "
+                              f"`evalparity report {run_dir}` (the previous report, if any, is unchanged)") from None
     code = result.exit_code(fail_on_inconclusive)
     style = {"PASS": "green", "FAIL": "red"}.get(result.sign_off, "yellow")
     console.print(f"[bold {style}]sign-off: {result.sign_off}[/bold {style}] ({result.reason})")
@@ -273,10 +286,13 @@ def report(
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
 ) -> None:
     """Recompute the statistics of a run directory and write report.md, report.html and verdicts.json."""
+    from evalparity import rundir
+
     if not (run_dir / "cells").is_dir():
         raise EvalParityError(f"{run_dir} is not a run directory (no cells/ folder): give the --out of a run")
     opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
-    raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
+    with rundir.acquire(run_dir, create=False, say=_say, flag="run directory"):
+        raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
 
 
 @app.command()

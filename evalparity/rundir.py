@@ -60,6 +60,9 @@ def writable_dir_error(path: Path, err: OSError, flag: str = "--out") -> EvalPar
     why = {errno.EROFS: "is on a read-only filesystem", errno.EACCES: "is not writable (permission denied)",
            errno.EPERM: "is not writable (permission denied)", errno.ENOSPC: "is on a full disk",
            errno.EDQUOT: "is over its disk quota"}.get(err.errno, f"cannot be written ({err.strerror})")
+    if flag == "run directory":  # report: it writes stats/ and report/ into the run it reads
+        return EvalParityError(f"run directory {path} {why}: report writes stats/ and report/ into it; copy the "
+                               f"run somewhere writable (cp -r {path} DEST) and run report on the copy")
     return EvalParityError(f"{flag} {path} {why}: give {flag} a writable directory with free space")
 
 

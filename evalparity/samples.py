@@ -221,8 +221,28 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
         df.to_parquet(tmp, engine="pyarrow", index=False)
 
 
+def _unreadable(path: Path, err: Exception) -> EvalParityError:
+    return EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): remove {Path(path).parent} and "
+                           "rerun the same command to redo that cell")
+
+
+def check_table(path: Path) -> None:
+    """Read a parquet table's footer and schema (cheap): a one-line error if it is truncated or corrupt."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except (OSError, ValueError, Exception) as err:  # noqa: BLE001 - pyarrow's ArrowInvalid and kin
+        raise _unreadable(path, err) from None
+
+
 def read_table(path: Path) -> pd.DataFrame:
-    return pd.read_parquet(path, engine="pyarrow")
+    try:
+        return pd.read_parquet(path, engine="pyarrow")
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pyarrow's ArrowInvalid (truncated file) and kin
+        raise _unreadable(path, err) from None
 
 
 # ---------------------------------------------------------------- alignment across cells

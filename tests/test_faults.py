@@ -170,3 +170,105 @@ def test_a_stale_lock_of_a_dead_process_is_taken_over(tiny_model, tiny_tasks, tm
     assert "single cell" in one_line_error(proc)
     assert not (out / ".evalparity.lock").exists()
     record("stale lock of a dead pid on this host", "taken over, with a message")
+
+
+@pytest.fixture()
+def syn_run(tmp_path):
+    from synthetic import make_run
+
+    run = make_run(tmp_path / "run", n_tasks=2, cells=["hf-fp32", "vllm-fp32", "vllm-bf16"], docs_per_task=30)
+    return run
+
+
+@pytest.mark.parametrize("victim", ["spec.json", "cells/vllm-fp32/cell.json", "cells/vllm-fp32/samples.parquet"])
+def test_report_on_a_truncated_file_is_one_line(syn_run, victim):
+    first = evalparity("report", str(syn_run), "--no-fail-on-inconclusive")
+    assert first.returncode in (0, 3), first.stderr[-2000:]
+    f = syn_run / victim
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    before = snapshot(syn_run)
+    proc = evalparity("report", str(syn_run))
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "truncated or corrupt" in line and victim.split("/")[-1] in line, line
+    assert snapshot(syn_run) == before  # the earlier report is left whole
+    record(f"report with a truncated {victim.split('/')[-1]}", "exit 2, one line naming it; old report kept")
+
+
+def _mount_tmpfs(path: Path, size_kb: int) -> bool:
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def _umount(path: Path) -> None:
+    import subprocess
+
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_report_on_a_read_only_run_dir(tmp_path):
+    import shutil
+    import subprocess
+
+    from synthetic import make_run
+
+    mnt = tmp_path / "ro"
+    if not _mount_tmpfs(mnt, 20_000):
+        pytest.skip("needs root to mount a tmpfs (chmod does not stop root)")
+    try:
+        run = make_run(mnt / "run", n_tasks=1, cells=["hf-fp32", "vllm-fp32"], docs_per_task=20)
+        assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode == 0
+        proc = evalparity("report", str(run))
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and "read-only filesystem" in line and "cp -r" in line, line
+        record("report on a read-only run dir", "exit 2, one line: copy it somewhere writable")
+        out = evalparity("compare", str(tmp_path), str(tmp_path), "--out", str(mnt / "new"))
+        line = one_line_error(out)
+        assert out.returncode == 2 and "read-only filesystem" in line, line
+        record("--out on a read-only filesystem", "exit 2, one line")
+    finally:
+        _umount(mnt)
+        shutil.rmtree(mnt, ignore_errors=True)
+
+
+def test_out_that_is_a_file(tiny_model, tiny_tasks, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    for args in (_tiny_args(str(tiny_model), tiny_tasks, f, "--dtypes", "fp32,bf16"),
+                 ["compare", str(tmp_path), str(tmp_path), "--out", str(f / "sub")]):
+        proc = evalparity(*args)
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and "file" in line and "give --out a directory" in line, line
+    assert f.read_text() == "x"
+    record("--out that is a file (or below one)", "exit 2, one line")
+
+
+def test_report_on_a_full_disk_publishes_nothing(tmp_path):
+    import shutil
+
+    from synthetic import make_run
+
+    mnt = tmp_path / "small"
+    if not _mount_tmpfs(mnt, 1200):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        run = make_run(mnt / "run", n_tasks=2, cells=["hf-fp32", "vllm-fp32"], docs_per_task=40)
+        first = evalparity("report", str(run), "--no-fail-on-inconclusive")
+        assert first.returncode in (0, 3), first.stderr[-2000:]
+        before = snapshot(run)
+        filler = mnt / "filler"
+        free = shutil.disk_usage(mnt).free
+        filler.write_bytes(bytes(max(0, free - 150_000)))  # room for part of a report, not all of it
+        proc = evalparity("report", str(run), "--margin", "0.02")
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and "could not write" in line and "No space left" in line, line
+        assert snapshot(run) == before  # report.md, report.html and verdicts.json all still the old ones
+        assert not [p for p in run.iterdir() if p.name.startswith(".")]
+        record("ENOSPC during report", "exit 2, one line; previous stats/ and report/ unchanged")
+    finally:
+        _umount(mnt)
+        shutil.rmtree(mnt, ignore_errors=True)
