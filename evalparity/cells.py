@@ -149,6 +149,9 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     beside it as ``<name>.failed``. Shards of a sharded cell live in ``shards/`` until they are merged."""
     src = tmp_dir(run_dir, name, folder)  # checks the name: the target below is replaced, so it must be ours
     final = run_dir / folder / name
+    if status != STATUS_OK:
+        with contextlib.suppress(OSError):  # a full disk must not stop the attempt from being recorded
+            archive_attempt(run_dir, name, folder)
     if status != STATUS_OK and is_done(run_dir, name, folder):
         final = run_dir / folder / f"{name}.failed"
     trash = None
@@ -159,6 +162,45 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
     return final
+
+
+def attempts_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
+    return run_dir / folder / f"{check_name(name)}.attempts"
+
+
+def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
+    """Keep a failed attempt's reason and log as ``<name>.attempts/attempt-N.{json,log}``: the next attempt
+    replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all of them."""
+    src = tmp_dir(run_dir, name, folder)
+    hist = attempts_dir(run_dir, name, folder)
+    hist.mkdir(exist_ok=True)
+    n = 1 + len(list(hist.glob("attempt-*.json")))
+    log = src / "cell.log"
+    if log.exists():
+        shutil.copyfile(log, hist / f"attempt-{n}.log")
+    meta = read_cell_json(src) or {}
+    write_json(hist / f"attempt-{n}.json", {"attempt": n, "error": meta.get("error"), "finished": meta.get("finished"),
+                                            "log": f"attempt-{n}.log" if log.exists() else None})
+
+
+def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dict]:
+    """Every recorded failed attempt of a unit, oldest first, with its log's path relative to the run."""
+    hist = run_dir / folder / f"{name}.attempts"
+    out = []
+    for p in hist.glob("attempt-*.json") if hist.is_dir() else []:
+        meta = read_json(p)
+        if meta:
+            meta["log_path"] = str((hist / meta["log"]).relative_to(run_dir)) if meta.get("log") else None
+            out.append(meta)
+    return sorted(out, key=lambda m: m.get("attempt", 0))
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def unit_location(cell: str, shard: int = 0, shards: int = 1) -> tuple[str, str]:

@@ -204,6 +204,7 @@ def run(
         if failed:
             console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
                           "Rerun the same command to retry them.[/red]")
+            _print_attempts(run_dir, failed, {o.name: o.meta for o in outcomes})
         ok = [o for o in outcomes if o.status != "failed"]
         if single_cell and len(ok) == len(outcomes) == 1:
             console.print(f"one cell, {ok[0].name}, finished: no comparison made (--single-cell)")
@@ -228,6 +229,24 @@ def run(
         if head is not None:
             head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
         lock.release()
+
+
+def _print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) -> None:
+    """Every failed attempt of each failed cell (or its shards), each with its reason and kept log."""
+    from evalparity import cells
+
+    for name in failed:
+        units = [("cells", name)] + [("shards", p.name.removesuffix(".attempts"))
+                                     for p in sorted((run_dir / "shards").glob(f"{name}.*of*.attempts"))]
+        shown = False
+        for folder, unit in units:
+            for a in cells.attempt_history(run_dir, unit, folder):
+                shown = True
+                console.print(f"  {unit} attempt {a.get('attempt')}: {a.get('error') or 'no reason recorded'}"
+                              f" (log: {a.get('log_path') or 'none written'})", soft_wrap=True, highlight=False)
+        if not shown:
+            console.print(f"  {name}: {metas.get(name, {}).get('error') or 'no reason recorded'}", soft_wrap=True,
+                          highlight=False)
 
 
 def _other_cells(run_dir: Path, cell_specs) -> list[str]:

@@ -272,3 +272,19 @@ def test_report_on_a_full_disk_publishes_nothing(tmp_path):
     finally:
         _umount(mnt)
         shutil.rmtree(mnt, ignore_errors=True)
+
+
+def test_every_failed_attempt_keeps_its_reason_and_log(tiny_model, tiny_tasks, tmp_path):
+    out = tmp_path / "r"
+    # backend=seq2seq makes HF load an encoder-decoder class for a Llama config: a real crash in the cell
+    args = _tiny_args(str(tiny_model), tiny_tasks, out, "--single-cell", "--hf-args", "backend=seq2seq")
+    for n in (1, 2):
+        proc = evalparity(*args)
+        assert proc.returncode == 5, proc.stderr[-2000:]
+        assert f"hf-fp32 attempt {n}:" in proc.stderr and f"hf-fp32.attempts/attempt-{n}.log" in proc.stderr
+    hist = out / "cells" / "hf-fp32.attempts"
+    for n in (1, 2):
+        assert "Traceback" in (hist / f"attempt-{n}.log").read_text()
+        assert json.loads((hist / f"attempt-{n}.json").read_text())["error"]
+    assert json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())["status"] == "failed"
+    record("a cell failing twice", "exit 5; attempt-1 and attempt-2 logs and reasons kept and printed")
