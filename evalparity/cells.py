@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+from evalparity.rundir import check_name
 from evalparity.spec import CellSpec, RunSpec
 
 TMP_PREFIX = ".tmp-"
@@ -62,6 +63,67 @@ def write_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
+@contextlib.contextmanager
+def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
+    """A staging folder that reads like ``run_dir`` (links to everything but ``names``), for code that
+    writes ``run_dir/<name>/``; when the block ends without error, each ``<name>`` replaces the run's own,
+    back to back, so readers see the old set or the new one. On error the run's own are untouched."""
+    stage = run_dir / f"{TMP_PREFIX}outputs-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    trash: list[Path] = []
+    try:
+        for p in run_dir.iterdir():
+            if p.name not in names and not p.name.startswith("."):
+                (stage / p.name).symlink_to(p.resolve())
+        yield stage
+        for name in names:  # old ones out of the way first, so the swap is two renames back to back
+            if (run_dir / name).exists():
+                trash.append(run_dir / f".trash-{name}-{os.getpid()}")
+                (run_dir / name).replace(trash[-1])
+        for name in names:
+            if (stage / name).exists():
+                (stage / name).replace(run_dir / name)
+    except BaseException:
+        for t in trash:  # put back what was moved aside
+            with contextlib.suppress(OSError):
+                t.replace(run_dir / t.name.removeprefix(".trash-").rsplit("-", 1)[0])
+        raise
+    finally:
+        for t in trash:
+            shutil.rmtree(t, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def check_readable(run_dir: Path) -> None:
+    """Refuse, in one line, a run whose ``spec.json``, a cell's ``cell.json`` or a finished cell's
+    ``samples.parquet`` is truncated or corrupt, before any statistics: a traceback midway through would
+    leave a half-written report. (A finished cell whose table is missing is the statistics' business.)"""
+    from evalparity.errors import EvalParityError
+
+    spec = run_dir / "spec.json"
+    if spec.exists():
+        try:
+            json.loads(spec.read_text())
+        except (OSError, ValueError) as err:
+            raise EvalParityError(f"{spec} is truncated or corrupt ({type(err).__name__}): restore it, or rerun "
+                                  "the run into a new --out") from None
+    cells_dir = run_dir / "cells"
+    for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
+        if not d.is_dir() or d.name.startswith(".") or not (d / "cell.json").exists():
+            continue
+        try:
+            meta = json.loads((d / "cell.json").read_text())
+        except (OSError, ValueError) as err:
+            raise EvalParityError(f"{d / 'cell.json'} is truncated or corrupt ({type(err).__name__}): remove "
+                                  f"{d} and rerun the same command to redo that cell") from None
+        table = d / "samples.parquet"
+        if isinstance(meta, dict) and meta.get("status") == STATUS_OK and table.exists():
+            from evalparity.samples import check_table
+
+            check_table(table)
+
+
 def read_cell_json(cell_dir: Path) -> dict | None:
     try:
         return json.loads((cell_dir / "cell.json").read_text())
@@ -69,20 +131,27 @@ def read_cell_json(cell_dir: Path) -> dict | None:
         return None
 
 
-def is_done(run_dir: Path, name: str, folder: str = "cells") -> bool:
+def is_done(run_dir: Path, name: str, folder: str = "cells", identity: str | None = None) -> bool:
+    """Whether the unit finished. With ``identity`` (``RunSpec.identity``), only if it finished under that
+    spec and model: a cell of another spec or model is never taken for this one's."""
     meta = read_cell_json(run_dir / folder / name)
+    if identity is not None and (meta or {}).get("spec_identity") != identity:
+        return False
     return bool(meta and meta.get("status") == STATUS_OK and (run_dir / folder / name / "samples.parquet").exists())
 
 
 def tmp_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
-    return run_dir / folder / f"{TMP_PREFIX}{name}"
+    return run_dir / folder / f"{TMP_PREFIX}{check_name(name)}"
 
 
 def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Path:
     """Move the temp folder into place. A failed attempt never replaces a finished cell: it is kept
     beside it as ``<name>.failed``. Shards of a sharded cell live in ``shards/`` until they are merged."""
-    src = tmp_dir(run_dir, name, folder)
+    src = tmp_dir(run_dir, name, folder)  # checks the name: the target below is replaced, so it must be ours
     final = run_dir / folder / name
+    if status != STATUS_OK:
+        with contextlib.suppress(OSError):  # a full disk must not stop the attempt from being recorded
+            archive_attempt(run_dir, name, folder)
     if status != STATUS_OK and is_done(run_dir, name, folder):
         final = run_dir / folder / f"{name}.failed"
     trash = None
@@ -93,6 +162,45 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
     return final
+
+
+def attempts_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
+    return run_dir / folder / f"{check_name(name)}.attempts"
+
+
+def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
+    """Keep a failed attempt's reason and log as ``<name>.attempts/attempt-N.{json,log}``: the next attempt
+    replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all of them."""
+    src = tmp_dir(run_dir, name, folder)
+    hist = attempts_dir(run_dir, name, folder)
+    hist.mkdir(exist_ok=True)
+    n = 1 + len(list(hist.glob("attempt-*.json")))
+    log = src / "cell.log"
+    if log.exists():
+        shutil.copyfile(log, hist / f"attempt-{n}.log")
+    meta = read_cell_json(src) or {}
+    write_json(hist / f"attempt-{n}.json", {"attempt": n, "error": meta.get("error"), "finished": meta.get("finished"),
+                                            "log": f"attempt-{n}.log" if log.exists() else None})
+
+
+def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dict]:
+    """Every recorded failed attempt of a unit, oldest first, with its log's path relative to the run."""
+    hist = run_dir / folder / f"{name}.attempts"
+    out = []
+    for p in hist.glob("attempt-*.json") if hist.is_dir() else []:
+        meta = read_json(p)
+        if meta:
+            meta["log_path"] = str((hist / meta["log"]).relative_to(run_dir)) if meta.get("log") else None
+            out.append(meta)
+    return sorted(out, key=lambda m: m.get("attempt", 0))
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def unit_location(cell: str, shard: int = 0, shards: int = 1) -> tuple[str, str]:
@@ -338,7 +446,8 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     out = out or tmp_dir(run_dir, cell.name)
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
                   "tag": cell.tag, "tf32": cell.tf32, "base_cell": cell.base_name, "model": spec.model,
-                  "model_path": model_path,
+                  "model_path": model_path, "spec_identity": spec.identity(),
+                  "model_fingerprint": (spec.model_fingerprint or {}).get("digest"),
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
                   "host": platform.node(), "placement": placement_meta(spec)}

@@ -47,6 +47,10 @@ def _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, ga
                         multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs)
 
 
+def _say(message: str) -> None:
+    console.print(f"[yellow]{message}[/yellow]", soft_wrap=True, highlight=False)
+
+
 def _default_out(model: str) -> Path:
     from evalparity.spec import model_label
 
@@ -92,8 +96,10 @@ def run(
     shards: Annotated[int, typer.Option(help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1,
     tensor_parallel: Annotated[int, typer.Option(help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1,
     cells_per_gpu: Annotated[int, typer.Option(help="Cells that may share one GPU at a time (small models; each takes 1/N of it).")] = 1,
+    single_cell: Annotated[bool, typer.Option(help="Allow a run of one cell (nothing to compare it with): e.g. to add it to a run directory later.")] = False,
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
+    from evalparity import rundir
     from evalparity import tasks as tasks_mod
     from evalparity.data import embedded, mirrors
     from evalparity.devices import check_dtypes, resolve_device
@@ -129,11 +135,16 @@ def run(
     if tensor_parallel < 1 or cells_per_gpu < 1:
         raise EvalParityError("--tensor-parallel and --cells-per-gpu must be at least 1")
     placement = Placement(ray=ray, cells_per_gpu=cells_per_gpu)
+    # The run directory is locked before anything else, so a second run on it stops at once, naming the
+    # holder; a directory this run created is removed again if it fails before writing anything.
+    run_dir = out or _default_out(model if model is not None else embedded.MODEL_NAME)
+    lock = rundir.acquire(run_dir, say=_say)
+    head = None
     # A Ray instance of the run's own starts now, in its own process, so that its start overlaps the setup
     # below (torch's import, the task index, every task's data) instead of following it
     n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
-    head = early_ray_head(device, tensor_parallel, placement, n_jobs)
     try:
+        head = early_ray_head(device, tensor_parallel, placement, n_jobs)
         dev = resolve_device(device)
         bs = parse_batch_size(batch_size) if batch_size is not None else (8 if dev == "cpu" else "auto")
         task_limits = parse_task_limits(task_limit or [])
@@ -141,11 +152,16 @@ def run(
             raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
         cell_specs = build_cells(split_list(backends), split_list(dtypes), bs, repeat or [], split_list(tf32), shards)
         check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
+        if len(cell_specs) + len(_other_cells(run_dir, cell_specs)) < 2 and not single_cell:
+            raise EvalParityError(f"this run has a single cell ({cell_specs[0].name}): there is nothing to compare it "
+                                  "with; add a backend or dtype (e.g. --dtypes fp32,bf16), or pass --single-cell "
+                                  "to run it alone")
         offline = not mirrors.hub_reachable()
         if offline:
             os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
 
         model_id, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+        fingerprint = rundir.model_fingerprint(model_path, model_id, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
         if tasks is None:  # the default tasks read the embedded mirror; prepare it (once) before the preflight
             embedded.dataset_mirror(say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
         roots = mirrors.mirror_roots(datasets_dir)
@@ -165,6 +181,7 @@ def run(
                                 max_gen_toks=max_gen_toks),
             hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
             leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
+            model_fingerprint=fingerprint,
         )
         # The document count comes from the same rule the cells use (spec.samples), so the two cannot disagree.
         per_task = spec.samples()
@@ -179,7 +196,6 @@ def run(
             else:
                 raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
                                       f"{', '.join(c.name for c in cell_specs)}")
-        run_dir = out or _default_out(model if model is not None else str(model_path))
         log.mark("setup", log.t0)  # arguments, model, task index, preflight of every task's data
         outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
                               placement=placement, log=log, ray_head=head)
@@ -188,7 +204,11 @@ def run(
         if failed:
             console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
                           "Rerun the same command to retry them.[/red]")
+            _print_attempts(run_dir, failed, {o.name: o.meta for o in outcomes})
         ok = [o for o in outcomes if o.status != "failed"]
+        if single_cell and len(ok) == len(outcomes) == 1:
+            console.print(f"one cell, {ok[0].name}, finished: no comparison made (--single-cell)")
+            raise typer.Exit(0)
         if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
             console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
             raise typer.Exit(EXIT_CELL_FAILED)
@@ -208,19 +228,62 @@ def run(
         log.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
         if head is not None:
             head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
+        lock.release()
+
+
+def _print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) -> None:
+    """Every failed attempt of each failed cell (or its shards), each with its reason and kept log."""
+    from evalparity import cells
+
+    for name in failed:
+        units = [("cells", name)] + [("shards", p.name.removesuffix(".attempts"))
+                                     for p in sorted((run_dir / "shards").glob(f"{name}.*of*.attempts"))]
+        shown = False
+        for folder, unit in units:
+            for a in cells.attempt_history(run_dir, unit, folder):
+                shown = True
+                console.print(f"  {unit} attempt {a.get('attempt')}: {a.get('error') or 'no reason recorded'}"
+                              f" (log: {a.get('log_path') or 'none written'})", soft_wrap=True, highlight=False)
+        if not shown:
+            console.print(f"  {name}: {metas.get(name, {}).get('error') or 'no reason recorded'}", soft_wrap=True,
+                          highlight=False)
+
+
+def _other_cells(run_dir: Path, cell_specs) -> list[str]:
+    """Cells an existing run directory's spec holds besides ``cell_specs`` (a run may add one cell to them)."""
+    import json
+
+    try:
+        old = json.loads((run_dir / "spec.json").read_text())
+        return [c["name"] for c in old.get("cells", []) if c["name"] not in {x.name for x in cell_specs}]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunLog | None = None) -> int:
+    """Statistics and report, written into a staging folder and published together (``cells.publish_outputs``):
+    a full disk or a kill midway leaves the previous ``stats/`` and ``report/`` as they were, never a new
+    ``report.md`` beside an old ``report.html``. A failed write is one line, exit 2."""
+    from evalparity import cells
     from evalparity.report import write_report
     from evalparity.stats.compare import compute
 
     log = log or RunLog()
-    console.print("statistics ...")
-    with log.stage("statistics"):
-        result = compute(run_dir, opts)
-    console.print("report ...")
-    with log.stage("report"):
-        paths = write_report(run_dir)
+    cells.check_readable(run_dir)
+    try:
+        with cells.staged_outputs(run_dir, ("stats", "report")) as stage:
+            console.print("statistics ...")
+            with log.stage("statistics"):
+                result = compute(stage, opts)
+            console.print("report ...")
+            with log.stage("report"):
+                paths = {k: run_dir / Path(v).relative_to(stage) for k, v in write_report(stage).items()}
+    except EvalParityError as err:  # messages name the run directory, not the staging folder
+        raise EvalParityError(str(err).replace(str(stage), str(run_dir)), err.exit_code) from None
+    except OSError as err:
+        raise EvalParityError(f"could not write the statistics and report into {run_dir} "
+                              f"({err.strerror or err}): free space or make it writable, then rerun "
+                              f"`evalparity report {run_dir}` (the previous report, if any, is unchanged)") from None
     code = result.exit_code(fail_on_inconclusive)
     style = {"PASS": "green", "FAIL": "red"}.get(result.sign_off, "yellow")
     console.print(f"[bold {style}]sign-off: {result.sign_off}[/bold {style}] ({result.reason})")
@@ -242,10 +305,13 @@ def report(
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
 ) -> None:
     """Recompute the statistics of a run directory and write report.md, report.html and verdicts.json."""
+    from evalparity import rundir
+
     if not (run_dir / "cells").is_dir():
         raise EvalParityError(f"{run_dir} is not a run directory (no cells/ folder): give the --out of a run")
     opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
-    raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
+    with rundir.acquire(run_dir, create=False, say=_say, flag="run directory"):
+        raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
 
 
 @app.command()
@@ -263,16 +329,20 @@ def compare(
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
 ) -> None:
     """Compare existing lm-eval outputs (any model type) without rerunning anything."""
+    from evalparity import rundir
     from evalparity.importer import import_lm_eval_dirs
 
     if len(paths) < 2:
         raise EvalParityError("compare needs at least two lm-eval output directories")
+    for n in name or []:
+        rundir.check_name(n, "--name")
     run_dir = out or Path("results") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    names = import_lm_eval_dirs(paths, name or [], run_dir)
-    opts = _stats_options(reference or names[0], margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
-    if opts.reference not in names:
-        raise EvalParityError(f"--reference {opts.reference} is not one of the cells {', '.join(names)}")
-    raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
+    with rundir.acquire(run_dir, say=_say):
+        names = import_lm_eval_dirs(paths, name or [], run_dir)
+        opts = _stats_options(reference or names[0], margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
+        if opts.reference not in names:
+            raise EvalParityError(f"--reference {opts.reference} is not one of the cells {', '.join(names)}")
+        raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
 
 
 @app.command("drift")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from evalparity import cells, samples
 from evalparity.errors import EvalParityError
+from evalparity.rundir import check_name, contents
 from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE
 
 
@@ -35,9 +36,35 @@ def cell_name_for(results: dict, fallback: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", fallback) or "cell"
 
 
+COMPARE_FILE = "compare.json"
+
+
+def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
+    """Make ``run_dir`` this comparison's: an empty (or new) directory, or one that holds the same
+    comparison (same inputs, same names), whose cells are then replaced. Anything else is refused, so that
+    no stale cell of another comparison is read into this one's statistics."""
+    ident = {"schema": "evalparity.compare/1", "inputs": [str(Path(p).resolve()) for p in paths], "names": names}
+    if contents(run_dir):
+        try:
+            old = json.loads((run_dir / COMPARE_FILE).read_text())
+        except (OSError, ValueError):
+            old = None
+        if not isinstance(old, dict) or "inputs" not in old:
+            raise EvalParityError(f"--out {run_dir} exists and does not hold an evalparity comparison: use another "
+                                  "--out (or an empty directory)")
+        if old.get("inputs") != ident["inputs"] or old.get("names") != names:
+            was = ", ".join(f"{n}={p}" for n, p in zip(old.get("names") or [], old.get("inputs") or []))
+            raise EvalParityError(f"--out {run_dir} holds another comparison ({was}): use another --out, or remove "
+                                  "that directory")
+    (run_dir / "cells").mkdir(parents=True, exist_ok=True)
+    cells.write_json(run_dir / COMPARE_FILE, ident)
+
+
 def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> list[str]:
     if names and len(names) != len(paths):
         raise EvalParityError(f"--name was given {len(names)} times for {len(paths)} paths: give one per path")
+    for n in names:  # before anything is read or written: a name becomes cells/<name>
+        check_name(n, "--name")
     loaded = []
     for i, p in enumerate(paths):
         results, task_samples = samples.read_lm_eval_dir(Path(p))
@@ -48,14 +75,15 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
     final = []
     for name, *_ in loaded:
         used[name] = used.get(name, 0) + 1
-        final.append(name if used[name] == 1 else f"{name}-{used[name]}")
+        final.append(check_name(name if used[name] == 1 else f"{name}-{used[name]}",
+                                "cell name (from the lm-eval config; set it with --name)"))
     tasks = [set(t["task"]) for *_, t in loaded]
     common = set.intersection(*tasks)
     if not common:
         raise EvalParityError("the lm-eval outputs have no task in common: compare runs of the same tasks")
     tables = {n: t[t["task"].isin(common)].reset_index(drop=True) for n, (*_, t) in zip(final, loaded)}
     samples.check_alignment(tables)
-    (run_dir / "cells").mkdir(parents=True, exist_ok=True)
+    claim_out(run_dir, paths, final)
     for name, (_, p, results, _) in zip(final, loaded):
         tmp = cells.tmp_dir(run_dir, name)
         if tmp.exists():

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evalparity import cells
+from evalparity import cells, rundir
 from evalparity.errors import EvalParityError
 from evalparity.runlog import RunLog
 from evalparity.spec import RunSpec
@@ -31,7 +31,21 @@ class CellOutcome:
     meta: dict
 
 
-def prepare_run_dir(run_dir: Path, spec: RunSpec) -> None:
+def _check_cell_settings(run_dir: Path, old: RunSpec, new: RunSpec, force: bool) -> None:
+    """A finished cell keeps the settings it ran with: a rerun that asks for another batch size (or shard
+    count) for it is refused unless ``force`` reruns it, so spec.json never disagrees with a cell."""
+    before = {c.name: c for c in old.cells}
+    for c in new.cells:
+        was = before.get(c.name)
+        if was is None or force or not cells.is_done(run_dir, c.name, identity=new.identity()):
+            continue
+        for what, a, b in (("--batch-size", was.batch_size, c.batch_size), ("--shards", was.shards, c.shards)):
+            if str(a) != str(b):
+                raise EvalParityError(f"cell {c.name} finished with {what} {a}, this run asks for {b}: rerun with "
+                                      f"{what} {a} to resume, --force to rerun it with {b}, or use another --out")
+
+
+def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
     """Create the run directory and its spec.json, or check that an existing one is the same spec."""
     path = run_dir / "spec.json"
     if path.exists():
@@ -39,20 +53,28 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec) -> None:
             old = json.loads(path.read_text())
         except json.JSONDecodeError:
             raise EvalParityError(f"{path} is corrupt: remove it or use another --out") from None
-        old_spec = RunSpec.from_json(old)
+        try:
+            old_spec = RunSpec.from_json(old)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise EvalParityError(f"{path} is not a spec evalparity can read: remove it or use another --out") from None
         if old_spec.identity() != spec.identity():
             a, b = old_spec.to_json(), spec.to_json()
             diff = next((k for k in a if k != "cells" and a[k] != b.get(k)), "settings")
+            if diff == "model_fingerprint":
+                change = rundir.fingerprint_change(a.get(diff), b.get(diff))
+                raise EvalParityError(f"{run_dir} holds cells of another model ({change}): use another --out, or "
+                                      "remove that directory")
             raise EvalParityError(
                 f"{run_dir} holds a run of a different spec ({diff}: {a.get(diff)!r} there, {b.get(diff)!r} now): "
                 "use another --out, or remove that directory")
+        _check_cell_settings(run_dir, old_spec, spec, force)
         # Keep the union of cells, so that adding a cell to a run keeps the earlier ones in the spec.
         names = {c.name for c in spec.cells}
         merged = spec.to_json()
         merged["cells"] = [c for c in old["cells"] if c["name"] not in names] + merged["cells"]
         cells.write_json(path, merged)
         return
-    if run_dir.exists() and any(p for p in run_dir.iterdir() if p.name != ".gitkeep"):
+    if rundir.contents(run_dir):
         raise EvalParityError(f"{run_dir} exists and is not an evalparity run directory: use another --out")
     (run_dir / "cells").mkdir(parents=True, exist_ok=True)
     cells.write_json(path, spec.to_json())
@@ -130,12 +152,12 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
     merge_only: list = []
     gpus = spec.tensor_parallel / cells_per_gpu if spec.device != "cpu" else 0.0
     for cell in spec.cells:
-        if cells.is_done(run_dir, cell.name) and not force:
+        if cells.is_done(run_dir, cell.name, identity=spec.identity()) and not force:
             meta = cells.read_cell_json(run_dir / "cells" / cell.name) or {}
             done[cell.name] = CellOutcome(cell.name, "skipped", 0.0, meta)
             continue
         env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline)
-        todo = shards.pending_shards(run_dir, cell, force) if cell.shards > 1 else [0]
+        todo = shards.pending_shards(run_dir, cell, force, spec.identity()) if cell.shards > 1 else [0]
         if cell.shards > 1 and not todo:
             merge_only.append(cell)
         jobs += [Job(cell.name, k, cell.shards, gpus=gpus, cpus=1.0, env=env) for k in todo]
@@ -151,7 +173,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     console = console or Console(stderr=True)
     placement = placement or Placement()
     log = log or RunLog()
-    prepare_run_dir(run_dir, spec)
+    prepare_run_dir(run_dir, spec, force)
     log.run_dir = run_dir
     outcomes, jobs, merge_only = plan_jobs(spec, run_dir, force, placement.cells_per_gpu, offline)
     if outcomes:

@@ -28,7 +28,8 @@ def resolve_model(model: str | None, max_length: int, say: Callable[[str], None]
                                   "(org/name)")
         if not (path / "config.json").exists():
             raise EvalParityError(f"{model} has no config.json: give a Hugging Face model folder")
-        return model, path.resolve(), _cap(path, max_length)
+        # the resolved path is the model's name: ./m from two folders is two models, ./m and /abs/m one
+        return str(path.resolve()), path.resolve(), _cap(path, max_length)
     # A hub id: it must be reachable or already in the local HF cache.
     try:
         from huggingface_hub import snapshot_download

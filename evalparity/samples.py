@@ -43,6 +43,13 @@ def find_lm_eval_files(path: Path) -> tuple[Path, dict[str, Path]]:
     if not results:
         raise EvalParityError(f"no results_*.json under {path}: point at the folder lm-eval wrote "
                               "(it holds results_<date>.json beside the samples)")
+    # lm-eval writes each model's run into a folder of its own: two such folders are two runs, and picking
+    # one by directory order would make the verdict depend on folder names.
+    runs = sorted({p.parent for p in results} | {p.parent for p in samples})
+    if len(runs) > 1:
+        shown = ", ".join(str(r.relative_to(path)) if r != path else "." for r in runs[:5])
+        raise EvalParityError(f"{path} holds {len(runs)} lm-eval runs ({shown}{', ...' if len(runs) > 5 else ''}): "
+                              f"point at one of them, e.g. {runs[0]}")
     by_task: dict[str, Path] = {}
     for p in samples:
         m = re.match(r"samples_(.+)_(\d{4}-\d{2}-\d{2}T[\d\-\.]+)\.jsonl$", p.name)
@@ -214,8 +221,28 @@ def write_table(df: pd.DataFrame, path: Path) -> None:
         df.to_parquet(tmp, engine="pyarrow", index=False)
 
 
+def _unreadable(path: Path, err: Exception) -> EvalParityError:
+    return EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): remove {Path(path).parent} and "
+                           "rerun the same command to redo that cell")
+
+
+def check_table(path: Path) -> None:
+    """Read a parquet table's footer and schema (cheap): a one-line error if it is truncated or corrupt."""
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except (OSError, ValueError, Exception) as err:  # noqa: BLE001 - pyarrow's ArrowInvalid and kin
+        raise _unreadable(path, err) from None
+
+
 def read_table(path: Path) -> pd.DataFrame:
-    return pd.read_parquet(path, engine="pyarrow")
+    try:
+        return pd.read_parquet(path, engine="pyarrow")
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - pyarrow's ArrowInvalid (truncated file) and kin
+        raise _unreadable(path, err) from None
 
 
 # ---------------------------------------------------------------- alignment across cells

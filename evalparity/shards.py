@@ -29,10 +29,10 @@ def shard_dirs(run_dir: Path, cell: CellSpec) -> list[Path]:
     return [run_dir.joinpath(*cells.unit_location(cell.name, k, cell.shards)) for k in range(cell.shards)]
 
 
-def pending_shards(run_dir: Path, cell: CellSpec, force: bool) -> list[int]:
+def pending_shards(run_dir: Path, cell: CellSpec, force: bool, identity: str | None = None) -> list[int]:
     def done(k: int) -> bool:
         folder, name = cells.unit_location(cell.name, k, cell.shards)
-        return cells.is_done(run_dir, name, folder)
+        return cells.is_done(run_dir, name, folder, identity)
 
     return [k for k in range(cell.shards) if force or not done(k)]
 

@@ -93,6 +93,9 @@ class RunSpec:
     task_limits: tuple[tuple[str, int], ...] = ()  # per-task document limits, overriding ``limit``
     leaf_docs: tuple[tuple[str, int], ...] = ()    # documents in each leaf task, from the preflight
     tensor_parallel: int = 1                         # GPUs per replica (vLLM tensor parallel; HF parallelize)
+    # the model's resolved source and its files' hashes (rundir.model_fingerprint): part of the identity, so
+    # that new weights at the same path, or a relative path from another folder, never reuse old cells
+    model_fingerprint: dict | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -122,6 +125,7 @@ class RunSpec:
             task_limits=tuple((k, int(v)) for k, v in d.get("task_limits", ())),
             leaf_docs=tuple((k, int(v)) for k, v in d.get("leaf_docs", ())),
             tensor_parallel=int(d.get("tensor_parallel", 1)),
+            model_fingerprint=d.get("model_fingerprint"),
         )
 
     def samples(self) -> dict[str, list[int]] | None:

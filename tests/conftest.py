@@ -64,3 +64,13 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
     errors = [line for line in lines if line.startswith("error:")]
     assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr
     return errors[0]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fault-injection suite's cases and outcomes (tests/test_faults.py), whatever ``-s`` says."""
+    from faults_table import render
+
+    table = render()
+    if table:
+        terminalreporter.write_sep("=", "fault injection: case -> outcome")
+        terminalreporter.write_line(table)

@@ -54,3 +54,37 @@ def make_run(root: Path, *, n_tasks: int, cells: list[str], docs_per_task: int =
         (d / "cell.json").write_text(json.dumps({"cell": name, "status": "ok", "tag": "", "base_cell": name,
                                                  "backend": backend, "dtype": dtype, "batch_size": 8}))
     return root
+
+
+def make_lm_eval_dir(root: Path, *, model: str = "hf", dtype: str = "float32", task: str = "syn_mc",
+                     n_docs: int = 30, flip: int = 0, seed: int = 0, sub: str = "model__x") -> Path:
+    """What ``lm_eval --log_samples --output_path ROOT`` writes for a 4-choice task, without lm-eval: a
+    ``results_<date>.json`` and a ``samples_<task>_<date>.jsonl`` under ``ROOT/<sub>``. The first ``flip``
+    documents answer wrongly (acc 0) where the others answer right."""
+    import hashlib
+
+    rng = np.random.default_rng(seed)
+    d = root / sub
+    d.mkdir(parents=True, exist_ok=True)
+    date = "2025-01-01T00-00-00.000000"
+    lines = []
+    for i in range(n_docs):
+        ctx = f"Question {i}?"
+        conts = [f" answer {c}" for c in range(4)]
+        lls = list(rng.normal(-8, 1, 4))
+        gold = i % 4
+        lls[gold] = -1.0 if i >= flip else -20.0
+        acc = float(i >= flip)
+        h = lambda s: hashlib.sha256(s.encode()).hexdigest()  # noqa: E731
+        lines.append({"doc_id": i, "doc": {"q": ctx}, "target": gold,
+                      "arguments": {f"gen_args_{c}": {"arg_0": ctx, "arg_1": conts[c]} for c in range(4)},
+                      "resps": [[[ll, False]] for ll in lls], "filtered_resps": [[ll, False] for ll in lls],
+                      "filter": "none", "metrics": ["acc"], "doc_hash": h(ctx), "prompt_hash": h(ctx),
+                      "target_hash": h(str(gold)), "acc": acc})
+    (d / f"samples_{task}_{date}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (d / f"results_{date}.json").write_text(json.dumps({
+        "results": {task: {"acc,none": sum(x["acc"] for x in lines) / n_docs}},
+        "configs": {task: {"output_type": "multiple_choice"}},
+        "config": {"model": model, "model_args": f"pretrained=x,dtype={dtype}", "batch_size": 8},
+        "date": 0.0, "lm_eval_version": "0.4.9"}))
+    return root

@@ -11,7 +11,7 @@ from conftest import evalparity, one_line_error
 
 def run_args(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
     return ["run", "--model", str(model), "--tasks", "tiny_mc", "--include-path", str(tasks), "--out", str(out),
-            "--backends", "hf", "--dtypes", "fp32", "--limit", "2", *extra]
+            "--backends", "hf", "--dtypes", "fp32", "--limit", "2", "--single-cell", *extra]
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -148,7 +148,7 @@ def test_a_crashing_cell_is_recorded(tiny_model, tiny_tasks, tmp_path):
     # backend=seq2seq makes HF try an encoder-decoder class for a Llama config: a real crash in the cell.
     # (That the other cells are kept when one fails is test_ray's killed-worker test.)
     proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
-                      "--backends", "hf", "--dtypes", "fp32", "--limit", "3", "--out", str(out),
+                      "--backends", "hf", "--dtypes", "fp32", "--limit", "3", "--single-cell", "--out", str(out),
                       "--hf-args", "backend=seq2seq")
     assert proc.returncode == 5, proc.stderr[-2000:]
     for c in ("hf-fp32",):
@@ -180,7 +180,7 @@ def test_killed_run_leaves_no_finished_looking_cell_and_resumes(tiny_model, tiny
 def test_ctrl_c_says_how_to_resume_and_records_its_timings(tiny_model, tiny_tasks, tmp_path):
     out = tmp_path / "interrupted"
     args = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
-            "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32", "--limit", "4",
+            "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32", "--limit", "4", "--single-cell",
             "--out", str(out)]
     # A terminal's foreground job has SIGINT at its default; a job started in the background of a
     # non-interactive shell (as CI scripts may be) inherits it ignored, and then Python never raises

@@ -1,0 +1,377 @@
+"""What keeps a run directory one experiment's: safe names, an exclusive lock, the model's fingerprint.
+
+A leaf module (it imports nothing of evalparity but ``errors``), so that ``cells``, ``matrix``, ``importer``
+and ``cli`` can all use it without an import cycle.
+
+- **Names.** Every name that becomes a path (cell names, ``compare --name``, repeat tags, shard units) is
+  checked against one grammar, so that no name can point outside ``cells/`` (``../../victim``) or into a
+  folder of its own (``org/model``).
+- **Lock.** One process at a time works in a run directory. The lock is a file created with ``link(2)``
+  (``O_EXCL`` where hard links are unsupported), both atomic on local filesystems and on NFS, which is where
+  a Ray cluster's shared run directory lives; ``flock``/``fcntl`` locks are not reliable there. It holds the
+  holder's host, pid and start time, so a second run can name it, and a lock left by a dead process of
+  this host (SIGKILL, OOM) is taken over. A lock from another host cannot be checked: it is reported.
+- **Fingerprint.** What the cells' results depend on besides the spec: the model's resolved source and its
+  files' contents. Hashing a 100 GB model takes minutes, so each file's hash is cached under the evalparity
+  cache directory, keyed by its resolved path, size, mtime, ctime and inode: a file rewritten in place
+  changes at least its ctime, so it is hashed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evalparity.errors import EvalParityError
+
+# ---------------------------------------------------------------- names
+NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+NAME_RULE = "letters, digits and . _ - only, not starting with a dot, at most 100 characters"
+
+
+def check_name(name: str, what: str = "cell name") -> str:
+    """``name`` if it is safe as one path component, else a one-line error naming the rule.
+
+    Why one grammar: a name with a slash or ``..`` makes ``cells/<name>`` point elsewhere, and the publish
+    step replaces (deletes) whatever is at that path."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise EvalParityError(f"{what} {name!r} is not a safe name: use {NAME_RULE} (e.g. hf-fp32)")
+    return name
+
+
+def child(root: Path, name: str, what: str = "cell name") -> Path:
+    """``root / name`` for a checked ``name``; the result is always directly inside ``root``."""
+    return root / check_name(name, what)
+
+
+# ---------------------------------------------------------------- the output directory
+def writable_dir_error(path: Path, err: OSError, flag: str = "--out") -> EvalParityError:
+    """One line for a directory that cannot be created or written, naming why and the fix."""
+    why = {errno.EROFS: "is on a read-only filesystem", errno.EACCES: "is not writable (permission denied)",
+           errno.EPERM: "is not writable (permission denied)", errno.ENOSPC: "is on a full disk",
+           errno.EDQUOT: "is over its disk quota"}.get(err.errno, f"cannot be written ({err.strerror})")
+    if flag == "run directory":  # report: it writes stats/ and report/ into the run it reads
+        return EvalParityError(f"run directory {path} {why}: report writes stats/ and report/ into it; copy the "
+                               f"run somewhere writable (cp -r {path} DEST) and run report on the copy")
+    return EvalParityError(f"{flag} {path} {why}: give {flag} a writable directory with free space")
+
+
+def check_out_path(path: Path, flag: str = "--out") -> None:
+    """Refuse an ``--out`` that is a file, or sits below one, before anything runs."""
+    p = Path(path)
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                where = "is a file" if q == p else f"is below {q}, which is a file"
+                raise EvalParityError(f"{flag} {path} {where}: give {flag} a directory path")
+            return
+
+
+# ---------------------------------------------------------------- lock
+LOCK_NAME = ".evalparity.lock"
+STALE_BREAK_S = 30.0
+
+
+def contents(run_dir: Path) -> list[Path]:
+    """What a directory holds besides this module's lock files (and a ``.gitkeep``)."""
+    if not run_dir.is_dir():
+        return []
+    return [p for p in run_dir.iterdir() if not p.name.startswith(LOCK_NAME) and p.name != ".gitkeep"]
+
+
+def _proc_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid from its holder."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int, start: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    now = _proc_start(pid)
+    return start is None or now is None or now == start
+
+
+def _read_lock(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def describe_holder(h: dict) -> str:
+    return (f"pid {h.get('pid', '?')} on {h.get('host', '?')}, since {h.get('started', '?')}"
+            + (f": evalparity {' '.join(h['argv'])}" if h.get("argv") else ""))
+
+
+@dataclass
+class RunLock:
+    """The held lock of one run directory; ``release`` removes it (only if it is still this one's)."""
+
+    path: Path
+    info: dict
+    created: list[Path] = field(default_factory=list)  # directories this lock's acquire created, deepest first
+
+    def release(self) -> None:
+        if _read_lock(self.path) == self.info:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        for d in self.created:  # a run that wrote nothing leaves nothing behind
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _create_exclusive(path: Path, text: str) -> bool:
+    """Create ``path`` holding ``text`` if it does not exist (True), atomically; False if it exists."""
+    tmp = path.with_name(f"{path.name}.{platform.node()}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    try:
+        os.link(tmp, path)  # atomic, and the lock is whole the moment it exists
+        return True
+    except FileExistsError:
+        return False
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV):
+            raise
+        try:  # no hard links here (some FUSE mounts): O_EXCL, with a moment when the file is empty
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _break_stale(path: Path, stale: dict) -> bool:
+    """Remove ``path`` if it still holds ``stale``. A second lock (``.break``) makes the check-and-remove
+    one step, so two processes that both saw the stale lock cannot remove a fresh one."""
+    brk = path.with_name(path.name + ".break")
+    try:
+        if time.time() - brk.stat().st_mtime > STALE_BREAK_S:  # a breaker killed mid-step
+            brk.unlink(missing_ok=True)
+    except FileNotFoundError:
+        pass
+    if not _create_exclusive(brk, json.dumps({"host": platform.node(), "pid": os.getpid()})):
+        return False
+    try:
+        if _read_lock(path) == stale:
+            path.unlink(missing_ok=True)
+            return True
+        return False
+    finally:
+        brk.unlink(missing_ok=True)
+
+
+def acquire(run_dir: Path, *, create: bool = True, say: Callable[[str], None] = lambda m: None,
+            flag: str = "--out") -> RunLock:
+    """Take the run directory's lock, creating the directory when ``create``; a one-line error when
+    another live process holds it, or when the directory cannot be written."""
+    run_dir = Path(run_dir)
+    check_out_path(run_dir, flag)
+    created = [q for q in (run_dir, *run_dir.parents) if not q.exists()] if create else []
+    try:
+        if create:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        elif not run_dir.is_dir():
+            raise EvalParityError(f"{run_dir} is not a directory: give the --out of a run")
+        path = run_dir / LOCK_NAME
+        info = {"host": platform.node(), "pid": os.getpid(), "pid_start": _proc_start(os.getpid()),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "argv": sys.argv[1:]}
+        text = json.dumps(info)
+        info = json.loads(text)
+        for _ in range(20):
+            if _create_exclusive(path, text):
+                return RunLock(path, info, created)
+            holder = _read_lock(path)
+            if holder is None:  # released just now
+                continue
+            if not holder:  # being written (O_EXCL fallback) or corrupt
+                time.sleep(0.1)
+                if _read_lock(path) == {} and time.time() - path.stat().st_mtime > STALE_BREAK_S:
+                    _break_stale(path, {})
+                continue
+            if holder.get("host") == platform.node() and not _alive(int(holder.get("pid", -1)),
+                                                                     holder.get("pid_start")):
+                if _break_stale(path, holder):
+                    say(f"took over a stale lock of {run_dir} left by a process that is gone "
+                        f"({describe_holder(holder)})")
+                continue
+            other = "" if holder.get("host") == platform.node() else \
+                f" (another host: if that process is gone, remove {path})"
+            raise EvalParityError(f"{run_dir} is in use by another evalparity ({describe_holder(holder)}){other}: "
+                                  f"wait for it to finish, or use another {flag}", exit_code=2)
+        raise EvalParityError(f"could not take the lock {path} (it keeps changing hands): retry, or use "
+                              f"another {flag}")
+    except OSError as err:
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if isinstance(err, (FileExistsError, NotADirectoryError)):
+            raise EvalParityError(f"{flag} {run_dir} is below a file: give {flag} a directory path") from None
+        raise writable_dir_error(run_dir, err, flag) from None
+    except BaseException:
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
+# ---------------------------------------------------------------- model fingerprint
+CONFIG_FILES = ("config.json", "generation_config.json", "preprocessor_config.json")
+TOKENIZER_RE = re.compile(r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|"
+                          r"chat_template.*|.*\.model|.*\.tiktoken)$")
+WEIGHT_RE = re.compile(r".*\.(safetensors|bin|pt|pth|gguf|index\.json)$")
+CODE_RE = re.compile(r".*\.py$")  # modelling code of trust_remote_code models
+
+
+def _kind(name: str) -> str | None:
+    if name in CONFIG_FILES:
+        return "config"
+    if WEIGHT_RE.fullmatch(name):
+        return "weights"
+    if TOKENIZER_RE.fullmatch(name):
+        return "tokenizer"
+    if CODE_RE.fullmatch(name):
+        return "code"
+    return None
+
+
+def cache_file() -> Path:
+    root = Path(os.environ.get("EVALPARITY_CACHE", Path.home() / ".cache" / "evalparity")).expanduser()
+    return root / "fingerprints.json"
+
+
+def _load_cache() -> dict:
+    try:
+        data = json.loads(cache_file().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cache(cache: dict) -> None:
+    path = cache_file()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:  # the cache only saves time: a failure to write it (read-only home) is not an error
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
+            _sha256_chunks(f)
+
+
+def _sha256_chunks(f) -> str:
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 23), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class HashStats:
+    """How much a fingerprint had to read (for the message and the tests)."""
+
+    hashed_bytes: int = 0
+    cached_bytes: int = 0
+    seconds: float = 0.0
+
+
+def model_fingerprint(model_path: Path | str, source: str, say: Callable[[str], None] = lambda m: None,
+                      stats: HashStats | None = None) -> dict:
+    """The fingerprint of the model folder ``model_path``: ``source`` (the resolved absolute path, or the
+    hub id), the hub revision when the folder is a hub-cache snapshot, and size and sha256 of each config,
+    tokenizer, weight and code file at the top level of the folder; ``digest`` hashes all of it."""
+    folder = Path(model_path)
+    stats = stats or HashStats()
+    revision = folder.name if folder.parent.name == "snapshots" else None
+    files = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and _kind(p.name) and p.is_file())
+    cache = _load_cache()
+    todo = []
+    entries: dict[str, dict] = {}
+    for p in files:
+        real = p.resolve()
+        st = real.stat()
+        key = str(real)
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        hit = cache.get(key)
+        if isinstance(hit, dict) and hit.get("stamp") == stamp and isinstance(hit.get("sha256"), str):
+            entries[p.name] = {"kind": _kind(p.name), "size": st.st_size, "sha256": hit["sha256"]}
+            stats.cached_bytes += st.st_size
+        else:
+            todo.append((p, real, st, stamp))
+    if todo:
+        total = sum(st.st_size for *_, st, _ in todo)
+        if total > 1 << 30:
+            say(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size and "
+                "mtime) ...")
+        t0 = time.perf_counter()
+        for p, real, st, stamp in todo:
+            digest = _sha256(real)
+            entries[p.name] = {"kind": _kind(p.name), "size": st.st_size, "sha256": digest}
+            cache[str(real)] = {"stamp": stamp, "sha256": digest}
+            stats.hashed_bytes += st.st_size
+        stats.seconds += time.perf_counter() - t0
+        _save_cache(cache)
+    if not any(e["kind"] == "weights" for e in entries.values()):
+        say(f"no weight files found at the top of {folder}: the fingerprint holds its config and tokenizer only")
+    body = {"source": source, "revision": revision, "files": entries}
+    body["digest"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    return body
+
+
+def fingerprint_change(old: dict | None, new: dict | None) -> str | None:
+    """What differs between two fingerprints, in words (None when they match)."""
+    if old == new:
+        return None
+    if not old or not new:
+        return "the run was made without a model fingerprint (an older evalparity)"
+    if old.get("source") != new.get("source"):
+        return f"model {old.get('source')} there, {new.get('source')} now"
+    if old.get("revision") != new.get("revision"):
+        return f"revision {old.get('revision')} there, {new.get('revision')} now"
+    a, b = old.get("files", {}), new.get("files", {})
+    for name in sorted(set(a) | set(b)):
+        if name not in a:
+            return f"{b[name].get('kind', 'file')} file {name} is new"
+        if name not in b:
+            return f"{a[name].get('kind', 'file')} file {name} is gone"
+        if a[name] != b[name]:
+            x, y = a[name], b[name]
+            size = f", {x.get('size')} -> {y.get('size')} bytes" if x.get("size") != y.get("size") else ""
+            return (f"{x.get('kind', 'file')} file {name} changed (sha256 {str(x.get('sha256'))[:12]} there, "
+                    f"{str(y.get('sha256'))[:12]} now{size})")
+    return "the fingerprint differs"

@@ -1,0 +1,290 @@
+"""Fault injection: hostile names, changed models, concurrent runs, kills, full disks, read-only and
+truncated files. Every case asserts the same things: no finished-looking cell that is not finished, no
+cell from another spec or model, nothing outside the run directory touched, one line on stderr, and the
+documented exit code. The cases and their outcomes are printed as a table at the end of the session."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import evalparity, one_line_error
+from faults_table import record
+from synthetic import make_lm_eval_dir
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and mtime: to show nothing outside a run dir was touched."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def lm_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("lm")
+    return (make_lm_eval_dir(root / "a", dtype="float32"), make_lm_eval_dir(root / "b", dtype="bfloat16", seed=1))
+
+
+@pytest.mark.parametrize("bad", ["../../victim", "org/model", "..", ".", ".hidden", "a b", ""])
+def test_hostile_compare_names(lm_dirs, tmp_path, bad):
+    a, b = lm_dirs
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    before = snapshot(tmp_path)
+    out = tmp_path / "o"
+    proc = evalparity("compare", str(a), str(b), "--name", bad, "--name", "other", "--out", str(out))
+    assert (victim / "precious.txt").read_text() == "keep me"
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "not a safe name" in line, line
+    assert snapshot(tmp_path) == before  # nothing written, nothing left behind
+    assert not out.exists()
+    record(f"compare --name {bad!r}", f"exit 2, one line, nothing written ({line[:60]}...)")
+
+
+def test_compare_out_reused_with_other_inputs_is_refused(lm_dirs, tmp_path):
+    a, b = lm_dirs
+    c = make_lm_eval_dir(tmp_path / "c", dtype="float16", flip=12, seed=2)  # a cell that would FAIL
+    out = tmp_path / "o"
+    first = evalparity("compare", str(a), str(c), "--out", str(out), "--no-fail-on-inconclusive")
+    assert first.returncode in (0, 3, 4), first.stderr[-2000:]
+    before = snapshot(out)
+    again = evalparity("compare", str(a), str(b), "--out", str(out))
+    line = one_line_error(again)
+    assert again.returncode == 2 and "holds another comparison" in line, line
+    assert snapshot(out) == before  # the earlier comparison is left as it was
+    same = evalparity("compare", str(a), str(c), "--out", str(out), "--no-fail-on-inconclusive")
+    assert same.returncode == first.returncode, same.stderr[-2000:]  # the same comparison may be redone
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    line2 = one_line_error(evalparity("compare", str(a), str(b), "--out", str(foreign)))
+    assert "does not hold an evalparity comparison" in line2 and (foreign / "notes.txt").read_text() == "mine"
+    record("compare --out reused with other inputs", "exit 2, one line, earlier comparison untouched")
+    record("compare --out a foreign non-empty dir", "exit 2, one line, nothing written")
+
+
+def test_compare_input_holding_two_runs_is_refused(lm_dirs, tmp_path):
+    a, _ = lm_dirs
+    two = tmp_path / "two"
+    make_lm_eval_dir(two, sub="org__model-a")
+    make_lm_eval_dir(two, sub="org__model-b", flip=10)
+    proc = evalparity("compare", str(a), str(two), "--out", str(tmp_path / "o"))
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "holds 2 lm-eval runs" in line, line
+    assert "org__model-a" in line and "org__model-b" in line
+    assert not (tmp_path / "o").exists()
+    record("compare input dir with two lm-eval runs", "exit 2, one line listing both runs")
+
+
+def _tiny_args(model: str, tasks: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", "--model", model, "--tasks", "tiny_mc", "--include-path", str(tasks), "--backends", "hf",
+            "--dtypes", "fp32", "--limit", "2", "--max-length", "256", "--out", str(out), *extra]
+
+
+def _cells(out: Path) -> dict[str, str]:
+    return {p.name: p.joinpath("cell.json").read_text() for p in sorted((out / "cells").iterdir())
+            if p.joinpath("cell.json").exists()}
+
+
+def test_changed_model_at_the_same_path_is_refused(tiny_model, tiny_tasks, tmp_path):
+    import shutil
+
+    shutil.copytree(tiny_model, tmp_path / "m")
+    out = tmp_path / "r"
+    first = evalparity(*_tiny_args("./m", tiny_tasks, out, "--single-cell"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    spec = json.loads((out / "spec.json").read_text())
+    fp = spec["model_fingerprint"]
+    assert fp["source"] == str((tmp_path / "m").resolve())
+    assert fp["files"]["model.safetensors"]["kind"] == "weights" and fp["files"]["config.json"]["kind"] == "config"
+    assert json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())["model_fingerprint"] == fp["digest"]
+    cells_before = _cells(out)
+    # the same model, the same spec, another batch size for a finished cell: refused, nothing rerun
+    bs = evalparity(*_tiny_args("./m", tiny_tasks, out, "--dtypes", "fp32,bf16", "--batch-size", "4"), cwd=tmp_path)
+    line = one_line_error(bs)
+    assert bs.returncode == 2 and "finished with --batch-size 8, this run asks for 4" in line, line
+    record("rerun with another --batch-size", "exit 2, one line; spec.json and cells unchanged")
+    # new weights at the same path (same size): refused, naming the file
+    w = tmp_path / "m" / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-100:] = bytes(100)
+    w.write_bytes(bytes(data))
+    changed = evalparity(*_tiny_args("./m", tiny_tasks, out, "--dtypes", "fp32,bf16"), cwd=tmp_path)
+    line = one_line_error(changed)
+    assert changed.returncode == 2 and "holds cells of another model" in line, line
+    assert "weights file model.safetensors changed" in line, line
+    record("weights overwritten at the same path", "exit 2, one line naming model.safetensors; no cell rerun")
+    # ./m from another folder is another model
+    other = tmp_path / "elsewhere"
+    shutil.copytree(tiny_model, other / "m")
+    moved = evalparity(*_tiny_args("./m", tiny_tasks, out, "--dtypes", "fp32,bf16"), cwd=other)
+    line = one_line_error(moved)
+    assert moved.returncode == 2 and f"model: '{(tmp_path / 'm').resolve()}' there" in line, line
+    assert f"'{(other / 'm').resolve()}' now" in line, line
+    record("--model ./m from another folder", "exit 2, one line naming both paths")
+    assert _cells(out) == cells_before and json.loads((out / "spec.json").read_text()) == spec
+
+
+def test_single_cell_run_is_refused_before_any_model_loads(tiny_model, tiny_tasks, tmp_path):
+    out = tmp_path / "r"
+    proc = evalparity(*_tiny_args(str(tiny_model), tiny_tasks, out))
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "single cell (hf-fp32)" in line and "--single-cell" in line, line
+    assert not out.exists()
+    record("run with a single cell", "exit 2, one line, nothing written")
+
+
+def test_a_second_run_on_a_locked_dir_names_the_holder(tiny_model, tiny_tasks, tmp_path):
+    import platform
+
+    from evalparity import rundir
+
+    out = tmp_path / "r"
+    with rundir.acquire(out):
+        before = snapshot(tmp_path)
+        proc = evalparity(*_tiny_args(str(tiny_model), tiny_tasks, out, "--dtypes", "fp32,bf16"))
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and f"pid {os.getpid()} on {platform.node()}" in line, line
+        assert snapshot(tmp_path) == before
+        rep = evalparity("compare", str(tmp_path), str(tmp_path), "--out", str(out))
+        assert "is in use by another evalparity" in one_line_error(rep)
+    assert not out.exists()  # the lock's own directory goes with it, being empty
+    record("second run while a run holds the dir", "exit 2, one line naming host and pid; nothing written")
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over(tiny_model, tiny_tasks, tmp_path):
+    import platform
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / ".evalparity.lock").write_text(json.dumps({"host": platform.node(), "pid": dead.pid,
+                                                      "started": "2025-01-01T00:00:00", "argv": ["run"]}))
+    proc = evalparity(*_tiny_args(str(tiny_model), tiny_tasks, out))  # refused later (one cell): lock taken first
+    assert "took over a stale lock" in proc.stderr and f"pid {dead.pid}" in proc.stderr, proc.stderr
+    assert "single cell" in one_line_error(proc)
+    assert not (out / ".evalparity.lock").exists()
+    record("stale lock of a dead pid on this host", "taken over, with a message")
+
+
+@pytest.fixture()
+def syn_run(tmp_path):
+    from synthetic import make_run
+
+    run = make_run(tmp_path / "run", n_tasks=2, cells=["hf-fp32", "vllm-fp32", "vllm-bf16"], docs_per_task=30)
+    return run
+
+
+@pytest.mark.parametrize("victim", ["spec.json", "cells/vllm-fp32/cell.json", "cells/vllm-fp32/samples.parquet"])
+def test_report_on_a_truncated_file_is_one_line(syn_run, victim):
+    first = evalparity("report", str(syn_run), "--no-fail-on-inconclusive")
+    assert first.returncode in (0, 3), first.stderr[-2000:]
+    f = syn_run / victim
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    before = snapshot(syn_run)
+    proc = evalparity("report", str(syn_run))
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "truncated or corrupt" in line and victim.split("/")[-1] in line, line
+    assert snapshot(syn_run) == before  # the earlier report is left whole
+    record(f"report with a truncated {victim.split('/')[-1]}", "exit 2, one line naming it; old report kept")
+
+
+def _mount_tmpfs(path: Path, size_kb: int) -> bool:
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def _umount(path: Path) -> None:
+    import subprocess
+
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_report_on_a_read_only_run_dir(tmp_path):
+    import shutil
+    import subprocess
+
+    from synthetic import make_run
+
+    mnt = tmp_path / "ro"
+    if not _mount_tmpfs(mnt, 20_000):
+        pytest.skip("needs root to mount a tmpfs (chmod does not stop root)")
+    try:
+        run = make_run(mnt / "run", n_tasks=1, cells=["hf-fp32", "vllm-fp32"], docs_per_task=20)
+        assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode == 0
+        proc = evalparity("report", str(run))
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and "read-only filesystem" in line and "cp -r" in line, line
+        record("report on a read-only run dir", "exit 2, one line: copy it somewhere writable")
+        out = evalparity("compare", str(tmp_path), str(tmp_path), "--out", str(mnt / "new"))
+        line = one_line_error(out)
+        assert out.returncode == 2 and "read-only filesystem" in line, line
+        record("--out on a read-only filesystem", "exit 2, one line")
+    finally:
+        _umount(mnt)
+        shutil.rmtree(mnt, ignore_errors=True)
+
+
+def test_out_that_is_a_file(tiny_model, tiny_tasks, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    for args in (_tiny_args(str(tiny_model), tiny_tasks, f, "--dtypes", "fp32,bf16"),
+                 ["compare", str(tmp_path), str(tmp_path), "--out", str(f / "sub")]):
+        proc = evalparity(*args)
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and "file" in line and "give --out a directory" in line, line
+    assert f.read_text() == "x"
+    record("--out that is a file (or below one)", "exit 2, one line")
+
+
+def test_report_on_a_full_disk_publishes_nothing(tmp_path):
+    import shutil
+
+    from synthetic import make_run
+
+    mnt = tmp_path / "small"
+    if not _mount_tmpfs(mnt, 1200):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        run = make_run(mnt / "run", n_tasks=2, cells=["hf-fp32", "vllm-fp32"], docs_per_task=40)
+        first = evalparity("report", str(run), "--no-fail-on-inconclusive")
+        assert first.returncode in (0, 3), first.stderr[-2000:]
+        before = snapshot(run)
+        filler = mnt / "filler"
+        free = shutil.disk_usage(mnt).free
+        filler.write_bytes(bytes(max(0, free - 150_000)))  # room for part of a report, not all of it
+        proc = evalparity("report", str(run), "--margin", "0.02")
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and "could not write" in line and "No space left" in line, line
+        assert snapshot(run) == before  # report.md, report.html and verdicts.json all still the old ones
+        assert not [p for p in run.iterdir() if p.name.startswith(".")]
+        record("ENOSPC during report", "exit 2, one line; previous stats/ and report/ unchanged")
+    finally:
+        _umount(mnt)
+        shutil.rmtree(mnt, ignore_errors=True)
+
+
+def test_every_failed_attempt_keeps_its_reason_and_log(tiny_model, tiny_tasks, tmp_path):
+    out = tmp_path / "r"
+    # backend=seq2seq makes HF load an encoder-decoder class for a Llama config: a real crash in the cell
+    args = _tiny_args(str(tiny_model), tiny_tasks, out, "--single-cell", "--hf-args", "backend=seq2seq")
+    for n in (1, 2):
+        proc = evalparity(*args)
+        assert proc.returncode == 5, proc.stderr[-2000:]
+        assert f"hf-fp32 attempt {n}:" in proc.stderr and f"hf-fp32.attempts/attempt-{n}.log" in proc.stderr
+    hist = out / "cells" / "hf-fp32.attempts"
+    for n in (1, 2):
+        assert "Traceback" in (hist / f"attempt-{n}.log").read_text()
+        assert json.loads((hist / f"attempt-{n}.json").read_text())["error"]
+    assert json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())["status"] == "failed"
+    record("a cell failing twice", "exit 5; attempt-1 and attempt-2 logs and reasons kept and printed")
