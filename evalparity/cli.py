@@ -151,6 +151,9 @@ def run(
         roots = mirrors.mirror_roots(datasets_dir)
         console.print(f"checking {len(task_list)} task(s) and their data ...")
         tm = tasks_mod.task_manager(include_path or [])
+        task_list, task_aliases = tasks_mod.resolve_names(task_list, tm)
+        for typed, real in task_aliases.items():
+            console.print(f"task {typed!r} is lm-eval's group {real!r}: running {real}")
         plan = tasks_mod.preflight(task_list, tm, roots, limit, num_fewshot)
         unknown_limits = [t for t, _ in task_limits if t not in plan.leaves and t not in plan.groups]
         if unknown_limits:
@@ -165,6 +168,7 @@ def run(
                                 max_gen_toks=max_gen_toks),
             hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
             leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
+            task_aliases=tuple(task_aliases.items()),
         )
         # The document count comes from the same rule the cells use (spec.samples), so the two cannot disagree.
         per_task = spec.samples()

@@ -93,12 +93,14 @@ class RunSpec:
     task_limits: tuple[tuple[str, int], ...] = ()  # per-task document limits, overriding ``limit``
     leaf_docs: tuple[tuple[str, int], ...] = ()    # documents in each leaf task, from the preflight
     tensor_parallel: int = 1                         # GPUs per replica (vLLM tensor parallel; HF parallelize)
+    task_aliases: tuple[tuple[str, str], ...] = ()   # names as typed -> lm-eval's (``ceval`` -> ``ceval-valid``)
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["cells"] = [asdict(c) | {"name": c.name} for c in self.cells]
         d["task_limits"] = [list(x) for x in self.task_limits]
         d["leaf_docs"] = [list(x) for x in self.leaf_docs]
+        d["task_aliases"] = [list(x) for x in self.task_aliases]
         return d
 
     def identity(self) -> str:
@@ -107,6 +109,7 @@ class RunSpec:
         in their own cell.json."""
         d = self.to_json()
         d.pop("cells")
+        d.pop("task_aliases")  # how the tasks were typed does not change the experiment
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
@@ -122,6 +125,7 @@ class RunSpec:
             task_limits=tuple((k, int(v)) for k, v in d.get("task_limits", ())),
             leaf_docs=tuple((k, int(v)) for k, v in d.get("leaf_docs", ())),
             tensor_parallel=int(d.get("tensor_parallel", 1)),
+            task_aliases=tuple((k, v) for k, v in d.get("task_aliases", ())),
         )
 
     def samples(self) -> dict[str, list[int]] | None:
