@@ -91,7 +91,7 @@ def run(
     ray: Annotated[str | None, typer.Option(help="Run the cells as Ray tasks: a cluster ADDRESS, auto (RAY_ADDRESS or a running local cluster) or local (a new instance on this host). Default: Ray on this host when several GPUs are visible, else one cell at a time.")] = None,
     shards: Annotated[int, typer.Option(help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1,
     tensor_parallel: Annotated[int, typer.Option(help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1,
-    cells_per_gpu: Annotated[int, typer.Option(help="Cells that may share one GPU at a time (small models; each takes 1/N of it).")] = 1,
+    cells_per_gpu: Annotated[int | None, typer.Option(help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None,
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
     from evalparity import tasks as tasks_mod
@@ -126,13 +126,13 @@ def run(
     limit = check_limit(limit)
     if num_fewshot is not None and num_fewshot < 0:
         raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
-    if tensor_parallel < 1 or cells_per_gpu < 1:
+    if tensor_parallel < 1 or (cells_per_gpu is not None and cells_per_gpu < 1):
         raise EvalParityError("--tensor-parallel and --cells-per-gpu must be at least 1")
-    placement = Placement(ray=ray, cells_per_gpu=cells_per_gpu)
     # A Ray instance of the run's own starts now, in its own process, so that its start overlaps the setup
-    # below (torch's import, the task index, every task's data) instead of following it
+    # below (torch's import, the task index, every task's data) instead of following it. Without
+    # --cells-per-gpu the memory plan decides the packing later; the guess here is that every job may share.
     n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
-    head = early_ray_head(device, tensor_parallel, placement, n_jobs)
+    head = early_ray_head(device, tensor_parallel, Placement(ray=ray, cells_per_gpu=cells_per_gpu or n_jobs), n_jobs)
     try:
         dev = resolve_device(device)
         bs = parse_batch_size(batch_size) if batch_size is not None else (8 if dev == "cpu" else "auto")
@@ -146,6 +146,8 @@ def run(
             os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
 
         model_id, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+        memory_plan = _memory_plan(dev, ray, model_path, cell_specs, max_len, tensor_parallel, cells_per_gpu)
+        placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
         if tasks is None:  # the default tasks read the embedded mirror; prepare it (once) before the preflight
             embedded.dataset_mirror(say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
         roots = mirrors.mirror_roots(datasets_dir)
@@ -169,6 +171,7 @@ def run(
             hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
             leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
             task_aliases=tuple(task_aliases.items()),
+            memory_plan=memory_plan.to_json() if memory_plan else {},
         )
         # The document count comes from the same rule the cells use (spec.samples), so the two cannot disagree.
         per_task = spec.samples()
@@ -212,6 +215,26 @@ def run(
         log.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
         if head is not None:
             head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
+
+
+def _memory_plan(dev: str, ray: str | None, model_path, cell_specs, max_len: int, tensor_parallel: int,
+                 cells_per_gpu: int | None):
+    """The GPU memory plan of the run (``memplan``), printed; None on CPU, and for a Ray cluster named by
+    address, whose GPUs this host cannot see (its cells keep the fixed defaults)."""
+    if dev == "cpu":
+        return None
+    if ray not in (None, "local"):
+        console.print("[dim]memory plan: skipped, the cells run on the Ray cluster's GPUs, not this host's[/dim]")
+        return None
+    from evalparity import memplan
+
+    plan = memplan.plan([(c.name, c.backend, c.dtype, c.batch_size) for c in cell_specs],
+                        memplan.read_shape(model_path), memplan.gpus_here(), cpus=memplan.host_cpus(),
+                        max_length=max_len, n_jobs=sum(c.shards for c in cell_specs),
+                        tensor_parallel=tensor_parallel, cells_per_gpu=cells_per_gpu)
+    for line in plan.lines():
+        console.print(line, highlight=False)
+    return plan
 
 
 def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunLog | None = None) -> int:

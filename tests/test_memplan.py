@@ -112,3 +112,36 @@ def test_tiny_model_fixture_is_planned(tiny_model):
     p = plan(MATRIX, s, [Gpu(total=8 * GiB, free=8 * GiB)], cpus=2, max_length=1024, n_jobs=6)
     assert p.cells_per_gpu == 1 and "CPU cores" in p.why  # two cores: one cell at a time
     assert all(line.strip() for line in p.lines()) and len(p.lines()) == 7
+
+
+def test_plan_reaches_the_backends_and_the_record(tiny_model, monkeypatch):
+    """Wiring without a GPU: the run's plan (a fake 8 GiB GPU) sets each cell's lm-eval arguments, is kept in
+    spec.json outside the spec's identity, and is recorded in each cell's settings (cell.json)."""
+    from evalparity import backends, cli
+    from evalparity.spec import RunSpec, build_cells
+
+    monkeypatch.setattr(memplan, "gpus_here", lambda: [Gpu(total=8 * GiB, free=8 * GiB)])
+    monkeypatch.setattr(memplan, "host_cpus", lambda: 16)
+    cells = build_cells(["vllm", "hf"], ["fp32", "bf16"], "auto", [])
+    p = cli._memory_plan("cuda", None, tiny_model, cells, 1024, 1, None)
+    assert p.cells_per_gpu == 4
+    assert cli._memory_plan("cpu", None, tiny_model, cells, 1024, 1, None) is None
+    assert cli._memory_plan("cuda", "10.0.0.1:6379", tiny_model, cells, 1024, 1, None) is None
+    spec = RunSpec(model="tiny", tasks=("t",), cells=cells, device="cuda", memory_plan=p.to_json())
+    again = RunSpec.from_json(json.loads(json.dumps(spec.to_json())))
+    assert again.memory_plan == spec.memory_plan
+    assert again.identity() == RunSpec(model="tiny", tasks=("t",), cells=cells, device="cuda").identity()
+    v, h = next(c for c in cells if c.backend == "vllm"), next(c for c in cells if c.backend == "hf")
+    vargs = backends.get("vllm").model_args(again, v, str(tiny_model))
+    assert vargs["gpu_memory_utilization"] == p.cells[v.name].gpu_memory_utilization < 0.3
+    hargs = backends.get("hf").model_args(again, h, str(tiny_model))
+    assert hargs["max_batch_size"] == p.cells[h.name].max_batch_size
+    rec = backends.get("hf").settings(again, h, hargs)["memory_plan"]
+    assert rec["budget_gib"] == p.cells[h.name].budget_gib
+    # A user's own setting wins over the plan; on CPU there is no plan and no GPU setting.
+    user = RunSpec(model="tiny", tasks=("t",), cells=cells, device="cuda", memory_plan=p.to_json(),
+                   vllm_args="gpu_memory_utilization=0.5")
+    assert backends.get("vllm").model_args(user, v, "m")["gpu_memory_utilization"] == 0.5
+    cpu = RunSpec(model="tiny", tasks=("t",), cells=cells)
+    assert "gpu_memory_utilization" not in backends.get("vllm").model_args(cpu, v, "m")
+    assert "max_batch_size" not in backends.get("hf").model_args(cpu, h, "m")
