@@ -24,27 +24,23 @@ console = Console(stderr=True)
 EMBEDDED_LIMIT = 6
 StatsOpt = {
     "reference": typer.Option(help="Reference cell every other cell is compared to."),
-    "margin": typer.Option(help="Equivalence margin for score differences (0.01 = ±1 percentage point)."),
-    "ll_tolerance": typer.Option(help="Equivalence tolerance for the mean loglikelihood shift (nats)."),
-    "alpha": typer.Option(help="Significance level of every test."),
-    "multiple": typer.Option(help="Multiple-testing adjustment: holm, bh or none."),
-    "cluster": typer.Option(help="Cluster-robust SEs over the member tasks of a group."),
+    "margin": typer.Option(help="Equivalence margin for proportion metrics: 1pp, 1% or 0.01 (one point); per metric: acc=1pp,perplexity=0.05 (non-proportion metrics gate only with a margin of their own)."),
+    "ll_tolerance": typer.Option(help="Tolerance for the mean |Δ loglikelihood| per request (nats)."),
+    "alpha": typer.Option(help="Level of every test: EQUIVALENT needs the (1-2α) CI inside the margin."),
+    "multiple": typer.Option(help="Family-wise control of DIFFERENT (beyond-margin) claims: holm, bh or none."),
+    "direction": typer.Option(help="both: a change beyond the margin either way fails; worse: only a drop beyond it (non-inferiority)."),
+    "cluster": typer.Option(help="A cluster score test over the member tasks of a group (docs of one subject are not independent)."),
     "gate_logprobs": typer.Option(help="Let loglikelihood-shift verdicts gate the sign-off too."),
     "fail_on_inconclusive": typer.Option(help="Exit non-zero when the sign-off is INCONCLUSIVE."),
 }
 
 
-def _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs):
+def _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs, direction="both"):
+    """The statistics options, checked (one line, exit 2, for anything out of range) before anything starts."""
     from evalparity.stats.options import StatsOptions
 
-    if not 0 < alpha < 1:
-        raise EvalParityError(f"--alpha {alpha} is not a probability: give a value between 0 and 1, e.g. 0.05")
-    if margin <= 0 or ll_tolerance <= 0:
-        raise EvalParityError("--margin and --ll-tolerance must be positive")
-    if multiple not in ("holm", "bh", "none"):
-        raise EvalParityError(f"--multiple {multiple!r} is unknown: use holm, bh or none")
-    return StatsOptions(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
-                        multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs)
+    return StatsOptions.from_cli(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
+                                 multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs, direction=direction)
 
 
 def _say(message: str) -> None:
@@ -84,10 +80,11 @@ def run(
     hf_args: Annotated[str, typer.Option(help="Extra lm-eval hf model args, k=v,k=v.")] = "",
     vllm_args: Annotated[str, typer.Option(help="Extra lm-eval vllm model args, k=v,k=v.")] = "",
     reference: Annotated[str, StatsOpt["reference"]] = "hf-fp32",
-    margin: Annotated[float, StatsOpt["margin"]] = 0.01,
+    margin: Annotated[str, StatsOpt["margin"]] = "1pp",
     ll_tolerance: Annotated[float, StatsOpt["ll_tolerance"]] = 0.05,
     alpha: Annotated[float, StatsOpt["alpha"]] = 0.05,
     multiple: Annotated[str, StatsOpt["multiple"]] = "holm",
+    direction: Annotated[str, StatsOpt["direction"]] = "both",
     cluster: Annotated[bool, StatsOpt["cluster"]] = False,
     gate_logprobs: Annotated[bool, StatsOpt["gate_logprobs"]] = False,
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
@@ -95,8 +92,8 @@ def run(
     ray: Annotated[str | None, typer.Option(help="Run the cells as Ray tasks: a cluster ADDRESS, auto (RAY_ADDRESS or a running local cluster) or local (a new instance on this host). Default: Ray on this host when several GPUs are visible, else one cell at a time.")] = None,
     shards: Annotated[int, typer.Option(help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1,
     tensor_parallel: Annotated[int, typer.Option(help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1,
-    cells_per_gpu: Annotated[int, typer.Option(help="Cells that may share one GPU at a time (small models; each takes 1/N of it).")] = 1,
     single_cell: Annotated[bool, typer.Option(help="Allow a run of one cell (nothing to compare it with): e.g. to add it to a run directory later.")] = False,
+    cells_per_gpu: Annotated[int | None, typer.Option(help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None,
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
     from evalparity import rundir
@@ -116,7 +113,7 @@ def run(
     )
 
     log = RunLog()
-    opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
+    opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs, direction)
     embedded_default = model is None and tasks is None
     task_list = split_list(tasks) if tasks is not None else list(embedded.DEFAULT_TASKS)
     if tasks is not None and not task_list:
@@ -132,19 +129,20 @@ def run(
     limit = check_limit(limit)
     if num_fewshot is not None and num_fewshot < 0:
         raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
-    if tensor_parallel < 1 or cells_per_gpu < 1:
+    if tensor_parallel < 1 or (cells_per_gpu is not None and cells_per_gpu < 1):
         raise EvalParityError("--tensor-parallel and --cells-per-gpu must be at least 1")
-    placement = Placement(ray=ray, cells_per_gpu=cells_per_gpu)
     # The run directory is locked before anything else, so a second run on it stops at once, naming the
     # holder; a directory this run created is removed again if it fails before writing anything.
     run_dir = out or _default_out(model if model is not None else embedded.MODEL_NAME)
     lock = rundir.acquire(run_dir, say=_say)
     head = None
     # A Ray instance of the run's own starts now, in its own process, so that its start overlaps the setup
-    # below (torch's import, the task index, every task's data) instead of following it
+    # below (torch's import, the task index, every task's data) instead of following it. Without
+    # --cells-per-gpu the memory plan decides the packing later; the guess here is that every job may share.
     n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
     try:
-        head = early_ray_head(device, tensor_parallel, placement, n_jobs)
+        head = early_ray_head(device, tensor_parallel, Placement(ray=ray, cells_per_gpu=cells_per_gpu or n_jobs),
+                              n_jobs)
         dev = resolve_device(device)
         bs = parse_batch_size(batch_size) if batch_size is not None else (8 if dev == "cpu" else "auto")
         task_limits = parse_task_limits(task_limit or [])
@@ -162,11 +160,16 @@ def run(
 
         model_id, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
         fingerprint = rundir.model_fingerprint(model_path, model_id, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+        memory_plan = _memory_plan(dev, ray, model_path, cell_specs, max_len, tensor_parallel, cells_per_gpu)
+        placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
         if tasks is None:  # the default tasks read the embedded mirror; prepare it (once) before the preflight
             embedded.dataset_mirror(say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
         roots = mirrors.mirror_roots(datasets_dir)
         console.print(f"checking {len(task_list)} task(s) and their data ...")
         tm = tasks_mod.task_manager(include_path or [])
+        task_list, task_aliases = tasks_mod.resolve_names(task_list, tm)
+        for typed, real in task_aliases.items():
+            console.print(f"task {typed!r} is lm-eval's group {real!r}: running {real}")
         plan = tasks_mod.preflight(task_list, tm, roots, limit, num_fewshot)
         unknown_limits = [t for t, _ in task_limits if t not in plan.leaves and t not in plan.groups]
         if unknown_limits:
@@ -182,6 +185,8 @@ def run(
             hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
             leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
             model_fingerprint=fingerprint,
+            task_aliases=tuple(task_aliases.items()),
+            memory_plan=memory_plan.to_json() if memory_plan else {},
         )
         # The document count comes from the same rule the cells use (spec.samples), so the two cannot disagree.
         per_task = spec.samples()
@@ -260,6 +265,26 @@ def _other_cells(run_dir: Path, cell_specs) -> list[str]:
         return []
 
 
+def _memory_plan(dev: str, ray: str | None, model_path, cell_specs, max_len: int, tensor_parallel: int,
+                 cells_per_gpu: int | None):
+    """The GPU memory plan of the run (``memplan``), printed; None on CPU, and for a Ray cluster named by
+    address, whose GPUs this host cannot see (its cells keep the fixed defaults)."""
+    if dev == "cpu":
+        return None
+    if ray not in (None, "local"):
+        console.print("[dim]memory plan: skipped, the cells run on the Ray cluster's GPUs, not this host's[/dim]")
+        return None
+    from evalparity import memplan
+
+    plan = memplan.plan([(c.name, c.backend, c.dtype, c.batch_size) for c in cell_specs],
+                        memplan.read_shape(model_path), memplan.gpus_here(), cpus=memplan.host_cpus(),
+                        max_length=max_len, n_jobs=sum(c.shards for c in cell_specs),
+                        tensor_parallel=tensor_parallel, cells_per_gpu=cells_per_gpu)
+    for line in plan.lines():
+        console.print(line, highlight=False)
+    return plan
+
+
 def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunLog | None = None) -> int:
     """Statistics and report, written into a staging folder and published together (``cells.publish_outputs``):
     a full disk or a kill midway leaves the previous ``stats/`` and ``report/`` as they were, never a new
@@ -296,10 +321,11 @@ def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunL
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by `evalparity run` or `compare`.")],
     reference: Annotated[str, StatsOpt["reference"]] = "hf-fp32",
-    margin: Annotated[float, StatsOpt["margin"]] = 0.01,
+    margin: Annotated[str, StatsOpt["margin"]] = "1pp",
     ll_tolerance: Annotated[float, StatsOpt["ll_tolerance"]] = 0.05,
     alpha: Annotated[float, StatsOpt["alpha"]] = 0.05,
     multiple: Annotated[str, StatsOpt["multiple"]] = "holm",
+    direction: Annotated[str, StatsOpt["direction"]] = "both",
     cluster: Annotated[bool, StatsOpt["cluster"]] = False,
     gate_logprobs: Annotated[bool, StatsOpt["gate_logprobs"]] = False,
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
@@ -309,7 +335,7 @@ def report(
 
     if not (run_dir / "cells").is_dir():
         raise EvalParityError(f"{run_dir} is not a run directory (no cells/ folder): give the --out of a run")
-    opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
+    opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs, direction)
     with rundir.acquire(run_dir, create=False, say=_say, flag="run directory"):
         raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
 
@@ -320,10 +346,11 @@ def compare(
     name: Annotated[list[str] | None, typer.Option(help="Cell names, one per PATH, in order.")] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory to write. Default: results/compare-<timestamp>.")] = None,
     reference: Annotated[str | None, typer.Option(help="Reference cell (default: the first PATH).")] = None,
-    margin: Annotated[float, StatsOpt["margin"]] = 0.01,
+    margin: Annotated[str, StatsOpt["margin"]] = "1pp",
     ll_tolerance: Annotated[float, StatsOpt["ll_tolerance"]] = 0.05,
     alpha: Annotated[float, StatsOpt["alpha"]] = 0.05,
     multiple: Annotated[str, StatsOpt["multiple"]] = "holm",
+    direction: Annotated[str, StatsOpt["direction"]] = "both",
     cluster: Annotated[bool, StatsOpt["cluster"]] = False,
     gate_logprobs: Annotated[bool, StatsOpt["gate_logprobs"]] = False,
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
@@ -339,7 +366,7 @@ def compare(
     run_dir = out or Path("results") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     with rundir.acquire(run_dir, say=_say):
         names = import_lm_eval_dirs(paths, name or [], run_dir)
-        opts = _stats_options(reference or names[0], margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs)
+        opts = _stats_options(reference or names[0], margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs, direction)
         if opts.reference not in names:
             raise EvalParityError(f"--reference {opts.reference} is not one of the cells {', '.join(names)}")
         raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))

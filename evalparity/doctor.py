@@ -84,7 +84,10 @@ def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> i
         from evalparity.spec import split_list
 
         tm = tasks_mod.task_manager()
-        for name in split_list(tasks):
+        for typed in split_list(tasks):
+            name = tasks_mod.split_suffixed(typed, tm) or typed
+            if name != typed:
+                console.print(f"task {typed!r} is lm-eval's group {name!r}")
             try:
                 plan = tasks_mod.preflight([name], tm, roots, None, 0)
                 console.print(f"task {name}: data available ({sum(plan.leaves.values()):,} docs in "

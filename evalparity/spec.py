@@ -96,12 +96,17 @@ class RunSpec:
     # the model's resolved source and its files' hashes (rundir.model_fingerprint): part of the identity, so
     # that new weights at the same path, or a relative path from another folder, never reuse old cells
     model_fingerprint: dict | None = None
+    task_aliases: tuple[tuple[str, str], ...] = ()   # names as typed -> lm-eval's (``ceval`` -> ``ceval-valid``)
+    # GPU memory plan (``memplan.MemoryPlan.to_json``; empty on CPU): what each cell gets of its GPU. Not
+    # part of the identity: it follows the GPUs' free memory at the start, which a resumed run sees anew.
+    memory_plan: dict = field(default_factory=dict, compare=False, hash=False)
 
     def to_json(self) -> dict:
         d = asdict(self)
         d["cells"] = [asdict(c) | {"name": c.name} for c in self.cells]
         d["task_limits"] = [list(x) for x in self.task_limits]
         d["leaf_docs"] = [list(x) for x in self.leaf_docs]
+        d["task_aliases"] = [list(x) for x in self.task_aliases]
         return d
 
     def identity(self) -> str:
@@ -110,6 +115,8 @@ class RunSpec:
         in their own cell.json."""
         d = self.to_json()
         d.pop("cells")
+        d.pop("task_aliases")  # how the tasks were typed does not change the experiment
+        d.pop("memory_plan")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
@@ -126,7 +133,13 @@ class RunSpec:
             leaf_docs=tuple((k, int(v)) for k, v in d.get("leaf_docs", ())),
             tensor_parallel=int(d.get("tensor_parallel", 1)),
             model_fingerprint=d.get("model_fingerprint"),
+            task_aliases=tuple((k, v) for k, v in d.get("task_aliases", ())),
+            memory_plan=d.get("memory_plan") or {},
         )
+
+    def cell_memory(self, cell: str) -> dict:
+        """The memory plan's entry for one cell (``memplan.CellPlan`` as a dict); empty without a plan."""
+        return dict(self.memory_plan.get("cells", {}).get(cell, {}))
 
     def samples(self) -> dict[str, list[int]] | None:
         """lm-eval's ``samples`` (doc indices per leaf task) when per-task limits are set, else None and

@@ -60,6 +60,45 @@ class TaskPlan:
     groups: dict[str, list[str]]
 
 
+# Split words that lm-eval appends to a group's name when the group evaluates one split of its dataset
+# (``ceval-valid``, ``mmmu_val``). Users type the benchmark's name (``ceval``); lm-eval registers only the
+# suffixed one.
+SPLIT_SUFFIXES = ("valid", "validation", "val", "dev", "test")
+
+
+def split_suffixed(name: str, tm) -> str | None:
+    """The one lm-eval group or tag named ``name`` plus a split suffix (``ceval`` -> ``ceval-valid``), or None.
+
+    Conservative on purpose: only when ``name`` itself is not registered, and only when exactly one
+    candidate exists. Single tasks are not candidates: in lm-eval 0.4.13 a task whose name ends in a split
+    word names a subject, not a split (``arabicmmlu_driving_test`` is the "driving test" subject), and
+    resolving ``arabicmmlu_driving`` to it would silently run something else than asked.
+    """
+    if name in set(tm.all_tasks) or Path(name).is_file():
+        return None
+    collections = set(tm.all_groups) | set(tm.all_tags)
+    hits = [f"{name}{sep}{suffix}" for sep in ("-", "_") for suffix in SPLIT_SUFFIXES
+            if f"{name}{sep}{suffix}" in collections]
+    return hits[0] if len(hits) == 1 else None
+
+
+def resolve_names(names: list[str], tm) -> tuple[list[str], dict[str, str]]:
+    """The names to hand lm-eval, and what was resolved (typed name -> lm-eval name), in order.
+
+    A name resolved to one already given is dropped, so ``ceval,ceval-valid`` runs the group once.
+    """
+    out: list[str] = []
+    resolved: dict[str, str] = {}
+    for n in names:
+        real = split_suffixed(n, tm)
+        if real is not None:
+            resolved[n] = real
+        real = real or n
+        if real not in out:
+            out.append(real)
+    return out, resolved
+
+
 def check_names(names: list[str], tm) -> None:
     if not names:
         raise EvalParityError("no tasks given: pass --tasks with lm-eval task or group names, e.g. hellaswag")

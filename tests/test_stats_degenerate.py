@@ -7,7 +7,6 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
 from decide import decide_ll, decide_scores
 
 from evalparity.errors import EvalParityError

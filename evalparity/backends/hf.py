@@ -22,6 +22,11 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
         args["softmax_dtype"] = "float32"
     if a.add_bos_token is not None:
         args["add_bos_token"] = a.add_bos_token
+    cap = spec.cell_memory(cell.name).get("max_batch_size")
+    if cap and cell.batch_size == "auto":
+        # the ceiling of lm-eval's batch-size probe, so that the batch it finds stays within the cell's
+        # share of a GPU that other cells fill later (memplan)
+        args["max_batch_size"] = cap
     if spec.tensor_parallel > 1:
         # HF has no tensor parallelism in lm-eval; it splits the layers over the cell's GPUs instead.
         args["parallelize"] = True
@@ -44,6 +49,8 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
         "generation": "greedy (temperature 0, do_sample False) unless the task sets otherwise",
         "prefix_caching": "n/a",
         "parallelize": args.get("parallelize", False),
+        "max_batch_size": args.get("max_batch_size", "lm-eval default (64)" if cell.batch_size == "auto" else None),
+        "memory_plan": spec.cell_memory(cell.name) or None,
     }
 
 

@@ -23,7 +23,8 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
         "enforce_eager": True,
     }
     if spec.device != "cpu":
-        args["gpu_memory_utilization"] = 0.3
+        # the cell's share of its GPU from the memory plan (memplan); 0.3 for a spec without one
+        args["gpu_memory_utilization"] = spec.cell_memory(cell.name).get("gpu_memory_utilization") or 0.3
     if spec.tensor_parallel > 1:
         args["tensor_parallel_size"] = spec.tensor_parallel
     if a.add_bos_token is not None:
@@ -57,6 +58,8 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
         "enforce_eager": args.get("enforce_eager"),
         "seed": args.get("seed"),
         "tensor_parallel_size": args.get("tensor_parallel_size", 1),
+        "gpu_memory_utilization": args.get("gpu_memory_utilization"),
+        "memory_plan": spec.cell_memory(cell.name) or None,
     }
 
 

@@ -1,0 +1,329 @@
+"""GPU memory planning and automatic packing: how much of a GPU each cell gets, decided before any loads.
+
+Why: fixed constants fail both ways on real GPUs. ``gpu_memory_utilization=0.3`` left a 13.7 B model's
+fp32 weights (51.1 GiB) no room on a 141 GiB H200, while six SmolLM2-135M cells packed on one H200 only
+ran once every vLLM cell was given 0.15 and HF a fixed batch size (three vLLM cells at 0.3 plus HF's
+automatic batch sizes left one vLLM cell a negative KV cache). Both follow from arithmetic on numbers
+known before any model loads: the model's parameter count and shapes (``config.json`` and the safetensors
+headers; no weights read), each cell's dtype, the GPUs' total and free memory, the tensor-parallel size and
+how many cells share a GPU.
+
+The plan gives every cell an equal share of what is free on a GPU (less a reserve), so that cells that
+start at the same time on one GPU cannot take each other's memory:
+
+- vLLM: ``gpu_memory_utilization`` = share / total memory, because vLLM reads it as the fraction of the
+  GPU's TOTAL memory its instance may use (weights, activations, KV cache), and refuses to start when that
+  much is not free;
+- HF: lm-eval's ``max_batch_size`` (the ceiling of its automatic batch size), so that the batch size that
+  lm-eval's probe finds cannot outgrow the share once the other cells have grown into theirs.
+
+Everything here is a pure function of its inputs, so that a fake GPU of any size tests it on a CPU. The
+estimates are deliberately simple (named constants below) and on the safe side; a user's own
+``--vllm-args gpu_memory_utilization=...`` or ``--hf-args max_batch_size=...`` still wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from evalparity.errors import EvalParityError
+
+GiB = 1024**3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+CUDA_CONTEXT = int(0.6 * GiB)   # a process's CUDA context and library workspaces, outside PyTorch's allocator
+RESERVE_FRACTION = 0.03         # of each GPU's total memory, left out of every plan (fragmentation, NCCL, others)
+RESERVE_MIN = 1 * GiB
+VLLM_STEP_TOKENS = 8192         # tokens vLLM schedules per step (its profile run and a scoring step)
+VLLM_KV_SEQS = 4                # KV cache for this many full-length sequences, for a cell worth running
+HF_TARGET_ROWS = 8              # batch rows at full length that a comfortable HF share holds
+MIN_CPUS_PER_CELL = 2           # lm-eval's request building and our recording are CPU-bound, per cell
+LM_EVAL_MAX_BATCH = 64          # lm-eval HFLM's own default ceiling for batch_size=auto
+MAX_TENSOR_PARALLEL = 8         # the most GPUs of one host a refusal suggests splitting over
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on, read from the model folder without loading weights."""
+
+    params: int
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    kv_heads: int
+    head_dim: int
+
+    def weight_bytes(self, dtype: str, tensor_parallel: int = 1) -> int:
+        """Bytes of weights per GPU at ``dtype`` (the cell's dtype, whatever the checkpoint's)."""
+        return math.ceil(self.params * DTYPE_BYTES[dtype] / tensor_parallel)
+
+    def kv_bytes_per_token(self, dtype: str, tensor_parallel: int = 1) -> int:
+        """K and V of every layer for one token, per GPU (KV heads are split over tensor-parallel ranks)."""
+        heads = max(1, math.ceil(self.kv_heads / tensor_parallel))
+        return 2 * self.layers * heads * self.head_dim * DTYPE_BYTES[dtype]
+
+
+def read_shape(model_path: str | Path) -> ModelShape:
+    """The model's shape from ``config.json`` and its parameter count from the safetensors headers (the
+    first 8 bytes give the header's length, the JSON header every tensor's dtype and shape); without
+    safetensors, the count is estimated from the config."""
+    folder = Path(model_path)
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise EvalParityError(f"cannot read {folder / 'config.json'} to plan GPU memory ({err}): give a model "
+                              "folder with its config.json") from None
+    cfg = cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+    hidden = int(cfg.get("hidden_size") or cfg.get("n_embd") or 0)
+    layers = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 0)
+    heads = int(cfg.get("num_attention_heads") or cfg.get("n_head") or 1)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or (hidden // heads if heads else 0))
+    intermediate = int(cfg.get("intermediate_size") or 4 * hidden)
+    vocab = int(cfg.get("vocab_size") or 0)
+    params = safetensors_params(folder)
+    if params is None:  # no safetensors: embeddings, attention and a gated MLP per layer
+        attn = hidden * (heads * head_dim) * 2 + hidden * (kv_heads * head_dim) * 2
+        tied = bool(cfg.get("tie_word_embeddings", False))
+        params = vocab * hidden * (1 if tied else 2) + layers * (attn + 3 * hidden * intermediate)
+    return ModelShape(params, layers, hidden, intermediate, vocab, kv_heads, head_dim)
+
+
+def safetensors_params(folder: Path) -> int | None:
+    """Parameters stored in the folder's ``*.safetensors`` files, from their headers; None if there are none."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, t in header.items():
+            if name != "__metadata__":
+                total += math.prod(t["shape"])
+    return total
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU's memory in bytes, as the driver reports it now."""
+
+    total: int
+    free: int
+
+
+def gpus_here() -> list[Gpu]:
+    """Total and free memory of the GPUs this process may use, through NVML, which (unlike
+    ``torch.cuda.mem_get_info``) does not create a CUDA context in the run's process, where it would hold
+    memory for the whole run."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    try:
+        try:
+            import pynvml
+        except ImportError:
+            from vllm.third_party import pynvml  # type: ignore[no-redef]
+        pynvml.nvmlInit()
+        try:
+            ids = [g.strip() for g in vis.split(",") if g.strip()] if vis is not None else \
+                [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            out = []
+            for g in ids:
+                h = pynvml.nvmlDeviceGetHandleByUUID(g) if g.startswith(("GPU-", "MIG-")) else \
+                    pynvml.nvmlDeviceGetHandleByIndex(int(g))
+                info = pynvml.nvmlDeviceGetMemoryInfo(h)
+                out.append(Gpu(int(info.total), int(info.free)))
+            return out
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML here: ask torch (which does start a context)
+        import torch
+
+        return [Gpu(*reversed(torch.cuda.mem_get_info(i))) for i in range(torch.cuda.device_count())]
+
+
+def host_cpus() -> int:
+    """CPUs this process may run on (its affinity, which a container or Slurm may narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class CellNeed:
+    """A cell's memory per GPU: ``minimum`` to run at all, ``comfortable`` to run well."""
+
+    name: str
+    backend: str
+    dtype: str
+    weights: int
+    minimum: int
+    comfortable: int
+
+
+def cell_need(name: str, backend: str, dtype: str, shape: ModelShape, max_length: int,
+              tensor_parallel: int = 1) -> CellNeed:
+    """Bytes per GPU one cell needs. vLLM: weights, one scheduling step's activations (the prompt
+    logprobs of every token of the step, in fp32, plus a copy for the log-softmax), its CUDA context, and a
+    KV cache for one full-length sequence (vLLM refuses to start with less) or ``VLLM_KV_SEQS`` of them.
+    HF: weights, its CUDA context, and the forward pass of batch rows at full length (logits in the model
+    dtype, their fp32 log-softmax, the returned KV cache, a few hidden-size buffers): one row at least,
+    ``HF_TARGET_ROWS`` to be comfortable."""
+    w = shape.weight_bytes(dtype, tensor_parallel)
+    if backend == "vllm":
+        act = VLLM_STEP_TOKENS * (shape.vocab * 4 * 2 + shape.hidden * DTYPE_BYTES[dtype] * 12) // tensor_parallel
+        kv = shape.kv_bytes_per_token(dtype, tensor_parallel) * max_length
+        base = w + act + CUDA_CONTEXT
+        return CellNeed(name, backend, dtype, w, base + kv, base + VLLM_KV_SEQS * kv)
+    row = hf_row_bytes(shape, dtype, max_length, tensor_parallel)
+    return CellNeed(name, backend, dtype, w, w + CUDA_CONTEXT + row, w + CUDA_CONTEXT + HF_TARGET_ROWS * row)
+
+
+def hf_row_bytes(shape: ModelShape, dtype: str, max_length: int, tensor_parallel: int = 1) -> int:
+    """Peak bytes of one batch row of ``max_length`` tokens in an HF forward pass (an estimate).
+    With ``parallelize`` the layers are split over GPUs, so the logits still land whole on one of them."""
+    b = DTYPE_BYTES[dtype]
+    per_token = shape.vocab * (b + 4) + shape.kv_bytes_per_token(dtype) // tensor_parallel \
+        + (shape.hidden * 8 + shape.intermediate * 3) * b
+    return per_token * max_length
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """What one cell gets: recorded in the spec and in its cell.json (``settings.memory_plan``)."""
+
+    budget_gib: float
+    weights_gib: float
+    need_gib: float                       # its minimum, for comparison with the budget
+    gpu_memory_utilization: float | None  # vLLM
+    max_batch_size: int | None            # HF with batch_size auto
+    cpus: int                             # its share of the host's cores
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    cells_per_gpu: int
+    gpus: int
+    tensor_parallel: int
+    gpu_total_gib: float
+    gpu_free_gib: float
+    host_cpus: int
+    why: str
+    cells: dict[str, CellPlan]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """The placement plan in words, for the start of a run."""
+        head = (f"placement: {self.cells_per_gpu} cell(s) per GPU on {self.gpus} GPU(s) "
+                f"({self.gpu_free_gib:.1f} of {self.gpu_total_gib:.1f} GiB free on the fullest), "
+                f"tensor parallel {self.tensor_parallel}, {self.host_cpus} CPU(s): {self.why}")
+        rows = []
+        for name, c in self.cells.items():
+            knob = "batch size as given"
+            if c.gpu_memory_utilization is not None:
+                knob = f"gpu_memory_utilization={c.gpu_memory_utilization}"
+            elif c.max_batch_size is not None:
+                knob = f"max_batch_size={c.max_batch_size}"
+            rows.append(f"  {name}: {c.budget_gib:.1f} GiB per GPU (weights {c.weights_gib:.1f}, needs at least "
+                        f"{c.need_gib:.1f}), {knob}, {c.cpus} CPU(s)")
+        return [head, *rows]
+
+
+def usable(gpu: Gpu) -> int:
+    """What a plan may hand out on one GPU: its free memory less a reserve."""
+    return max(0, gpu.free - max(RESERVE_MIN, int(RESERVE_FRACTION * gpu.total)))
+
+
+def plan(cells: list[tuple[str, str, str, int | str]], shape: ModelShape, gpus: list[Gpu], *, cpus: int,
+         max_length: int, n_jobs: int, tensor_parallel: int = 1, cells_per_gpu: int | None = None) -> MemoryPlan:
+    """The memory plan of a matrix. ``cells``: (name, backend, dtype, batch size) per cell; ``n_jobs``: the
+    processes to run (cells times shards); ``cells_per_gpu``: the user's, or None to decide here.
+
+    Raises a one-line error when a cell cannot fit: its minimum exceeds one GPU's usable memory (the fix
+    is more tensor parallelism, or fewer bytes per weight), or the user's ``--cells-per-gpu`` share."""
+    if not gpus:
+        raise EvalParityError("no GPU visible to plan memory on: use --device cpu, or check CUDA_VISIBLE_DEVICES")
+    if tensor_parallel > len(gpus):
+        raise EvalParityError(f"--tensor-parallel {tensor_parallel} needs {tensor_parallel} GPUs but "
+                              f"{len(gpus)} are visible: lower it to {len(gpus)} or fewer")
+    room = min(usable(g) for g in gpus)
+    needs = [cell_need(n, b, d, shape, max_length, tensor_parallel) for n, b, d, _ in cells]
+    worst = max(needs, key=lambda x: x.minimum)
+    if worst.minimum > room:
+        raise EvalParityError(_too_big(worst, shape, gpus, room, max_length, tensor_parallel))
+    slots = max(1, len(gpus) // tensor_parallel)  # replicas that run side by side at one cell per GPU
+    if cells_per_gpu is None:
+        cells_per_gpu, why = packing(needs, room, cpus, n_jobs, slots, tensor_parallel)
+    else:
+        why = "--cells-per-gpu as given"
+        if worst.minimum > room // cells_per_gpu:
+            raise EvalParityError(
+                f"--cells-per-gpu {cells_per_gpu} leaves each cell {room / cells_per_gpu / GiB:.1f} GiB, but "
+                f"{worst.name} needs at least {worst.minimum / GiB:.1f} GiB: lower --cells-per-gpu to "
+                f"{max(1, room // worst.minimum)}, or drop it to let evalparity decide")
+    budget = room // cells_per_gpu
+    total = min(g.total for g in gpus)
+    running = min(n_jobs, cells_per_gpu * slots)
+    per_cell_cpus = max(1, cpus // max(1, running))
+    out = {}
+    for need, (name, backend, dtype, batch) in zip(needs, cells):
+        util = math.floor(budget / total * 100) / 100 if backend == "vllm" else None
+        mbs = None
+        if backend == "hf" and batch == "auto":
+            rows = (budget - need.weights - CUDA_CONTEXT) // hf_row_bytes(shape, dtype, max_length, tensor_parallel)
+            mbs = int(max(1, min(LM_EVAL_MAX_BATCH, rows)))
+        out[name] = CellPlan(round(budget / GiB, 2), round(need.weights / GiB, 2), round(need.minimum / GiB, 2),
+                             util, mbs, per_cell_cpus)
+    free = min(g.free for g in gpus)
+    return MemoryPlan(cells_per_gpu, len(gpus), tensor_parallel, round(total / GiB, 1), round(free / GiB, 1),
+                      cpus, why, out)
+
+
+def packing(needs: list[CellNeed], room: int, cpus: int, n_jobs: int, slots: int,
+            tensor_parallel: int) -> tuple[int, str]:
+    """Cells per GPU with no ``--cells-per-gpu``: as many as fit every cell's comfortable need in memory
+    and leave each at least ``MIN_CPUS_PER_CELL`` of the host's cores, but no more than it takes to run
+    every job at once on the GPUs there are (fewer per GPU means more memory for each)."""
+    if tensor_parallel > 1:
+        return 1, "tensor-parallel replicas are not packed"
+    largest = max(n.comfortable for n in needs)
+    by_memory = max(1, room // largest)
+    by_cpus = max(1, cpus // (MIN_CPUS_PER_CELL * slots))
+    by_jobs = max(1, math.ceil(n_jobs / slots))
+    n = min(by_memory, by_cpus, by_jobs)
+    if n == by_jobs:
+        why = f"every one of the {n_jobs} job(s) at once"
+    elif n == by_memory:
+        why = f"as many as memory holds ({largest / GiB:.1f} GiB per cell to run comfortably)"
+    else:
+        why = f"as many as the CPU cores allow ({MIN_CPUS_PER_CELL} per cell at least)"
+    return n, f"packed automatically: {why}"
+
+
+def _too_big(need: CellNeed, shape: ModelShape, gpus: list[Gpu], room: int, max_length: int,
+             tensor_parallel: int) -> str:
+    """The refusal of a cell that fits no GPU here, with the smallest tensor parallelism that would fit."""
+    what = (f"cell {need.name} needs about {need.minimum / GiB:.1f} GiB per GPU ({need.dtype} weights "
+            f"{need.weights / GiB:.1f} GiB of a {shape.params / 1e9:.1f} B-parameter model"
+            + (f" over {tensor_parallel} GPUs" if tensor_parallel > 1 else "")
+            + f") but a GPU here has {room / GiB:.1f} GiB to give")
+    tp = tensor_parallel * 2
+    while tp <= MAX_TENSOR_PARALLEL:
+        if cell_need(need.name, need.backend, need.dtype, shape, max_length, tp).minimum <= room:
+            if tp <= len(gpus):
+                return f"{what}: pass --tensor-parallel {tp}, or drop {need.dtype} from --dtypes"
+            return (f"{what}: it needs --tensor-parallel {tp} on a host with {tp} such GPUs ({len(gpus)} visible "
+                    f"here), or drop {need.dtype} from --dtypes")
+        tp *= 2
+    return f"{what}, even split over {MAX_TENSOR_PARALLEL} GPUs: drop {need.dtype} from --dtypes"
