@@ -66,4 +66,4 @@ def test_mission_command_offline(tiny_model, tmp_path):
     assert md.index("| ceval-valid |") < fold and md.index("| hellaswag |") < fold
     end = md.index("</details>", fold)
     for s in SUBJECTS:
-        assert fold < md.index(f"| ceval-valid_{s} |") < end, s
+        assert fold < md.index(f"| ceval-valid\\_{s} |") < end, s  # markdown-escaped

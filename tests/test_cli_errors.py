@@ -20,7 +20,12 @@ def run_args(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
     (["--limit", "0"], "--limit 0 would evaluate no documents"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--repeat", "hf:fp32"], "bad --repeat"),
-    (["--alpha", "2"], "--alpha 2.0 is not a probability"),
+    (["--alpha", "2"], "--alpha 2.0 is not a test level"),
+    (["--margin", "1"], "too large for a proportion"),
+    (["--margin", "5"], "too large for a proportion"),
+    (["--margin", "1.5"], "1pp, 1% or 0.01"),
+    (["--margin", "acc=x"], "not a margin"),
+    (["--direction", "up"], "--direction 'up' is unknown"),
     (["--shards", "0"], "--shards 0 must be at least 1"),
     (["--tensor-parallel", "2"], "--tensor-parallel needs GPUs"),
 ])

@@ -107,13 +107,17 @@ def test_fp32_backends_agree_to_roundoff_and_bf16_drifts_more(run_dir):
 def test_stats_and_report_written(run_dir):
     out, proc = run_dir
     v = json.loads((out / "stats" / "verdicts.json").read_text())
-    assert v["schema"] == "evalparity.verdicts/1"
+    assert v["schema"] == "evalparity.verdicts/2"
     assert v["sign_off"]["status"] in ("PASS", "FAIL", "INCONCLUSIVE")
     assert proc.returncode == v["sign_off"]["exit_code"]
     cells = {r["cell"] for r in v["comparisons"]}
     assert cells == {"vllm-fp32", "vllm-bf16", "hf-bf16", "hf-fp32-dp2"}
     for r in v["comparisons"]:
-        assert r["verdict"] in ("EQUIVALENT", "DIFFERENT", "INCONCLUSIVE") and r["reason"]
+        if r["kind"] == "noise_floor":  # the yardstick: no verdict of its own
+            assert r["verdict"] == "" and r["reason"]
+        else:
+            assert r["verdict"] in ("EQUIVALENT", "DIFFERENT", "SHIFT", "INCONCLUSIVE", "NO MARGIN") and r["reason"]
+            assert r["ci_level"] in (0.9, pytest.approx(0.9)) or r["verdict"] == "DIFFERENT"
         assert r["n"] == 10 or r["metric"] == "loglikelihood"
     for f in ("report.md", "report.html"):
         assert (out / "report" / f).stat().st_size > 1000

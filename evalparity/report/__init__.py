@@ -19,8 +19,8 @@ import pandas as pd
 from evalparity.cells import write_atomic
 from evalparity.report import figures
 
-COLORS = {"EQUIVALENT": "#1a7f37", "DIFFERENT": "#cf222e", "INCONCLUSIVE": "#bf8700",
-          "PASS": "#1a7f37", "FAIL": "#cf222e"}
+COLORS = {"EQUIVALENT": "#1a7f37", "DIFFERENT": "#cf222e", "INCONCLUSIVE": "#bf8700", "SHIFT": "#9a6700",
+          "PASS": "#1a7f37", "FAIL": "#cf222e", "INCOMPLETE": "#cf222e"}
 
 
 def _read(run_dir: Path, name: str) -> pd.DataFrame:
@@ -40,6 +40,24 @@ def _pp(x) -> str:
     return "–" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{100 * x:+.2f}"
 
 
+def md_escape(text: str) -> str:
+    """Text for a markdown document: HTML and markdown's inline syntax escaped, so a task name, a model path
+    or a prompt is shown as written and never rendered as HTML or as a link by a markdown viewer."""
+    out = html.escape(str(text), quote=False)
+    for ch in "\\`*_[]#|!":
+        out = out.replace(ch, "\\" + ch)
+    return out.replace("\n", " ")
+
+
+def md_fence(text: str) -> str:
+    """A fenced block longer than any run of backticks in ``text``, so the text cannot close it."""
+    import re
+
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}\n"
+
+
 class Doc:
     """Builds markdown and HTML side by side, so the two reports never say different things."""
 
@@ -48,19 +66,19 @@ class Doc:
         self.html: list[str] = []
 
     def h(self, level: int, text: str) -> None:
-        self.md.append(f"\n{'#' * level} {text}\n")
+        self.md.append(f"\n{'#' * level} {md_escape(text)}\n")
         self.html.append(f"<h{level}>{html.escape(text)}</h{level}>")
 
     def p(self, text: str, raw_html: str | None = None) -> None:
-        self.md.append(text + "\n")
+        self.md.append(md_escape(text) + "\n")
         self.html.append(f"<p>{raw_html if raw_html is not None else html.escape(text)}</p>")
 
     def table(self, header: list[str], rows: list[list[str]], colors: list[str | None] | None = None,
               fold: list[tuple[str, list[list[str]]]] | None = None) -> None:
-        self.md.append("| " + " | ".join(header) + " |")
+        self.md.append("| " + " | ".join(md_escape(c) for c in header) + " |")
         self.md.append("|" + "---|" * len(header))
         for r in rows:
-            self.md.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+            self.md.append("| " + " | ".join(md_escape(c) for c in r) + " |")
         self.md.append("")
         h = ["<table><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in header) + "</tr></thead><tbody>"]
         for _i, r in enumerate(rows):
@@ -71,7 +89,7 @@ class Doc:
     def image(self, path: Path | None, alt: str, rel: str) -> None:
         if path is None or not path.exists():
             return
-        self.md.append(f"![{alt}]({rel})\n")
+        self.md.append(f"![{md_escape(alt)}]({rel})\n")
         data = base64.b64encode(path.read_bytes()).decode()
         self.html.append(f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
                          f"<figcaption>{html.escape(alt)}</figcaption></figure>")
@@ -119,14 +137,24 @@ def write_report(run_dir: Path) -> dict[str, Path]:
     so = v["sign_off"]
     doc.h(1, f"evalparity sign-off: {v.get('model')}")
     color = COLORS.get(so["status"], "#bf8700")
-    doc.raw(f"**Sign-off: {so['status']}** — {so['reason']}\n",
+    doc.raw(f"**Sign-off: {so['status']}** — {md_escape(so['reason'])}\n",
             f'<div class="signoff" style="background:{color}1f;color:{color}">Sign-off: {so["status"]}</div>'
             f"<p>{html.escape(so['reason'])}</p>")
+    for item in so.get("incomplete_cells", []):
+        doc.p(f"Incomplete: cell {item['cell']} cannot be used ({item['why']}). PASS is never given while a cell "
+              "of the run is missing; rerun the same command to finish it.")
     opts = v["options"]
-    doc.p(f"Every cell is compared with the reference cell {opts['reference']} on the same documents. "
-          f"EQUIVALENT: the paired difference is shown to lie within ±{100 * opts['margin']:g} percentage points "
-          f"(TOST at α = {opts['alpha']}, {opts['multiple']}-adjusted over the family); DIFFERENT: a real change "
-          "not shown to be within the margin; INCONCLUSIVE: neither, at this number of documents.")
+    a = opts["alpha"]
+    worse = opts.get("direction") == "worse"
+    doc.p(f"Every cell is compared with the reference cell {opts['reference']} on the same documents, with margin "
+          f"{'a drop of ' if worse else '±'}{100 * opts['margin']:g} percentage points for proportion metrics"
+          + "".join(f", {k} {val:g}" for k, val in (opts.get("metric_margins") or {}).items())
+          + f" and {opts['ll_tolerance']:g} nats for mean |Δ loglikelihood|. "
+          f"EQUIVALENT: the {100 * (1 - 2 * a):g}% CI lies inside the margin (TOST at α = {a:g}; PASS needs every "
+          "gating comparison EQUIVALENT, an intersection-union test valid at α with no multiplicity adjustment). "
+          f"DIFFERENT: the CI lies outside the margin at the {opts['multiple']} family threshold, and the level "
+          "printed is that threshold's. SHIFT: a change is shown but within-margin is not. INCONCLUSIVE: neither, "
+          "at this number of documents. Each verdict is printed beside the interval it was decided on.")
 
     _verdict_matrix(doc, comp)
     _setup(doc, spec, metas)
@@ -165,6 +193,7 @@ def write_report(run_dir: Path) -> dict[str, Path]:
 def _verdict_matrix(doc: Doc, comp: pd.DataFrame) -> None:
     doc.h(2, "Verdicts")
     c = comp[(comp["kind"] == "cross") & (comp["metric"] != "loglikelihood")]
+    has_nf = comp["beyond_noise"].notna().any() if "beyond_noise" in comp else False
     if c.empty:
         doc.p("No score comparisons.")
         return
@@ -174,7 +203,7 @@ def _verdict_matrix(doc: Doc, comp: pd.DataFrame) -> None:
     def row(g: pd.DataFrame, label: str) -> list[str]:
         by_cell = {r.cell: r for r in g.itertuples()}
         return [label, g["metric"].iloc[0] + ("" if g["filter"].iloc[0] == "none" else f" ({g['filter'].iloc[0]})"),
-                *[f"{by_cell[x].verdict} {_pp(by_cell[x].effect)}" if x in by_cell else "–" for x in cells]]
+                *[_verdict_cell(by_cell[x], has_nf) if x in by_cell else "–" for x in cells]]
 
     top = c[(c["level"] == "group") | (c["group"] == c["task"])]
     rows = [row(g, task) for (task, _m, _f), g in top.groupby(["task", "metric", "filter"], sort=True)]
@@ -182,13 +211,27 @@ def _verdict_matrix(doc: Doc, comp: pd.DataFrame) -> None:
     members = c[(c["level"] == "task") & (c["group"] != c["task"])]
     for group, gm in members.groupby("group", sort=True):
         mrows = [row(g, task) for (task, _m, _f), g in gm.groupby(["task", "metric", "filter"], sort=True)]
-        doc.md.append(f"<details><summary>{group}: {gm['task'].nunique()} member tasks</summary>\n")
+        doc.md.append(f"<details><summary>{html.escape(str(group))}: {gm['task'].nunique()} member tasks</summary>\n")
         doc.table(header, mrows)
         doc.md.append("</details>\n")
         last = doc.html.pop()
         doc.html.append(f"<details><summary>{html.escape(group)}: {gm['task'].nunique()} member tasks "
                         f"(the group's pooled verdict above gates)</summary>{last}</details>")
-    doc.p("Cells show the verdict and the paired difference in percentage points (cell − reference).")
+    doc.p("Cells show the verdict and the paired difference (cell − reference; percentage points for proportions)"
+          + ("; '+noise' marks drift beyond the backend's own run-to-run noise, '≤noise' drift not shown to exceed "
+             "it." if has_nf else "."))
+
+
+def _effect(r) -> str:
+    if r.unit == "pp":
+        return _pp(r.effect)
+    return _f(r.effect) + (f" {r.unit}" if r.unit else "")
+
+
+def _verdict_cell(r, has_nf: bool) -> str:
+    nf = "" if not has_nf or r.beyond_noise is None or pd.isna(r.beyond_noise) else (
+        " +noise" if r.beyond_noise else " ≤noise")
+    return f"{r.verdict} {_effect(r)}{nf}"
 
 
 def _setup(doc: Doc, spec: dict, metas: dict[str, dict]) -> None:
@@ -230,27 +273,50 @@ def _setup(doc: Doc, spec: dict, metas: dict[str, dict]) -> None:
         doc.table(["setting", *settings], [[k, *[str(s.get(k, "–"))[:60] for s in settings.values()]] for k in keys])
 
 
+def _ci(r) -> str:
+    if r.unit == "pp":
+        return f"{100 * r.ci_level:.3g}% [{_pp(r.ci_low)}, {_pp(r.ci_high)}]"
+    return f"{100 * r.ci_level:.3g}% [{_f(r.ci_low)}, {_f(r.ci_high)}]"
+
+
 def _paired_stats(doc: Doc, comp: pd.DataFrame) -> None:
     doc.h(2, "Paired statistics (gating comparisons)")
     c = comp[comp["gating"]]
     rows = [[r.task, r.metric + ("" if r.filter == "none" else f" ({r.filter})"), r.cell, str(int(r.n)),
-             _f(r.ref_score), _f(r.cell_score), _pp(r.effect),
-             f"[{_pp(r.ci_low)}, {_pp(r.ci_high)}]", _f(r.p_diff_adj), _f(r.p_equiv_adj), r.verdict, r.reason]
+             _f(r.reference_score), _f(r.cell_score), _effect(r), _ci(r), _f(r.p_equivalence),
+             _f(r.p_beyond_adjusted), _f(r.p_shift_adjusted), _beyond_noise(r), r.verdict, r.reason]
             for r in c.itertuples()]
-    doc.table(["task", "metric", "cell", "n", "ref", "cell", "Δ pp", "CI pp", "p diff (adj)", "p equiv (adj)",
-               "verdict", "reason"], rows)
+    doc.table(["task", "metric", "cell", "n", "ref", "cell", "Δ", "CI (the verdict's)", "p equiv", "p beyond (adj)",
+               "p change (adj)", "beyond noise floor", "verdict", "reason"], rows)
+    doc.p("p equiv: TOST against the margin (unadjusted; PASS is an intersection-union test). p beyond: the change "
+          "exceeds the margin (family-adjusted). p change: a change at all (exact McNemar for binary scores; "
+          "family-adjusted). Beyond noise floor: the cross-backend discordance against a noise-floor pair's on "
+          "the same docs (exact one-sided McNemar).")
+
+
+def _beyond_noise(r) -> str:
+    if r.beyond_noise is None or pd.isna(r.beyond_noise):
+        return "–"
+    ci = r.discordance_excess_ci
+    ci_s = f" [{_pp(ci[0])}, {_pp(ci[1])}]" if ci is not None and len(ci) == 2 else ""
+    return (f"{'yes' if r.beyond_noise else 'no'} (excess {_pp(r.discordance_excess)} pp{ci_s} over "
+            f"{r.noise_floor_pair}, p = {_f(r.p_beyond_noise)})")
 
 
 def _deltas(doc: Doc, d: pd.DataFrame) -> None:
     if d.empty:
         return
     doc.h(2, "Loglikelihood drift per request")
+    doc.p("mean |Δ|: how far apart the cells are per request (its verdict compares it with the tolerance). mean Δ: "
+          "a systematic shift, with its 95% CI over docs. Wilcoxon p: symmetry of Δ about 0 (a test of location, "
+          "not of the mean; reported only).")
     d = d[d["kind"] == "cross"]
-    rows = [[r.task, r.cell, str(int(r.n)), _f(r.mean), f"[{_f(r.ci_low)}, {_f(r.ci_high)}]", _f(r.abs_mean),
-             _f(r.abs_median), _f(r.abs_p95), _f(r.abs_p99), _f(r.abs_max), _f(r.wilcoxon_p),
-             str(int(r.n_nonfinite_cell))] for r in d.itertuples()]
-    doc.table(["task", "cell", "requests", "mean Δ", "bootstrap CI", "mean |Δ|", "median |Δ|", "p95 |Δ|",
-               "p99 |Δ|", "max |Δ|", "Wilcoxon p", "non-finite"], rows)
+    rows = [[r.task, r.cell, str(int(r.n)), _f(r.abs_mean), f"[{_f(r.abs_ci_low)}, {_f(r.abs_ci_high)}]",
+             _f(r.mean), f"[{_f(r.ci_low)}, {_f(r.ci_high)}]", _f(r.abs_median), _f(r.abs_p95), _f(r.abs_p99),
+             _f(r.abs_max), _f(r.wilcoxon_p), f"{int(r.n_nonfinite_ref)} / {int(r.n_nonfinite_cell)}"]
+            for r in d.itertuples()]
+    doc.table(["task", "cell", "requests", "mean |Δ|", "95% CI", "mean Δ", "95% CI", "median |Δ|", "p95 |Δ|",
+               "p99 |Δ|", "max |Δ|", "Wilcoxon p", "non-finite ref / cell"], rows)
 
 
 def _flips(doc: Doc, f: pd.DataFrame) -> None:
@@ -260,9 +326,9 @@ def _flips(doc: Doc, f: pd.DataFrame) -> None:
     doc.p("Observed: docs whose chosen answer changed. Expected: flips that the measured Δ distribution would "
           "cause on these reference margins if Δ were noise unrelated to the doc. Many more observed than "
           "expected (small p) points to systematic drift.")
-    rows = [[r.task, r.cell, r.kind, str(int(r.n_docs)), str(int(r.observed)), _f(r.expected), _f(r.pvalue)]
-            for r in f.itertuples()]
-    doc.table(["task", "cell", "kind", "docs", "observed", "expected", "p (more than expected)"], rows)
+    rows = [[r.task, getattr(r, "metric", "acc"), r.cell, r.kind, str(int(r.n_docs)), str(int(r.observed)),
+             _f(r.expected), _f(r.pvalue)] for r in f.itertuples()]
+    doc.table(["task", "decision", "cell", "kind", "docs", "observed", "expected", "p (more than expected)"], rows)
 
 
 def _generations(doc: Doc, g: pd.DataFrame) -> None:
@@ -285,8 +351,8 @@ def _noise_floor(doc: Doc, comp: pd.DataFrame) -> None:
               "TF32 as its own cell.")
         return
     rows = [[r.task, r.metric, r.kind.replace("_", " "), f"{r.reference} vs {r.cell}", str(int(r.n)),
-             _pp(r.effect) if r.metric != "loglikelihood" else _f(r.effect), r.verdict] for r in nf.itertuples()]
-    doc.table(["task", "metric", "kind", "pair", "n", "Δ (pp; nats for loglikelihood)", "verdict"], rows)
+             _effect(r), _ci(r), r.verdict or "– (yardstick)"] for r in nf.itertuples()]
+    doc.table(["task", "metric", "kind", "pair", "n", "Δ", "CI", "verdict"], rows)
 
 
 def load_drift(run_dir: Path) -> dict[str, dict]:
@@ -329,7 +395,7 @@ def _drift(doc: Doc, run_dir: Path, figdir: Path) -> None:
         if worst:
             text = "\n".join(f"|Δ| {_f(w['abs_delta'])} prompt {w['prompt']} pos {w['position']}: "
                              f"{w['context']!r} -> {w['token']!r}" for w in worst)
-            doc.raw(f"Worst tokens, {cell}:\n```\n{text}\n```\n",
+            doc.raw(f"Worst tokens, {md_escape(cell)}:\n{md_fence(text)}",
                     f"<p>Worst tokens, {html.escape(cell)}:</p><pre>{html.escape(text)}</pre>")
 
 
@@ -352,4 +418,4 @@ def _flipped_samples(doc: Doc, flipped: pd.DataFrame, k: int = 10) -> None:
             lines.append(f"  {i}: {str(ch)[:120]!r}" + (f"   <- {mark}" if mark else ""))
         text = (f"{r.task} doc {r.doc_id} · {r.cell}: reference margin {_f(r.ref_margin)}, max |Δ| "
                 f"{_f(r.max_abs_delta)}\n  prompt: {str(r.context)[-300:]!r}\n" + "\n".join(lines))
-        doc.raw(f"```\n{text}\n```\n", f"<pre>{html.escape(text)}</pre>")
+        doc.raw(md_fence(text), f"<pre>{html.escape(text)}</pre>")

@@ -57,7 +57,7 @@ def flips_vs_margin(flipped: pd.DataFrame, out: Path) -> Path | None:
 
 def score_differences(comp: pd.DataFrame, out: Path) -> Path | None:
     """Paired differences with their CIs, for the gating score comparisons."""
-    c = comp[(comp["gating"]) & (comp["metric"] != "loglikelihood")].copy()
+    c = comp[(comp["gating"]) & (comp["unit"] == "pp")].copy()
     if c.empty:
         return None
     plt = _plt()
@@ -65,7 +65,8 @@ def score_differences(comp: pd.DataFrame, out: Path) -> Path | None:
     labels = [f"{r.task} {r.metric} · {r.cell}" for r in c.itertuples()]
     fig, ax = plt.subplots(figsize=(7.5, 0.35 * len(c) + 1.4))
     y = np.arange(len(c))
-    colors = c["verdict"].map({"EQUIVALENT": "#1a7f37", "DIFFERENT": "#cf222e", "INCONCLUSIVE": "#bf8700"})
+    colors = c["verdict"].map({"EQUIVALENT": "#1a7f37", "DIFFERENT": "#cf222e", "INCONCLUSIVE": "#bf8700",
+                               "SHIFT": "#9a6700"}).fillna("#57606a")
     lo = (c["effect"] - c["ci_low"].clip(lower=-1)).clip(lower=0)
     hi = (c["ci_high"].clip(upper=1) - c["effect"]).clip(lower=0)
     ax.errorbar(100 * c["effect"], y, xerr=[100 * lo, 100 * hi], fmt="none", ecolor="grey", capsize=3)
@@ -75,7 +76,7 @@ def score_differences(comp: pd.DataFrame, out: Path) -> Path | None:
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("cell − reference (percentage points), paired CI")
+    ax.set_xlabel("cell − reference (percentage points); each bar is the CI its verdict was decided on")
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title("Score differences")
     return _save(fig, out / "score_differences.png")
