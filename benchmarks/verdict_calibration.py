@@ -146,7 +146,7 @@ def cluster(sims: int) -> bool:
             bad = hits / sims > ALPHA + 3 * se_mc
             ok &= not bad
             extra = f", Wald cluster-robust TOST {wald / sims:.4f}" if "EQUIVALENT" in what else ""
-            print(f"  ψ ≈ {psi:.0%}, {what} = {hits / sims:.4f}{extra} (MC se {se_mc:.4f}) {'FAIL!' if bad else 'ok'}")
+            print(f"  ψ ≈ {psi:.1%}, {what} = {hits / sims:.4f}{extra} (MC se {se_mc:.4f}) {'FAIL!' if bad else 'ok'}")
     return ok
 
 
