@@ -438,8 +438,9 @@ def _loglikelihood_stats(ref, cell, common, opts, pending, delta_rows, flip_rows
                                        "method": f.method})
             if len(f.flipped):
                 detail = f.flipped.copy()
-                ctx = g[g["choice"] == 0].set_index("doc_id")["context"]
-                conts = g.groupby("doc_id")["continuation"].apply(list)
+                sub = g[g["doc_id"].isin(detail["doc_id"])]  # only the flipped docs' text: cheap at 10^6 requests
+                ctx = sub[sub["choice"] == 0].set_index("doc_id")["context"]
+                conts = sub.groupby("doc_id")["continuation"].agg(list)
                 detail["context"] = detail["doc_id"].map(ctx)
                 detail["choices"] = detail["doc_id"].map(conts)
                 for k, v in common.items():
