@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# GPU side (nvidia-h200), after ../shared/gpu's install.sh and scripts/gpu/install_ray.sh: issue 19's
+# measurements (results/h200-real-models/README.md). One step per call:
+#   MODE=packed   SmolLM2-135M, full HellaSwag x {hf,vllm} x {fp32,bf16,fp16}, default flags (the memory plan
+#                 packs the cells on the one GPU): the whole `evalparity run`, timed
+#   MODE=model    the random-weight 14B-shaped Llama (scripts/gpu/make_model.py) in /tmp/m14b
+#   MODE=big      the 14B-shaped model, the 6-cell matrix on HellaSwag (LIMIT docs, default 100), default flags
+#   MODE=graphs   the 14B-shaped model, vllm-bf16 on gsm8k (200 docs, greedy, 256 tokens), eager and with CUDA
+#                 graphs; per-cell wall, load and eval times, and whether the generated token ids are identical
+# Steps leave $OUT/<mode>.tgz (spec, cell.json files, verdicts, report.md) and print a per-cell table.
+set -uo pipefail
+source .gpu/bin/env.sh
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+mkdir -p "$EVALPARITY_CACHE/wheels"
+cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
+MODE=${MODE:?MODE=packed, model, big or graphs}
+BUDGET=${BUDGET:-560}
+T0=$(date +%s)
+EP=(python3 -m evalparity.cli)
+
+table() {  # per cell: status, load/eval/wall s, peak GPU GiB, the memory plan's share, batch, eager
+  python3 - "$1" <<'PY'
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1], "cells").glob("*/cell.json")):
+    m = json.loads(f.read_text())
+    s = m.get("settings", {})
+    plan = s.get("memory_plan") or {}
+    t = {k: round(m[k], 1) for k in ("load_s", "eval_s", "wall_s") if k in m}
+    print(f"{f.parent.name}: {m.get('status')} {t} peak_gpu={m.get('peak_gpu_gib')} "
+          f"util={s.get('gpu_memory_utilization')} max_batch={plan.get('max_batch_size')} "
+          f"batch={m.get('batch_size')} eager={s.get('enforce_eager')} {m.get('error', '')[:200]}")
+PY
+}
+
+pack() {  # $1 run dir, $2 name
+  [[ -n ${OUT:-} && -d $1 ]] && (cd "$1" && tar czf "$OUT/$2.tgz" spec.json run.json cells/*/cell.json \
+    stats/verdicts.json stats/comparisons.parquet report/report.md 2>/dev/null; ls -la "$OUT" | tail -n +2)
+}
+
+case $MODE in
+  packed)
+    RUN=/tmp/i19-packed
+    timeout "$BUDGET" "${EP[@]}" run --device cuda --tasks hellaswag --num-fewshot 0 --datasets-dir .gpudata \
+      --no-fail-on-inconclusive --out "$RUN"
+    echo "packed: exit $? after $(( $(date +%s) - T0 )) s"; table "$RUN"; pack "$RUN" packed ;;
+  model)
+    python3 scripts/gpu/make_model.py /tmp/m14b --shape qwen2.5-14b
+    du -sh /tmp/m14b; df -h /tmp | tail -1 ;;
+  big)
+    RUN=/tmp/i19-big
+    timeout "$BUDGET" "${EP[@]}" run --device cuda --model /tmp/m14b --tasks hellaswag --limit "${LIMIT:-100}" \
+      --num-fewshot 0 --datasets-dir .gpudata --no-fail-on-inconclusive --out "$RUN"
+    echo "big: exit $? after $(( $(date +%s) - T0 )) s"; table "$RUN"; pack "$RUN" big ;;
+  graphs)
+    for eager in True False; do
+      RUN=/tmp/i19-graphs-$eager
+      T1=$(date +%s)
+      timeout "$(( BUDGET / 2 ))" "${EP[@]}" run --device cuda --model /tmp/m14b --tasks gsm8k --limit 200 \
+        --max-gen-toks 256 --backends vllm --dtypes bf16 --single-cell --datasets-dir .gpudata \
+        --vllm-args "enforce_eager=$eager" --no-fail-on-inconclusive --out "$RUN"
+      echo "graphs enforce_eager=$eager: exit $? after $(( $(date +%s) - T1 )) s"; table "$RUN"
+    done
+    python3 - <<'PY'
+import pandas as pd
+a = pd.read_parquet("/tmp/i19-graphs-True/cells/vllm-bf16/samples.parquet")
+b = pd.read_parquet("/tmp/i19-graphs-False/cells/vllm-bf16/samples.parquet")
+j = a.merge(b, on=["task", "filter", "doc_id", "choice"], suffixes=("_eager", "_graphs"))
+same = [list(x) == list(y) if x is not None and y is not None else None
+        for x, y in zip(j["generated_ids_eager"], j["generated_ids_graphs"])]
+n = sum(s is not None for s in same)
+print(f"generations: {sum(bool(s) for s in same)} of {n} identical token ids, eager vs CUDA graphs; "
+      f"mean length {j['generated_ids_eager'].dropna().map(len).mean():.0f} tokens")
+PY
+    [[ -n ${OUT:-} ]] && (cd /tmp && tar czf "$OUT/graphs.tgz" i19-graphs-*/cells/*/cell.json i19-graphs-*/run.json) ;;
+esac
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
+echo "step $MODE: $(( $(date +%s) - T0 )) s"
