@@ -107,7 +107,8 @@ def main() -> None:
     inf = deltas.doc_mean_inference(x, docs, n_resamples=a.resamples, seed=0)
     ci = inf.confidence_interval(0.95)
     t_ours = time.perf_counter() - t0
-    print(f"  the stage's interval at this size ({inf.method}): {t_ours * 1000:.1f} ms -> [{ci.low:.6e}, {ci.high:.6e}]")
+    print(f"  the stage's interval at this size ({inf.method}): {t_ours * 1000:.1f} ms -> "
+          f"[{ci.low:.6e}, {ci.high:.6e}]")
     t0 = time.perf_counter()
     res = sps.bootstrap((totals, counts), lambda t, c, axis=-1: t.sum(axis=axis) / c.sum(axis=axis),
                         paired=True, vectorized=True, n_resamples=a.resamples, method="percentile",

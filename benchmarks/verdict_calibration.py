@@ -113,7 +113,8 @@ def cluster(sims: int) -> bool:
     g = 57
     sizes = rng.integers(20, 300, g)
     labels = np.repeat(np.arange(g), sizes)
-    print(f"\n--cluster: {g} clusters, {sizes.sum():,} docs, cluster-level random discordance and Δ; {sims:,} runs each")
+    print(f"\n--cluster: {g} clusters, {sizes.sum():,} docs, cluster-level random discordance and Δ; "
+          f"{sims:,} runs each")
     for target, what in ((MARGIN, "Δ = m: P(EQUIVALENT)"), (0.9 * MARGIN, "Δ = 0.9·m: P(DIFFERENT)"),
                          (-MARGIN, "Δ = −m: P(EQUIVALENT)")):
         for psi in (0.015, 0.02, 0.08):
