@@ -4,7 +4,8 @@
 #   MODE=packed   SmolLM2-135M, full HellaSwag x {hf,vllm} x {fp32,bf16,fp16}, default flags (the memory plan
 #                 packs the cells on the one GPU): the whole `evalparity run`, timed
 #   MODE=model    the random-weight 14B-shaped Llama (scripts/gpu/make_model.py) in /tmp/m14b
-#   MODE=big      the 14B-shaped model, the 6-cell matrix on HellaSwag (LIMIT docs, default 100), default flags
+#   MODE=big      the 14B-shaped model, the 6-cell matrix on HellaSwag (LIMIT docs, default 100), default flags;
+#                 TP=2 adds --tensor-parallel 2
 #   MODE=graphs   the 14B-shaped model, vllm-bf16 on gsm8k (200 docs, greedy, 256 tokens), eager and with CUDA
 #                 graphs; per-cell wall, load and eval times, and whether the generated token ids are identical
 # Steps leave $OUT/<mode>.tgz (spec, cell.json files, verdicts, report.md) and print a per-cell table.
@@ -46,11 +47,11 @@ case $MODE in
   model)
     python3 scripts/gpu/make_model.py /tmp/m14b --shape qwen2.5-14b
     du -sh /tmp/m14b; df -h /tmp | tail -1 ;;
-  big)
-    RUN=/tmp/i19-big
+  big)  # TP=2: --tensor-parallel 2 (both GPUs of nvidia-h200-x2 per cell)
+    RUN=/tmp/i19-big${TP:+-tp$TP}
     timeout "$BUDGET" "${EP[@]}" run --device cuda --model /tmp/m14b --tasks hellaswag --limit "${LIMIT:-100}" \
-      --num-fewshot 0 --datasets-dir .gpudata --no-fail-on-inconclusive --out "$RUN"
-    echo "big: exit $? after $(( $(date +%s) - T0 )) s"; table "$RUN"; pack "$RUN" big ;;
+      --num-fewshot 0 --datasets-dir .gpudata --no-fail-on-inconclusive ${TP:+--tensor-parallel "$TP"} --out "$RUN"
+    echo "big${TP:+ TP=$TP}: exit $? after $(( $(date +%s) - T0 )) s"; table "$RUN"; pack "$RUN" "big${TP:+-tp$TP}" ;;
   graphs)
     for eager in True False; do
       RUN=/tmp/i19-graphs-$eager
