@@ -12,6 +12,7 @@ from synthetic_ceval import HUB_ID, SUBJECTS, write_mirror
 
 from evalparity import tasks
 from evalparity.errors import EvalParityError
+from evalparity.report import md_escape
 
 
 @pytest.fixture(scope="module")
@@ -66,4 +67,4 @@ def test_mission_command_offline(tiny_model, tmp_path):
     assert md.index("| ceval-valid |") < fold and md.index("| hellaswag |") < fold
     end = md.index("</details>", fold)
     for s in SUBJECTS:
-        assert fold < md.index(f"| ceval-valid\\_{s} |") < end, s  # markdown-escaped
+        assert fold < md.index(f"| {md_escape(f'ceval-valid_{s}')} |") < end, s  # as the report escapes it

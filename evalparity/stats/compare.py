@@ -60,7 +60,7 @@ def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict],
     cells_dir = run_dir / "cells"
     named = _spec_cells(run_dir)
     present = sorted(d.name for d in cells_dir.iterdir() if d.is_dir() and not d.name.startswith(".")
-                     and not d.name.endswith(".failed")) if cells_dir.is_dir() else []
+                     and not d.name.endswith((".failed", ".attempts"))) if cells_dir.is_dir() else []
     for name in list(dict.fromkeys([*named, *present])):
         d = cells_dir / name
         meta = read_cell_json(d)

@@ -57,7 +57,7 @@ case $MODE in
       RUN=/tmp/i19-graphs-$eager
       T1=$(date +%s)
       timeout "$(( BUDGET / 2 ))" "${EP[@]}" run --device cuda --model /tmp/m14b --tasks gsm8k --limit 200 \
-        --max-gen-toks 256 --backends vllm --dtypes bf16 --single-cell --datasets-dir .gpudata \
+        --max-gen-toks 256 --num-fewshot 0 --backends vllm --dtypes bf16 --single-cell --datasets-dir .gpudata \
         --vllm-args "enforce_eager=$eager" --no-fail-on-inconclusive --out "$RUN"
       echo "graphs enforce_eager=$eager: exit $? after $(( $(date +%s) - T1 )) s"; table "$RUN"
     done
