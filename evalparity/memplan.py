@@ -207,6 +207,11 @@ class CellPlan:
     gpu_memory_utilization: float | None  # vLLM
     max_batch_size: int | None            # HF with batch_size auto
     cpus: int                             # its share of the host's cores
+    # vLLM cells that share a GPU: a fixed KV cache instead of vLLM's profiling. vLLM sizes its KV cache from
+    # the device's used memory during its start-up profiling, so the other cells starting beside it count as
+    # its own use: on one H200, six SmolLM2 cells packed at 0.16 each left vllm-fp32 "No available memory
+    # for the cache blocks" (results/h200-real-models). Set: share - weights - activations - CUDA context.
+    kv_cache_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,8 @@ class MemoryPlan:
             knob = "batch size as given"
             if c.gpu_memory_utilization is not None:
                 knob = f"gpu_memory_utilization={c.gpu_memory_utilization}"
+                if c.kv_cache_memory_bytes:
+                    knob += f", KV cache {c.kv_cache_memory_bytes / GiB:.1f} GiB fixed (shared GPU)"
             elif c.max_batch_size is not None:
                 knob = f"max_batch_size={c.max_batch_size}"
             rows.append(f"  {name}: {c.budget_gib:.1f} GiB per GPU (weights {c.weights_gib:.1f}, needs at least "
@@ -283,8 +290,13 @@ def plan(cells: list[tuple[str, str, str, int | str]], shape: ModelShape, gpus: 
         if backend == "hf" and batch == "auto":
             rows = (budget - need.weights - CUDA_CONTEXT) // hf_row_bytes(shape, dtype, max_length, tensor_parallel)
             mbs = int(max(1, min(LM_EVAL_MAX_BATCH, rows)))
+        kv_fixed = None
+        if backend == "vllm" and cells_per_gpu > 1:
+            one_seq = shape.kv_bytes_per_token(dtype, tensor_parallel) * max_length
+            base = need.minimum - one_seq  # weights, one step's activations, the CUDA context
+            kv_fixed = int(max(budget - base, one_seq)) // (1 << 20) * (1 << 20)
         out[name] = CellPlan(round(budget / GiB, 2), round(need.weights / GiB, 2), round(need.minimum / GiB, 2),
-                             util, mbs, per_cell_cpus)
+                             util, mbs, per_cell_cpus, kv_fixed)
     free = min(g.free for g in gpus)
     return MemoryPlan(cells_per_gpu, len(gpus), tensor_parallel, round(total / GiB, 1), round(free / GiB, 1),
                       cpus, why, out)

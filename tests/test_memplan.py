@@ -37,6 +37,14 @@ def test_small_model_six_cells_pack_onto_one_h200():
     assert 6 * vllm.gpu_memory_utilization * H200.total <= H200.free  # every cell can start at once
     hf = p.cells["hf-float32"]
     assert hf.gpu_memory_utilization is None and 1 <= hf.max_batch_size <= memplan.LM_EVAL_MAX_BATCH
+    # packed vLLM cells get a fixed KV cache (vLLM's profiling counted the neighbours' memory as its own on
+    # the H200): the share less weights, one step's activations and the CUDA context, and at least one
+    # full-length sequence
+    one_seq = SMOL.kv_bytes_per_token("float32") * 2048
+    base = memplan.cell_need("v", "vllm", "float32", SMOL, 2048).minimum - one_seq
+    assert one_seq <= vllm.kv_cache_memory_bytes <= vllm.budget_gib * GiB - base
+    assert vllm.budget_gib * GiB - base - vllm.kv_cache_memory_bytes < (1 << 20) + 0.01 * GiB
+    assert hf.kv_cache_memory_bytes is None
     assert p.cells["hf-bfloat16"].max_batch_size >= hf.max_batch_size  # half the bytes per logit
     assert all(c.cpus == 2 for c in p.cells.values())
 
@@ -60,6 +68,7 @@ def test_14b_model_gets_a_whole_h200_per_cell():
     # The issue's failure: utilization 0.3 (42 GiB) for 51.1 GiB of weights. The plan gives it the GPU.
     assert vllm.gpu_memory_utilization * H200.total > vllm.need_gib * GiB > 51 * GiB
     assert vllm.gpu_memory_utilization >= 0.9
+    assert vllm.kv_cache_memory_bytes is None  # alone on its GPU, vLLM's own profiling sizes the KV cache
     assert p.cells["hf-float32"].max_batch_size >= 1
 
 
@@ -134,6 +143,8 @@ def test_plan_reaches_the_backends_and_the_record(tiny_model, monkeypatch):
     v, h = next(c for c in cells if c.backend == "vllm"), next(c for c in cells if c.backend == "hf")
     vargs = backends.get("vllm").model_args(again, v, str(tiny_model))
     assert vargs["gpu_memory_utilization"] == p.cells[v.name].gpu_memory_utilization < 0.3
+    assert vargs["kv_cache_memory_bytes"] == p.cells[v.name].kv_cache_memory_bytes > 0  # packed: fixed KV cache
+    assert backends.get("vllm").settings(again, v, vargs)["kv_cache_memory_bytes"] == vargs["kv_cache_memory_bytes"]
     hargs = backends.get("hf").model_args(again, h, str(tiny_model))
     assert hargs["max_batch_size"] == p.cells[h.name].max_batch_size
     rec = backends.get("hf").settings(again, h, hargs)["memory_plan"]

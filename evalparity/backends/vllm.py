@@ -24,7 +24,10 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
     }
     if spec.device != "cpu":
         # the cell's share of its GPU from the memory plan (memplan); 0.3 for a spec without one
-        args["gpu_memory_utilization"] = spec.cell_memory(cell.name).get("gpu_memory_utilization") or 0.3
+        plan = spec.cell_memory(cell.name)
+        args["gpu_memory_utilization"] = plan.get("gpu_memory_utilization") or 0.3
+        if plan.get("kv_cache_memory_bytes"):  # a shared GPU: vLLM's profiling would count the others' memory
+            args["kv_cache_memory_bytes"] = int(plan["kv_cache_memory_bytes"])
     if spec.tensor_parallel > 1:
         args["tensor_parallel_size"] = spec.tensor_parallel
     if a.add_bos_token is not None:
@@ -59,6 +62,7 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
         "seed": args.get("seed"),
         "tensor_parallel_size": args.get("tensor_parallel_size", 1),
         "gpu_memory_utilization": args.get("gpu_memory_utilization"),
+        "kv_cache_memory_bytes": args.get("kv_cache_memory_bytes"),
         "memory_plan": spec.cell_memory(cell.name) or None,
     }
 
