@@ -19,7 +19,10 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
         "seed": a.seed,
         # Prefix caching can return stale prompt logprobs; scoring needs them fresh.
         "enable_prefix_caching": a.prefix_caching,
-        # CUDA graphs / torch.compile cost minutes of start-up and change nothing we measure.
+        # Eager by default, from a measurement (results/h200-real-models): on a 14B-shaped model CUDA graphs
+        # cost 50.8 s more at load and saved 2.7 s generating 256 tokens for 200 gsm8k docs, a gain only
+        # beyond about 3,700 such docs per cell; scoring runs one forward per request, where graphs help
+        # less. `--vllm-args enforce_eager=False` turns them on; cell.json records the choice.
         "enforce_eager": True,
     }
     if spec.device != "cpu":
