@@ -34,8 +34,22 @@ def adjust(pvalues: np.ndarray, method: str = "holm") -> np.ndarray:
         return out
     if METHODS[method] is None:
         out[ok] = p[ok]
+    elif method == "holm":
+        out[ok] = _holm(p[ok])
     else:
         out[ok] = multipletests(p[ok], method=METHODS[method])[1]
+    return out
+
+
+def _holm(p: np.ndarray) -> np.ndarray:
+    """Holm's step-down adjusted p-values, as statsmodels' ``multipletests(method='holm')`` gives them (the
+    tests check equality). Written out because statsmodels' Holm runs ``gc.collect()`` on every call: 40 ms
+    each with a statistics stage's 10^6-row tables in memory, four calls per run."""
+    order = np.argsort(p, kind="mergesort")
+    k = p.size
+    adj = np.minimum(1.0, np.maximum.accumulate(p[order] * (k - np.arange(k))))
+    out = np.empty_like(adj)
+    out[order] = adj
     return out
 
 
