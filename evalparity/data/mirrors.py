@@ -83,20 +83,16 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     return _hub_cache
 
 
-# (dataset, split) pairs a task asked for that its mirror does not hold; read by the preflight.
-MISSING_SPLITS: set[tuple[str, str]] = set()
-
-
-def _with_empty_missing_splits(dd, label: str):
+def _with_empty_missing_splits(dd):
     """Mirrors often hold only the evaluation split (``../shared/data`` has no HellaSwag train split), but
     lm-eval touches the training split while building a task, for few-shot sampling. A missing split reads
-    as an empty one with the same columns, and is remembered so that a few-shot run can be refused."""
+    as an empty one with the same columns (``tasks.preflight`` refuses a few-shot run whose few-shot split is
+    empty)."""
     import datasets
 
     class MirrorDatasetDict(datasets.DatasetDict):
         def __getitem__(self, key):
             if isinstance(key, str) and key not in self.keys():
-                MISSING_SPLITS.add((label, key))
                 return next(iter(self.values())).select([])
             return super().__getitem__(key)
 
@@ -114,7 +110,7 @@ def activate(roots: list[Path]) -> None:
             folder = find_mirror(roots, path, name)
             if folder is not None:
                 files = {p.stem: str(p) for p in sorted(folder.glob("*.jsonl"))}
-                return _with_empty_missing_splits(original("json", data_files=files), f"{path}/{name or 'default'}")
+                return _with_empty_missing_splits(original("json", data_files=files))
             try:
                 return original(path, name, *args, **kwargs)
             except Exception as err:

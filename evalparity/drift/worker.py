@@ -13,6 +13,7 @@ from evalparity.cells import ProgressFile, write_json
 from evalparity.drift import parse_cell
 from evalparity.drift.measure import DriftAccumulator
 from evalparity.drift.probes import HFProbe, VLLMProbe
+from evalparity.errors import EvalParityError
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -48,8 +49,10 @@ def make_probe(backend: str, dtype: str, tf32: bool, spec: dict) -> WithPrecisio
         precision.apply(true_fp32)
     if backend == "hf":
         probe = HFProbe(spec["model_path"], TORCH_DTYPES[dtype], spec["device"])
-    else:
+    elif backend == "vllm":
         probe = VLLMProbe(spec["model_path"], dtype, spec["max_len"], spec["device"])
+    else:  # a backend without a drift probe must not be measured with another backend's engine
+        raise EvalParityError(f"drift has no probe for backend {backend!r}: use cells of hf or vllm")
     return WithPrecision(probe, true_fp32)
 
 

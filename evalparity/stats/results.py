@@ -11,10 +11,3 @@ class ConfidenceInterval:
 
     low: float
     high: float
-
-    def contains(self, value: float) -> bool:
-        return self.low <= value <= self.high
-
-    def within(self, margin: float) -> bool:
-        """True when the whole interval lies strictly inside (-margin, +margin)."""
-        return -margin < self.low and self.high < margin
