@@ -288,3 +288,39 @@ def test_every_failed_attempt_keeps_its_reason_and_log(tiny_model, tiny_tasks, t
         assert json.loads((hist / f"attempt-{n}.json").read_text())["error"]
     assert json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())["status"] == "failed"
     record("a cell failing twice", "exit 5; attempt-1 and attempt-2 logs and reasons kept and printed")
+
+
+# ---------------------------------------------------------------- metric values written as strings
+@pytest.fixture(scope="module")
+def text_dirs(tmp_path_factory) -> dict[str, Path]:
+    """The issue's case: a real drop of 11 of 100 docs, with the per-sample values written as numbers or as
+    strings ("1.0"), and one whose field mixes numbers with a non-numeric string on doc 7."""
+    root = tmp_path_factory.mktemp("text")
+    return {"ref": make_lm_eval_dir(root / "ref", n_docs=100),
+            "ref_text": make_lm_eval_dir(root / "ref_text", n_docs=100, as_text=True),
+            "new_text": make_lm_eval_dir(root / "new_text", dtype="bfloat16", n_docs=100, flip=11, seed=1,
+                                         as_text=True),
+            "new_mixed": make_lm_eval_dir(root / "new_mixed", dtype="bfloat16", n_docs=100, flip=11, seed=1,
+                                          bad={7: "n/a"})}
+
+
+@pytest.mark.parametrize("ref,new", [("ref", "new_text"), ("ref_text", "new_text"), ("new_text", "ref")])
+def test_metric_values_written_as_strings_are_read(text_dirs, tmp_path, ref, new):
+    out = tmp_path / "o"
+    proc = evalparity("compare", str(text_dirs[ref]), str(text_dirs[new]), "--out", str(out))
+    assert proc.returncode == 3 and proc.stdout.startswith("FAIL"), proc.stdout + proc.stderr[-2000:]
+    verdicts = json.loads((out / "stats" / "verdicts.json").read_text())
+    assert "Traceback" not in proc.stderr and "RuntimeWarning" not in proc.stderr
+    assert json.dumps(verdicts).count('"acc"') >= 1
+    record(f"compare, acc as strings ({ref} vs {new}), -11 pp", "exit 3 FAIL, as with numbers (was: no comparison)")
+
+
+def test_a_field_mixing_numbers_and_text_is_refused(text_dirs, tmp_path):
+    out = tmp_path / "o"
+    proc = evalparity("compare", str(text_dirs["ref"]), str(text_dirs["new_mixed"]), "--out", str(out))
+    line = one_line_error(proc)
+    jsonl = next((text_dirs["new_mixed"] / "model__x").glob("samples_*.jsonl"))
+    assert proc.returncode == 2 and str(jsonl) in line and "'acc'" in line and ":8 " in line, line
+    assert "'n/a'" in line, line
+    assert not out.exists()
+    record("compare, a metric field mixing numbers and 'n/a'", "exit 2, one line: file, field, first bad line")
