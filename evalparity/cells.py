@@ -95,40 +95,133 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def check_readable(run_dir: Path) -> None:
-    """Refuse, in one line, a run whose ``spec.json``, a cell's ``cell.json`` or a finished cell's
-    ``samples.parquet`` is truncated or corrupt, before any statistics: a traceback midway through would
-    leave a half-written report. (A finished cell whose table is missing is the statistics' business.)"""
+_NONE = type(None)
+# The fields of spec.json and cell.json that the statistics and the report read, with the types they read
+# them as: a file that parses but holds another shape is refused here, in one line, not midway through.
+SPEC_FIELDS: dict[str, tuple[type, ...]] = {"model": (str, _NONE), "cells": (list,), "tasks": (list,),
+                                            "alignment": (dict,), "task_limits": (list,)}
+CELL_FIELDS: dict[str, tuple[type, ...]] = {"cell": (str,), "status": (str,), "tag": (str, _NONE),
+                                            "base_cell": (str, _NONE), "tf32": (bool, _NONE), "settings": (dict,),
+                                            "versions": (dict,), "precision": (dict,), "aggregate": (dict,)}
+COMPARE_FIELDS: dict[str, tuple[type, ...]] = {"inputs": (list,), "names": (list,)}
+_TYPE_WORDS = {dict: "an object", list: "a list", str: "a string", bool: "true/false", _NONE: "null",
+               int: "a number", float: "a number"}
+
+
+def _shape_problem(data, fields: dict[str, tuple[type, ...]], required: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with the shape of parsed JSON ``data`` (an object whose ``fields`` have these types),
+    in words; None when nothing is."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for key in required:
+        if key not in data:
+            return f"{key!r} is missing"
+    for key, types in fields.items():
+        if key in data and not isinstance(data[key], types):
+            want = " or ".join(dict.fromkeys(_TYPE_WORDS.get(t, t.__name__) for t in types))
+            return f"{key!r} is {_TYPE_WORDS.get(type(data[key]), type(data[key]).__name__)}, not {want}"
+    return None
+
+
+def _load(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def check_spec(path: Path) -> dict:
+    """``spec.json``, checked: an object whose fields have the types the statistics and report read, and
+    whose cells are objects with safe names. A one-line error naming the file otherwise."""
+    from evalparity.errors import EvalParityError
+    from evalparity.rundir import check_name
+
+    fix = "restore it, or rerun the run into a new --out"
+    try:
+        spec = _load(path)
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
+    problem = _shape_problem(spec, SPEC_FIELDS)
+    if problem is None:
+        for c in spec.get("cells", []):
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+                problem = f"a cell entry is {json.dumps(c)[:60]}, not an object with a name"
+                break
+            try:
+                check_name(c["name"])
+            except EvalParityError as err:
+                problem = str(err).split(":", 1)[0]
+                break
+    if problem is None and not all(isinstance(t, str) for t in spec.get("tasks", [])):
+        problem = "'tasks' holds something other than task names"
+    if problem is None and not all(isinstance(x, list) and len(x) == 2 for x in spec.get("task_limits", [])):
+        problem = "'task_limits' holds something other than [task, limit] pairs"
+    if problem:
+        raise EvalParityError(f"{path} is not a spec evalparity can read ({problem}): {fix}")
+    return spec
+
+
+def check_cell_json(path: Path) -> dict:
+    """A cell's ``cell.json``, checked: an object with a status of ok or failed, the record of the cell whose
+    folder holds it, and the fields the report reads of the types it reads them as."""
     from evalparity.errors import EvalParityError
 
+    folder = path.parent
+    fix = f"remove {folder} and rerun the same command to redo that cell"
+    try:
+        meta = _load(path)
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
+    problem = _shape_problem(meta, CELL_FIELDS, required=("status",))
+    own = folder.name.removesuffix(".failed")
+    if problem is None and meta["status"] not in (STATUS_OK, STATUS_FAILED):
+        problem = f"'status' is {meta['status']!r}, not {STATUS_OK} or {STATUS_FAILED}"
+    if problem is None and meta.get("cell", own) != own:
+        problem = f"it is the record of cell {meta['cell']!r}, not of {own}: a folder copied or renamed by hand"
+    if problem:
+        raise EvalParityError(f"{path} is not a cell record evalparity can read ({problem}): {fix}")
+    return meta
+
+
+def check_compare_json(path: Path, fix: str) -> dict:
+    """``compare.json`` (what ``evalparity compare`` wrote: its inputs and cell names), checked."""
+    from evalparity.errors import EvalParityError
+
+    try:
+        data = _load(path)
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
+    problem = _shape_problem(data, COMPARE_FIELDS, required=("inputs", "names"))
+    if problem is None and (not all(isinstance(x, str) for x in data["inputs"] + data["names"])
+                            or len(data["inputs"]) != len(data["names"])):
+        problem = "'inputs' and 'names' are not two lists of paths and names, one name per path"
+    if problem:
+        raise EvalParityError(f"{path} is not a comparison record evalparity can read ({problem}): {fix}")
+    return data
+
+
+def check_readable(run_dir: Path) -> None:
+    """Refuse, in one line, a run whose ``spec.json``, ``compare.json``, a cell's ``cell.json`` or a finished
+    cell's ``samples.parquet`` is truncated, corrupt or of another shape, before any statistics: a traceback
+    midway through would leave a half-written report. (A finished cell whose table is missing is the
+    statistics' business.)"""
     spec = run_dir / "spec.json"
     if spec.exists():
-        try:
-            json.loads(spec.read_text())
-        except (OSError, ValueError) as err:
-            raise EvalParityError(f"{spec} is truncated or corrupt ({type(err).__name__}): restore it, or rerun "
-                                  "the run into a new --out") from None
+        check_spec(spec)
+    if (run_dir / "compare.json").exists():
+        check_compare_json(run_dir / "compare.json", "rerun the same `evalparity compare` into a new --out")
     cells_dir = run_dir / "cells"
     for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
         if not d.is_dir() or d.name.startswith(".") or not (d / "cell.json").exists():
             continue
-        try:
-            meta = json.loads((d / "cell.json").read_text())
-        except (OSError, ValueError) as err:
-            raise EvalParityError(f"{d / 'cell.json'} is truncated or corrupt ({type(err).__name__}): remove "
-                                  f"{d} and rerun the same command to redo that cell") from None
+        meta = check_cell_json(d / "cell.json")
         table = d / "samples.parquet"
-        if isinstance(meta, dict) and meta.get("status") == STATUS_OK and table.exists():
+        if meta.get("status") == STATUS_OK and table.exists():
             from evalparity.samples import check_table
 
             check_table(table)
 
 
 def read_cell_json(cell_dir: Path) -> dict | None:
-    try:
-        return json.loads((cell_dir / "cell.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    """A cell's record, or None when it is missing, unreadable or not an object (never taken as finished)."""
+    return read_json(cell_dir / "cell.json")
 
 
 def is_done(run_dir: Path, name: str, folder: str = "cells", identity: str | None = None) -> bool:
@@ -190,9 +283,19 @@ def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dic
     for p in hist.glob("attempt-*.json") if hist.is_dir() else []:
         meta = read_json(p)
         if meta:
-            meta["log_path"] = str((hist / meta["log"]).relative_to(run_dir)) if meta.get("log") else None
+            log = meta.get("log")
+            meta["log_path"] = str((hist / log).relative_to(run_dir)) \
+                if isinstance(log, str) and check_name_ok(log) and (hist / log).is_file() else None
             out.append(meta)
-    return sorted(out, key=lambda m: m.get("attempt", 0))
+    return sorted(out, key=lambda m: m.get("attempt") if isinstance(m.get("attempt"), int) else 0)
+
+
+def check_name_ok(name: str) -> bool:
+    try:
+        check_name(name)
+        return True
+    except Exception:  # noqa: BLE001 - EvalParityError: not a plain file name
+        return False
 
 
 def read_json(path: Path) -> dict | None:

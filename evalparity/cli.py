@@ -141,6 +141,10 @@ def run(
     # --cells-per-gpu the memory plan decides the packing later; the guess here is that every job may share.
     n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
     try:
+        if (run_dir / "spec.json").exists():  # a run directory to resume: its spec must be readable at all
+            from evalparity.cells import check_spec
+
+            check_spec(run_dir / "spec.json")
         head = early_ray_head(device, tensor_parallel, Placement(ray=ray, cells_per_gpu=cells_per_gpu or n_jobs),
                               n_jobs)
         dev = resolve_device(device)
@@ -388,8 +392,6 @@ def drift_cmd(
     dump: Annotated[bool, typer.Option(help="Also save every prompt's hidden states of both backends (large).")] = False,
 ) -> None:
     """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
-    import json as _json
-
     from evalparity.devices import resolve_device
     from evalparity.drift import prompts_from_file, prompts_from_run, run_drift
     from evalparity.models import resolve_model
@@ -400,9 +402,10 @@ def drift_cmd(
     if n_prompts < 1:
         raise EvalParityError(f"--n-prompts {n_prompts} must be at least 1")
     if run_dir is not None and model is None and (run_dir / "spec.json").exists():
-        cells_meta = sorted((run_dir / "cells").glob("*/cell.json"))
-        if cells_meta:
-            model = _json.loads(cells_meta[0].read_text()).get("model_path")
+        from evalparity.cells import read_json
+
+        model = next((m["model_path"] for p in sorted((run_dir / "cells").glob("*/cell.json"))
+                      if isinstance((m := read_json(p) or {}).get("model_path"), str)), None)
     dev = resolve_device(device)
     _, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
     texts = prompts_from_run(run_dir, n_prompts) if run_dir is not None else prompts_from_file(prompts)[:n_prompts]

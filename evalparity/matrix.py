@@ -281,6 +281,8 @@ def _show(bar: Progress, task_id, name: str, progress_file: Path) -> bool:
         st = json.loads(progress_file.read_text())
     except (OSError, json.JSONDecodeError):
         return False
+    if not isinstance(st, dict):
+        return False
     desc = st.get("desc") or st.get("phase", "")
     total = st.get("total") or None
     bar.update(task_id, description=f"  {name}: {st.get('phase', '')} {desc}".rstrip()[:70],

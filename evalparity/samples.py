@@ -314,14 +314,23 @@ def _unreadable(path: Path, err: Exception) -> EvalParityError:
                            "rerun the same command to redo that cell")
 
 
+REQUIRED_COLUMNS = ("cell", *KEY, *HASHES, "group", "output_type")
+
+
 def check_table(path: Path) -> None:
-    """Read a parquet table's footer and schema (cheap): a one-line error if it is truncated or corrupt."""
+    """Read a parquet table's footer and schema (cheap): a one-line error if it is truncated or corrupt, or
+    is not a per-sample table (it lacks a column the statistics read)."""
     import pyarrow.parquet as pq
 
     try:
-        pq.read_metadata(path)
+        names = pq.read_schema(path).names
     except (OSError, ValueError, Exception) as err:  # noqa: BLE001 - pyarrow's ArrowInvalid and kin
         raise _unreadable(path, err) from None
+    lacking = [c for c in REQUIRED_COLUMNS if c not in names]
+    if lacking:
+        raise EvalParityError(f"{path} is not a per-sample table of evalparity (it lacks the column "
+                              f"{lacking[0]!r}): remove {Path(path).parent} and rerun the same command to redo "
+                              "that cell")
 
 
 def read_table(path: Path) -> pd.DataFrame:

@@ -324,3 +324,168 @@ def test_a_field_mixing_numbers_and_text_is_refused(text_dirs, tmp_path):
     assert "'n/a'" in line, line
     assert not out.exists()
     record("compare, a metric field mixing numbers and 'n/a'", "exit 2, one line: file, field, first bad line")
+
+
+# ---------------------------------------------------------------- corrupted (not just truncated) files
+@pytest.fixture(scope="module")
+def reported_run(tmp_path_factory) -> Path:
+    """A synthetic run with its report written once; each case corrupts a copy of it."""
+    from synthetic import make_run
+
+    run = make_run(tmp_path_factory.mktemp("reported") / "run", n_tasks=2, cells=["hf-fp32", "vllm-fp32"],
+                   docs_per_task=20)
+    spec = json.loads((run / "spec.json").read_text())
+    spec["cells"] = [{"name": "hf-fp32"}, {"name": "vllm-fp32"}]
+    (run / "spec.json").write_text(json.dumps(spec))
+    first = evalparity("report", str(run), "--no-fail-on-inconclusive")
+    assert first.returncode in (0, 3), first.stderr[-2000:]
+    return run
+
+
+def _random_bytes(n: int = 4096) -> bytes:
+    import random
+
+    return random.Random(18).randbytes(n)
+
+
+def _other_parquet() -> bytes:
+    import io
+
+    import pandas as pd
+
+    buf = io.BytesIO()
+    pd.DataFrame({"x": [1, 2], "y": ["a", "b"]}).to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+CORRUPT = {
+    "cell.json: a list": ("cells/vllm-fp32/cell.json", b"[1, 2]", "not an object"),
+    "cell.json: status missing": ("cells/vllm-fp32/cell.json", b'{"cell": "vllm-fp32", "backend": "vllm"}',
+                                  "'status'"),
+    "cell.json: status a number": ("cells/vllm-fp32/cell.json", b'{"cell": "vllm-fp32", "status": 1}', "'status'"),
+    "cell.json: another cell's": ("cells/vllm-fp32/cell.json", b'{"cell": "hf-fp32", "status": "ok"}',
+                                  "record of cell 'hf-fp32'"),
+    "cell.json: settings a string": ("cells/vllm-fp32/cell.json",
+                                     b'{"cell": "vllm-fp32", "status": "ok", "settings": "x"}', "'settings'"),
+    "samples.parquet: random bytes": ("cells/vllm-fp32/samples.parquet", _random_bytes(), "truncated or corrupt"),
+    "samples.parquet: another table": ("cells/vllm-fp32/samples.parquet", _other_parquet(), "lacks the column"),
+    "spec.json: random bytes": ("spec.json", _random_bytes(), "truncated or corrupt"),
+    "spec.json: a list": ("spec.json", b"[]", "not an object"),
+    "spec.json: cells a string": ("spec.json", b'{"model": "m", "cells": "hf-fp32"}', "'cells'"),
+    "spec.json: a cell named ../x": ("spec.json", b'{"model": "m", "cells": [{"name": "../x"}]}', "not a safe name"),
+    "spec.json: tasks a number": ("spec.json", b'{"model": "m", "tasks": 5, "cells": []}', "'tasks'"),
+}
+
+
+CORRUPT_BY_CLI = ("cell.json: a list", "samples.parquet: random bytes", "samples.parquet: another table",
+                  "spec.json: a list")  # the rest are checked in-process (the same check, a second less each)
+
+
+@pytest.mark.parametrize("case", list(CORRUPT))
+def test_report_on_a_corrupt_file_is_one_line(reported_run, tmp_path, case):
+    import shutil
+
+    from evalparity import cells
+    from evalparity.errors import EvalParityError
+
+    victim, data, says = CORRUPT[case]
+    run = tmp_path / "run"
+    shutil.copytree(reported_run, run, symlinks=True)
+    (run / victim).write_bytes(data)
+    before = snapshot(run)
+    if case in CORRUPT_BY_CLI:
+        proc = evalparity("report", str(run))
+        line = one_line_error(proc)
+        assert proc.returncode == 2, line
+    else:
+        with pytest.raises(EvalParityError) as err:
+            cells.check_readable(run)  # what `report` (and `run`, `compare`) check before any statistics
+        line = str(err.value)
+    assert str(run / victim) in line and says in line, line
+    assert snapshot(run) == before  # the earlier report is left whole
+    record(f"report, {case}", "exit 2, one line naming the file; old report kept")
+
+
+def test_a_corrupt_compare_json(lm_dirs, tmp_path):
+    from evalparity import cells, importer
+    from evalparity.errors import EvalParityError
+
+    a, b = lm_dirs
+    out = tmp_path / "o"
+    first = evalparity("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
+    assert first.returncode in (0, 3), first.stderr[-2000:]
+    for i, data in enumerate((b'{"inputs": 5, "names": 7}', _random_bytes(), b'{"inputs": ["/x"], "names": "ab"}',
+                              b'{"inputs": ["/x"]}')):
+        (out / "compare.json").write_bytes(data)
+        before = snapshot(out)
+        if i == 0:
+            again = evalparity("compare", str(a), str(b), "--out", str(out))
+            line = one_line_error(again)
+            assert again.returncode == 2 and str(out / "compare.json") in line, line
+            rep = evalparity("report", str(out))
+            line = one_line_error(rep)
+            assert rep.returncode == 2 and str(out / "compare.json") in line, line
+        for check in (lambda: importer.claim_out(out, [a, b], ["hf-fp32", "hf-bf16"]),
+                      lambda: cells.check_readable(out)):
+            with pytest.raises(EvalParityError, match="compare.json"):
+                check()
+        assert snapshot(out) == before
+    record("compare / report with a corrupt compare.json", "exit 2, one line naming it; nothing changed")
+
+
+def test_a_corrupt_fingerprint_cache_is_rebuilt(tiny_model, tmp_path, monkeypatch):
+    """The fingerprint cache only saves time: garbage, another shape, wrong-typed entries or a folder in
+    its place are ignored (the files are hashed again), never an error; a writable cache is rewritten."""
+    from evalparity import rundir
+
+    monkeypatch.setenv("EVALPARITY_CACHE", str(tmp_path / "cache"))
+    good = rundir.model_fingerprint(tiny_model, str(tiny_model))
+    cache = rundir.cache_file()
+    key = next(iter(json.loads(cache.read_text())))
+    for data in (_random_bytes(), b"[1, 2]", json.dumps({key: {"stamp": "x", "sha256": 5}}).encode(),
+                 json.dumps({key: [1, 2]}).encode(), json.dumps({key: {"stamp": None}}).encode()):
+        cache.write_bytes(data)
+        stats = rundir.HashStats()
+        assert rundir.model_fingerprint(tiny_model, str(tiny_model), stats=stats) == good
+        assert stats.hashed_bytes > 0 and isinstance(json.loads(cache.read_text())[key], dict)
+    cache.unlink()
+    cache.mkdir()  # a folder where the file should be: hashed, and not cached
+    assert rundir.model_fingerprint(tiny_model, str(tiny_model)) == good and cache.is_dir()
+    record("fingerprint cache corrupt / another shape / a folder", "ignored and rebuilt, same fingerprint")
+
+
+def test_a_corrupt_lock_file(lm_dirs, tmp_path):
+    import platform
+    import time
+
+    a, b = lm_dirs
+    out = tmp_path / "o"
+    out.mkdir()
+    path = out / ".evalparity.lock"
+    for data in (_random_bytes(64), b"[1]", json.dumps({"host": platform.node(), "pid": "x"}).encode()):
+        path.write_bytes(data)
+        proc = evalparity("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and str(path) in line and "remove it" in line, line
+        assert path.read_bytes() == data and [p.name for p in out.iterdir()] == [path.name]
+    old = time.time() - 3600
+    os.utime(path, (old, old))  # a corrupt lock an hour old: taken over
+    proc = evalparity("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
+    assert proc.returncode in (0, 3), proc.stderr[-2000:]
+    assert "took over a corrupt lock" in proc.stderr and not path.exists()
+    record("lock file corrupt (garbage, a list, pid not a number)",
+           "exit 2, one line naming it; an hour old: taken over")
+
+
+def test_run_resuming_a_corrupt_spec_is_refused_before_any_model_loads(reported_run, tiny_tasks, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(reported_run, run, symlinks=True)
+    (run / "spec.json").write_text('{"model": "m", "cells": [{"name": "../x"}]}')
+    before = snapshot(run)
+    proc = evalparity(*_tiny_args(str(tmp_path / "no-model-needed"), tiny_tasks, run, "--dtypes", "fp32,bf16"))
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and str(run / "spec.json") in line and "not a safe name" in line, line
+    assert snapshot(run) == before
+    record("run resuming a dir whose spec.json has another shape", "exit 2, one line, before any model loads")
