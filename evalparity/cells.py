@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from evalparity.rundir import check_name
+from evalparity.rundir import check_name, kill_point
 from evalparity.spec import CellSpec, RunSpec
 
 TMP_PREFIX = ".tmp-"
@@ -44,6 +44,7 @@ def atomic_target(path: Path) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
+        kill_point(f"write:{path.name}")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # left only when the write failed
@@ -63,12 +64,22 @@ def write_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
+STAGE_PREFIX = f"{TMP_PREFIX}outputs-"
+COMMITTED = ".committed"  # in a staging folder: it is whole, and its publish has begun
+
+
 @contextlib.contextmanager
 def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
     """A staging folder that reads like ``run_dir`` (links to everything but ``names``), for code that
     writes ``run_dir/<name>/``; when the block ends without error, each ``<name>`` replaces the run's own,
-    back to back, so readers see the old set or the new one. On error the run's own are untouched."""
-    stage = run_dir / f"{TMP_PREFIX}outputs-{os.getpid()}"
+    back to back, so readers see the old set or the new one. On error the run's own are untouched.
+
+    A kill during the block leaves the run's own untouched (the next command removes the staging folder).
+    A kill between the renames (``COMMITTED`` written, some names swapped in) is finished by the next
+    command on the run, which holds the lock: ``recover_outputs`` swaps in the rest from the whole staged
+    set, so no old ``report/`` stays beside a new ``stats/``. Call it with the run directory locked."""
+    recover_outputs(run_dir)
+    stage = run_dir / f"{STAGE_PREFIX}{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     trash: list[Path] = []
@@ -77,11 +88,14 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
             if p.name not in names and not p.name.startswith("."):
                 (stage / p.name).symlink_to(p.resolve())
         yield stage
+        write_json(stage / COMMITTED, {"names": list(names)})  # from here on, a kill is finished, not undone
         for name in names:  # old ones out of the way first, so the swap is two renames back to back
             if (run_dir / name).exists():
                 trash.append(run_dir / f".trash-{name}-{os.getpid()}")
                 (run_dir / name).replace(trash[-1])
-        for name in names:
+        for i, name in enumerate(names):
+            if i:
+                kill_point("publish-outputs")
             if (stage / name).exists():
                 (stage / name).replace(run_dir / name)
     except BaseException:
@@ -93,6 +107,32 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
         for t in trash:
             shutil.rmtree(t, ignore_errors=True)
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
+    """Finish or drop what a killed process left in ``run_dir`` (call it holding the run's lock, so that
+    every such folder is a dead process's): a staging folder whose publish had begun is swapped in (it is
+    whole), any other is removed; old folders moved aside (``.trash-*``, here and in ``cells/`` and
+    ``shards/``) are removed."""
+    for stage in sorted(run_dir.glob(f"{STAGE_PREFIX}*")):
+        if stage.name == f"{STAGE_PREFIX}{os.getpid()}":
+            continue
+        done = read_json(stage / COMMITTED)
+        names = done.get("names") if done else None
+        if isinstance(names, list):
+            for name in names:
+                if not isinstance(name, str) or name.startswith(".") or "/" in name:
+                    continue
+                new = stage / name
+                if new.is_dir() and not new.is_symlink():
+                    if (run_dir / name).exists():
+                        (run_dir / name).replace(run_dir / f".trash-{name}-{stage.name}")
+                    new.replace(run_dir / name)
+            say(f"finished publishing the {' and '.join(names)} of an earlier command that was killed midway")
+        shutil.rmtree(stage, ignore_errors=True)
+    for folder in (run_dir, run_dir / "cells", run_dir / "shards"):
+        for t in folder.glob(".trash-*") if folder.is_dir() else []:
+            shutil.rmtree(t, ignore_errors=True)
 
 
 _NONE = type(None)
@@ -131,7 +171,6 @@ def check_spec(path: Path) -> dict:
     """``spec.json``, checked: an object whose fields have the types the statistics and report read, and
     whose cells are objects with safe names. A one-line error naming the file otherwise."""
     from evalparity.errors import EvalParityError
-    from evalparity.rundir import check_name
 
     fix = "restore it, or rerun the run into a new --out"
     try:
@@ -206,7 +245,15 @@ def check_readable(run_dir: Path) -> None:
     if spec.exists():
         check_spec(spec)
     if (run_dir / "compare.json").exists():
-        check_compare_json(run_dir / "compare.json", "rerun the same `evalparity compare` into a new --out")
+        compared = check_compare_json(run_dir / "compare.json", "rerun the same `evalparity compare` into a new "
+                                      "--out")
+        from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+
+        for name in compared["names"]:
+            if not (run_dir / "cells" / name / "cell.json").is_file():
+                raise EvalParityError(f"cell {name} of the comparison in {run_dir} is missing (an `evalparity compare` "
+                                      "into it was interrupted): rerun the same `evalparity compare` to redo it",
+                                      EXIT_CELL_FAILED)
     cells_dir = run_dir / "cells"
     for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
         if not d.is_dir() or d.name.startswith(".") or not (d / "cell.json").exists():
@@ -251,6 +298,7 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     if final.exists():
         trash = final.with_name(f".trash-{final.name}-{os.getpid()}")
         final.replace(trash)
+    kill_point(f"publish-cell:{name}")
     src.replace(final)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)

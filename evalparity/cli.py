@@ -298,6 +298,7 @@ def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunL
     from evalparity.stats.compare import compute
 
     log = log or RunLog()
+    cells.recover_outputs(run_dir, say=_say)  # a report whose publish a kill interrupted is finished first
     cells.check_readable(run_dir)
     try:
         with cells.staged_outputs(run_dir, ("stats", "report")) as stage:

@@ -53,6 +53,7 @@ def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
             was = ", ".join(f"{n}={p}" for n, p in zip(old["names"], old["inputs"]))
             raise EvalParityError(f"--out {run_dir} holds another comparison ({was}): use another --out, or remove "
                                   "that directory")
+    cells.recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
     (run_dir / "cells").mkdir(parents=True, exist_ok=True)
     cells.write_json(run_dir / COMPARE_FILE, ident)
 

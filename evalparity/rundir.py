@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalparity.errors import EvalParityError
+
+# ---------------------------------------------------------------- test hook: kill points
+KILL_ENV = "EVALPARITY_TEST_KILL_AT"
+
+
+def kill_point(point: str) -> None:
+    """A test hook, for ``tests/test_faults.py`` only: when ``EVALPARITY_TEST_KILL_AT`` names ``point``
+    (comma-separated; ``POINT@group`` for the whole process group), SIGKILL this process (or its group) here,
+    so the suite can kill a run between two steps too close together to hit by timing. Unset (always, in
+    use), it does nothing. Points: ``write:<file name>`` (an atomic write, just before its rename),
+    ``publish-cell:<unit>`` (between moving a cell's old folder aside and its new one in),
+    ``publish-outputs`` (between the renames that swap in ``stats/`` and ``report/``)."""
+    wanted = os.environ.get(KILL_ENV)
+    if not wanted:
+        return
+    for item in wanted.split(","):
+        name, _, scope = item.partition("@")
+        if name == point:
+            if scope == "group":
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+
 
 # ---------------------------------------------------------------- names
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")

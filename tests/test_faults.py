@@ -527,3 +527,76 @@ def test_infinite_values_print_no_runtime_warning(tmp_path):
     proc = evalparity("report", str(run), "--margin", "acc=1pp,perplexity=0.05", "--no-fail-on-inconclusive")
     assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
     assert "RuntimeWarning" not in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------- SIGKILL at several points
+KILL = "EVALPARITY_TEST_KILL_AT"  # the test hook (rundir.kill_point)
+
+
+def _margin_of(run: Path) -> dict[str, float | None]:
+    """The margin each of verdicts.json, report.md and report.html was written at (None: file absent)."""
+    import re
+
+    out: dict[str, float | None] = {}
+    v = run / "stats" / "verdicts.json"
+    out["verdicts.json"] = json.loads(v.read_text())["options"]["margin"] if v.exists() else None
+    for name in ("report.md", "report.html"):
+        p = run / "report" / name
+        m = re.search(r"±(\d+(?:\.\d+)?) percentage points", p.read_text()) if p.exists() else None
+        out[name] = float(m.group(1)) / 100 if m else None
+    return out
+
+
+def _leftovers(run: Path) -> list[str]:
+    return sorted(str(p.relative_to(run)) for p in run.rglob(".*") if p.name.startswith((".tmp-", ".trash-")))
+
+
+@pytest.mark.parametrize("point", ["write:deltas.parquet", "write:report.html", "publish-outputs"])
+def test_report_killed_midway_leaves_the_previous_or_the_new_one_whole(reported_run, tmp_path, point):
+    """SIGKILL during the statistics, during the report, and between the two renames that publish them."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(reported_run, run, symlinks=True)
+    assert set(_margin_of(run).values()) == {0.01}
+    before = {k: v for k, v in snapshot(run).items() if k.startswith(("stats/", "report/"))}
+    proc = evalparity("report", str(run), "--margin", "2pp", env={KILL: point})
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    seen = {m for m in _margin_of(run).values() if m is not None}
+    assert len(seen) == 1, _margin_of(run)  # never an old file beside a new one
+    if point != "publish-outputs":
+        assert {k: v for k, v in snapshot(run).items() if k.startswith(("stats/", "report/"))} == before
+    else:  # killed between the renames: the next command on the run finishes the publish it began
+        from evalparity import cells
+
+        cells.recover_outputs(run)
+        assert set(_margin_of(run).values()) == {0.02} and not _leftovers(run)
+    again = evalparity("report", str(run), "--margin", "3pp", "--no-fail-on-inconclusive")
+    assert again.returncode in (0, 3, 4), again.stderr[-2000:]
+    assert set(_margin_of(run).values()) == {0.03} and not _leftovers(run), _leftovers(run)
+    where = {"write:deltas.parquet": "statistics", "write:report.html": "report", "publish-outputs": "publish"}
+    record(f"SIGKILL of report during its {where[point]}",
+           "previous report whole" if point != "publish-outputs" else "new report whole after the next command"
+           + "; rerun completes, nothing left behind")
+
+
+def test_compare_killed_while_publishing_a_cell(lm_dirs, tmp_path):
+    """Three inputs, killed while the third cell is swapped in: a report must not go on with two."""
+    a, b = lm_dirs
+    c = make_lm_eval_dir(tmp_path / "c", dtype="float16", flip=12, seed=2)  # the cell that FAILs
+    out = tmp_path / "o"
+    args = ("compare", str(a), str(b), str(c), "--out", str(out), "--no-fail-on-inconclusive")
+    first = evalparity(*args)
+    assert first.returncode == 3, first.stderr[-2000:]
+    proc = evalparity(*args, env={KILL: "publish-cell:hf-fp16"})
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert not (out / "cells" / "hf-fp16").exists()  # its old folder moved aside, the new one not yet in
+    rep = evalparity("report", str(out))  # a cell of the comparison is missing: never a verdict without it
+    line = one_line_error(rep)
+    assert rep.returncode == 5 and "hf-fp16" in line and "rerun the same" in line, line
+    again = evalparity(*args)
+    assert again.returncode == 3, again.stderr[-2000:]
+    assert sorted(p.name for p in (out / "cells").iterdir()) == ["hf-bf16", "hf-fp16", "hf-fp32"]
+    assert not _leftovers(out), _leftovers(out)
+    record("SIGKILL of compare while publishing a cell", "report: exit 5, one line naming the missing cell; "
+           "rerun completes, nothing left behind")
