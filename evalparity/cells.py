@@ -16,6 +16,7 @@ the parent shows as the within-cell bar.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -655,7 +656,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     tracker.save_results_aggregated(results=results, samples=task_samples)
     for task_name in results["configs"]:
         tracker.save_results_samples(task_name=task_name, samples=task_samples[task_name])
-    lm_results, written = samples.read_lm_eval_dir(out / "lm_eval")
+    lm_results, written = _saved(out / "lm_eval", task_samples)
     table = samples.samples_to_table(written, lm_results, gen_ids)
     table.insert(0, "cell", cell.name)
     samples.write_table(table, out / "samples.parquet")
@@ -670,9 +671,66 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     return meta
 
 
+def tell_parent(reason: str) -> None:
+    """Send the reason this job failed to the process that started it (``placement.job_reason``), through
+    the pipe it gave: the one channel that needs no disk space, for when ``cell.json`` cannot be written."""
+    from evalparity.placement import REASON_FD_ENV
+
+    fd = os.environ.get(REASON_FD_ENV)
+    if not fd:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        os.write(int(fd), reason.encode("utf-8", errors="replace")[:4000])
+        os.close(int(fd))
+    os.environ.pop(REASON_FD_ENV, None)
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}"[:500]
+
+
+def _saved(folder: Path, task_samples: dict[str, list]) -> tuple[dict, dict]:
+    """lm-eval's output as saved in ``folder``, checked against what it evaluated: lm-eval logs a failure
+    to save (a full disk) and goes on, which would leave a cell with fewer samples or none. A short save is
+    an error here, naming the free space when the disk is full."""
+    from evalparity import samples
+    from evalparity.errors import EvalParityError
+
+    try:
+        results, written = samples.read_lm_eval_dir(folder)
+        short = next(((t, len(written.get(t, [])), len(v)) for t, v in task_samples.items()
+                      if len(written.get(t, [])) != len(v)), None)
+        problem = f"{short[1]} of the {short[2]} samples of task {short[0]} were saved" if short else None
+    except EvalParityError as err:
+        results, written, problem = {}, {}, str(err).split(":")[0]
+    if problem is None:
+        return results, written
+    free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    if free < 1 << 20:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: lm-eval could not save its output in {folder} "
+                                    f"({problem}; {free} bytes free)")
+    raise RuntimeError(f"lm-eval did not save all of its output in {folder} ({problem}); it logs such errors "
+                       "without failing: see its warnings in cell.log")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``RUN_DIR CELL MODEL_PATH [--shard K/N]``: run one cell, or shard K of N of it (published to
-    ``shards/<cell>.<K>of<N>`` for the parent to merge)."""
+    ``shards/<cell>.<K>of<N>`` for the parent to merge). A failure is recorded in the cell's ``cell.json``
+    and published; when even that cannot be written (a full disk), its reason goes to the parent instead."""
+    from evalparity.placement import REASON_FD_ENV
+
+    if os.environ.get(REASON_FD_ENV, "").isdigit():  # ours alone: not inherited by the engines' own processes
+        with contextlib.suppress(OSError):
+            os.set_inheritable(int(os.environ[REASON_FD_ENV]), False)
+    try:
+        return _main(argv)
+    except BaseException as err:  # noqa: BLE001 - before or while its record was written
+        tell_parent(f"{_reason(err)} (the cell could not record this in its folder)")
+        raise
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, name, model_path = Path(argv[0]), argv[1], argv[2]
     shard = (0, 1)
@@ -698,15 +756,23 @@ def main(argv: list[str] | None = None) -> int:
         meta = run_cell(run_dir, spec, cell, model_path, progress, shard, out)
         meta["status"] = STATUS_OK
     except BaseException as err:  # noqa: BLE001 - recorded for this cell; the others go on
-        traceback.print_exc()
-        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
-        meta = failed_meta(cell, why, placement=placement_meta(spec))
+        with contextlib.suppress(OSError):  # the log itself may be what a full disk refuses
+            traceback.print_exc()
+        meta = failed_meta(cell, _reason(err), placement=placement_meta(spec))
         meta |= peak_memory()
     meta["wall_s"] = time.perf_counter() - t0
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_json(out / "cell.json", meta)
+    try:
+        write_json(out / "cell.json", meta)
+    except OSError as err:  # not published: the parent records the failure, with this reason
+        why = meta.get("error") or "it finished, but its results could not be kept"
+        tell_parent(f"{why}; its cell.json could not be written ({err.strerror or err})")
+        return 1
     (out / "progress.json").unlink(missing_ok=True)
-    log.flush()
+    with contextlib.suppress(OSError):
+        log.flush()
+    if meta["status"] != STATUS_OK:
+        tell_parent(meta["error"])
     publish(run_dir, unit, meta["status"], folder)
     return 0 if meta["status"] == STATUS_OK else 1
 

@@ -211,9 +211,13 @@ def run(
         console.print(summary_table(outcomes))
         failed = [o.name for o in outcomes if o.status == "failed"]
         if failed:
-            console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
-                          "Rerun the same command to retry them.[/red]")
+            console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}. Rerun the same command to "
+                          "retry them.[/red]")
             _print_attempts(run_dir, failed, {o.name: o.meta for o in outcomes})
+            disk_full = [o.name for o in outcomes if o.status == "failed" and _disk_full(o.meta.get("error"))]
+            if disk_full:
+                console.print(f"[red]{', '.join(disk_full)}: the disk holding {run_dir} is full (or over its quota): "
+                              "free space there, then rerun the same command[/red]", soft_wrap=True, highlight=False)
         ok = [o for o in outcomes if o.status != "failed"]
         if single_cell and len(ok) == len(outcomes) == 1:
             console.print(f"one cell, {ok[0].name}, finished: no comparison made (--single-cell)")
@@ -241,21 +245,32 @@ def run(
 
 
 def _print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) -> None:
-    """Every failed attempt of each failed cell (or its shards), each with its reason and kept log."""
+    """Every failed attempt of each failed cell (or its shards), each with its reason and kept log, and this
+    run's own when it could not be recorded (a full disk): never a log path that does not exist."""
     from evalparity import cells
 
     for name in failed:
         units = [("cells", name)] + [("shards", p.name.removesuffix(".attempts"))
                                      for p in sorted((run_dir / "shards").glob(f"{name}.*of*.attempts"))]
-        shown = False
+        last = None
         for folder, unit in units:
             for a in cells.attempt_history(run_dir, unit, folder):
-                shown = True
+                last = a.get("error")
                 console.print(f"  {unit} attempt {a.get('attempt')}: {a.get('error') or 'no reason recorded'}"
                               f" (log: {a.get('log_path') or 'none written'})", soft_wrap=True, highlight=False)
-        if not shown:
-            console.print(f"  {name}: {metas.get(name, {}).get('error') or 'no reason recorded'}", soft_wrap=True,
-                          highlight=False)
+        now = metas.get(name, {}).get("error")
+        if last is None or (now and now != last and metas.get(name, {}).get("unrecorded")):
+            log = run_dir / "cells" / name / "cell.log"
+            where = f" (log: {log.relative_to(run_dir)})" if last is None and log.is_file() \
+                and not metas.get(name, {}).get("unrecorded") else ""
+            console.print(f"  {name}: {now or 'no reason recorded'}{where}", soft_wrap=True, highlight=False)
+
+
+def _disk_full(error) -> bool:
+    """Whether a failure's reason is a full disk (or quota): the fix is the user's, not a rerun's."""
+    import errno
+
+    return isinstance(error, str) and any(os.strerror(e) in error for e in (errno.ENOSPC, errno.EDQUOT))
 
 
 def _other_cells(run_dir: Path, cell_specs) -> list[str]:

@@ -600,3 +600,98 @@ def test_compare_killed_while_publishing_a_cell(lm_dirs, tmp_path):
     assert not _leftovers(out), _leftovers(out)
     record("SIGKILL of compare while publishing a cell", "report: exit 5, one line naming the missing cell; "
            "rerun completes, nothing left behind")
+
+
+# ---------------------------------------------------------------- a full disk during a cell
+def _wait_for(cond, timeout: float = 120.0, proc=None) -> None:
+    import time
+
+    t0 = time.monotonic()
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before the point the test waits for: "
+                                 f"{proc.stderr.read()[-3000:] if proc.stderr else ''}")
+        assert time.monotonic() - t0 < timeout, "timed out"
+        time.sleep(0.05)
+
+
+def _phase(progress: Path) -> str | None:
+    try:
+        return json.loads(progress.read_text()).get("phase")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until its filesystem is full."""
+    import errno
+
+    with open(path, "wb", buffering=0) as f:
+        for chunk in (1 << 20, 1 << 12, 1 << 9):
+            try:
+                while True:
+                    f.write(bytes(chunk))
+            except OSError as err:
+                assert err.errno == errno.ENOSPC, err
+
+
+def _popen(*args: str, env: dict | None = None):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "evalparity.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+
+
+def test_a_full_disk_during_a_cell_keeps_and_prints_the_reason(tiny_model, tiny_tasks, tmp_path):
+    import shutil
+
+    mnt = tmp_path / "small"
+    if not _mount_tmpfs(mnt, 40_000):
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        out = mnt / "run"
+        proc = _popen(*_tiny_args(str(tiny_model), tiny_tasks, out, "--single-cell"))
+        progress = out / "cells" / ".tmp-hf-fp32" / "progress.json"
+        _wait_for(lambda: _phase(progress) == "loading model", proc=proc)
+        _fill(mnt / "filler")  # the disk is full from the model's load on: the cell cannot write its results
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 5, stderr[-3000:]
+        assert "Traceback" not in stderr, stderr[-3000:]
+        assert "No space left on device" in stderr and "hf-fp32" in stderr, stderr[-3000:]
+        for line in stderr.splitlines():  # every log it names exists
+            if "log: " in line and "none written" not in line:
+                named = line.split("log: ", 1)[1].split(")")[0].strip()
+                assert (out / named).exists() or Path(named).exists(), line
+        assert not (out / "cells" / "hf-fp32" / "samples.parquet").exists()
+        meta = json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text()) \
+            if (out / "cells" / "hf-fp32" / "cell.json").exists() else {"status": "not recorded"}
+        assert meta["status"] != "ok"
+        record("ENOSPC during a cell", "exit 5; the reason (No space left on device) printed, even where "
+               "cell.json could not be written; no log path that does not exist")
+    finally:
+        _umount(mnt)
+        shutil.rmtree(mnt, ignore_errors=True)
+
+
+def test_lm_evals_swallowed_save_failure_is_an_error(tmp_path, monkeypatch):
+    """lm-eval logs a failure to save its output and goes on: a cell must not go on with fewer samples."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from evalparity import cells
+
+    folder = make_lm_eval_dir(tmp_path / "lm", n_docs=5)
+    jsonl = next(folder.rglob("samples_*.jsonl"))
+    evaluated = {"syn_mc": [{}] * 6}  # lm-eval evaluated 6 samples, saved 5
+    with pytest.raises(RuntimeError, match="5 of the 6 samples of task syn_mc were saved"):
+        cells._saved(folder, evaluated)
+    jsonl.write_text(jsonl.read_text()[:100])  # cut midway, as a full disk leaves it
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10, 10, 0))
+    with pytest.raises(OSError, match="No space left on device: lm-eval could not save") as err:
+        cells._saved(folder, evaluated)
+    assert err.value.errno == errno.ENOSPC and "0 bytes free" in str(err.value)
+    record("lm-eval's own save failing silently (full disk)", "the cell fails, naming the disk; never fewer samples")
