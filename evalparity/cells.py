@@ -134,6 +134,7 @@ def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
     for folder in (run_dir, run_dir / "cells", run_dir / "shards"):
         for t in folder.glob(".trash-*") if folder.is_dir() else []:
             shutil.rmtree(t, ignore_errors=True)
+    _move_old_attempts(run_dir)
 
 
 _NONE = type(None)
@@ -306,16 +307,22 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     return final
 
 
+ATTEMPTS = "attempts"
+
+
 def attempts_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
-    return run_dir / folder / f"{check_name(name)}.attempts"
+    """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
+    statistics take every folder for a cell of the run."""
+    return run_dir / ATTEMPTS / folder / check_name(name)
 
 
 def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
-    """Keep a failed attempt's reason and log as ``<name>.attempts/attempt-N.{json,log}``: the next attempt
-    replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all of them."""
+    """Keep a failed attempt's reason and log as ``attempts/<folder>/<name>/attempt-N.{json,log}``: the next
+    attempt replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all
+    of them."""
     src = tmp_dir(run_dir, name, folder)
     hist = attempts_dir(run_dir, name, folder)
-    hist.mkdir(exist_ok=True)
+    hist.mkdir(parents=True, exist_ok=True)
     n = 1 + len(list(hist.glob("attempt-*.json")))
     log = src / "cell.log"
     if log.exists():
@@ -327,7 +334,7 @@ def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
 
 def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dict]:
     """Every recorded failed attempt of a unit, oldest first, with its log's path relative to the run."""
-    hist = run_dir / folder / f"{name}.attempts"
+    hist = attempts_dir(run_dir, name, folder)
     out = []
     for p in hist.glob("attempt-*.json") if hist.is_dir() else []:
         meta = read_json(p)
@@ -340,11 +347,32 @@ def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dic
 
 
 def check_name_ok(name: str) -> bool:
+    """Whether ``name`` is a safe path component (``rundir.check_name``), without raising."""
     try:
         check_name(name)
         return True
     except Exception:  # noqa: BLE001 - EvalParityError: not a plain file name
         return False
+
+
+def _move_old_attempts(run_dir: Path) -> None:
+    """Attempt histories an earlier evalparity kept as ``cells/<name>.attempts`` (where the statistics took
+    them for a cell that never finished) move to ``attempts/cells/<name>``."""
+    for folder in ("cells", "shards"):
+        for old in sorted((run_dir / folder).glob("*.attempts")) if (run_dir / folder).is_dir() else []:
+            name = old.name.removesuffix(".attempts")
+            if not old.is_dir() or not check_name_ok(name):
+                continue
+            new = attempts_dir(run_dir, name, folder)
+            new.parent.mkdir(parents=True, exist_ok=True)
+            if not new.exists():
+                old.replace(new)
+                continue
+            for f in sorted(old.iterdir()):
+                if not (new / f.name).exists():
+                    f.replace(new / f.name)
+            with contextlib.suppress(OSError):
+                old.rmdir()
 
 
 def read_json(path: Path) -> dict | None:

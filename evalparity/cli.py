@@ -250,8 +250,8 @@ def _print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) ->
     from evalparity import cells
 
     for name in failed:
-        units = [("cells", name)] + [("shards", p.name.removesuffix(".attempts"))
-                                     for p in sorted((run_dir / "shards").glob(f"{name}.*of*.attempts"))]
+        units = [("cells", name)] + [("shards", p.name) for p in
+                                     sorted((run_dir / cells.ATTEMPTS / "shards").glob(f"{name}.*of*"))]
         last = None
         for folder, unit in units:
             for a in cells.attempt_history(run_dir, unit, folder):

@@ -281,8 +281,8 @@ def test_every_failed_attempt_keeps_its_reason_and_log(tiny_model, tiny_tasks, t
     for n in (1, 2):
         proc = evalparity(*args)
         assert proc.returncode == 5, proc.stderr[-2000:]
-        assert f"hf-fp32 attempt {n}:" in proc.stderr and f"hf-fp32.attempts/attempt-{n}.log" in proc.stderr
-    hist = out / "cells" / "hf-fp32.attempts"
+        assert f"hf-fp32 attempt {n}:" in proc.stderr and f"attempts/cells/hf-fp32/attempt-{n}.log" in proc.stderr
+    hist = out / "attempts" / "cells" / "hf-fp32"
     for n in (1, 2):
         assert "Traceback" in (hist / f"attempt-{n}.log").read_text()
         assert json.loads((hist / f"attempt-{n}.json").read_text())["error"]
@@ -695,3 +695,20 @@ def test_lm_evals_swallowed_save_failure_is_an_error(tmp_path, monkeypatch):
         cells._saved(folder, evaluated)
     assert err.value.errno == errno.ENOSPC and "0 bytes free" in str(err.value)
     record("lm-eval's own save failing silently (full disk)", "the cell fails, naming the disk; never fewer samples")
+
+
+def test_an_old_attempt_history_in_cells_is_moved_not_taken_for_a_cell(reported_run, tmp_path):
+    """An earlier evalparity kept attempts as cells/<cell>.attempts, which the statistics take for a cell
+    that never finished: every later report of the run was INCOMPLETE. They move to attempts/cells/."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(reported_run, run, symlinks=True)
+    old = run / "cells" / "vllm-fp32.attempts"
+    old.mkdir()
+    (old / "attempt-1.json").write_text(json.dumps({"attempt": 1, "error": "boom", "log": None}))
+    proc = evalparity("report", str(run), "--no-fail-on-inconclusive")
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr[-2000:]
+    assert "INCOMPLETE" not in proc.stdout and not old.exists()
+    assert json.loads((run / "attempts" / "cells" / "vllm-fp32" / "attempt-1.json").read_text())["error"] == "boom"
+    record("attempt history of an older evalparity in cells/", "moved to attempts/cells/; not taken for a cell")
