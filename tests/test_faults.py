@@ -697,6 +697,68 @@ def test_lm_evals_swallowed_save_failure_is_an_error(tmp_path, monkeypatch):
     record("lm-eval's own save failing silently (full disk)", "the cell fails, naming the disk; never fewer samples")
 
 
+# ---------------------------------------------------------------- a real run: concurrent runs, kills, rerun
+def _finished_looking(out: Path) -> dict[str, bool]:
+    """Each published cell folder: does it look finished (status ok), and is it (its table readable)?"""
+    from evalparity import samples
+
+    seen = {}
+    for d in sorted((out / "cells").iterdir()):
+        if d.name.startswith(".") or not (d / "cell.json").exists():
+            continue
+        ok = json.loads((d / "cell.json").read_text()).get("status") == "ok"
+        if ok:
+            samples.check_table(d / "samples.parquet")
+        seen[d.name] = ok
+    return seen
+
+
+def test_concurrent_run_kills_and_rerun(tiny_model, tiny_tasks, tmp_path):
+    """One real run A of two cells. While its first cell runs, a second run on the same --out is refused,
+    naming A, and touches nothing of it. Then A's first cell process is SIGKILLed (recorded as failed), and
+    the whole run (its process group) is SIGKILLed during its second cell. A rerun takes the stale lock
+    over and completes."""
+    import signal
+
+    out = tmp_path / "r"
+    args = _tiny_args(str(tiny_model), tiny_tasks, out, "--dtypes", "fp32,bf16")
+    a = _popen(*args)
+    try:
+        tmp1 = out / "cells" / ".tmp-hf-fp32"
+        _wait_for(lambda: _phase(tmp1 / "progress.json") is not None, proc=a)
+        inode, spec = tmp1.stat().st_ino, (out / "spec.json").read_bytes()
+        b = evalparity(*args)
+        line = one_line_error(b)
+        assert b.returncode == 2 and f"pid {a.pid} " in line and "in use by another evalparity" in line, line
+        assert tmp1.stat().st_ino == inode and (out / "spec.json").read_bytes() == spec and a.poll() is None
+        record("two real runs on one --out at once", "the second: exit 2, one line naming the first's pid; "
+               "the first's cells untouched, and it goes on")
+        os.kill(json.loads((tmp1 / "progress.json").read_text())["pid"], signal.SIGKILL)  # the cell process
+        tmp2 = out / "cells" / ".tmp-hf-bf16"
+        _wait_for(lambda: _phase(tmp2 / "progress.json") is not None, proc=a)
+        failed = json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())
+        assert failed["status"] == "failed" and "killed by signal 9" in failed["error"], failed
+        record("SIGKILL of a cell process", "recorded as failed (killed by signal 9); the run goes on")
+        os.killpg(a.pid, signal.SIGKILL)  # the run itself, during its second cell
+        a.wait(timeout=60)
+    finally:
+        if a.poll() is None:
+            os.killpg(a.pid, signal.SIGKILL)
+            a.wait()
+    assert _finished_looking(out) == {"hf-fp32": False}
+    assert not (out / "stats").exists() and not (out / "report").exists()
+    record("SIGKILL of the run during a cell", "no cell looks finished that is not; no stats or report")
+    again = evalparity(*args)
+    assert again.returncode in (0, 3, 4), again.stderr[-3000:]
+    assert "took over a stale lock" in again.stderr and f"pid {a.pid}" in again.stderr
+    assert _finished_looking(out) == {"hf-bf16": True, "hf-fp32": True}
+    assert (out / "report" / "report.html").exists() and (out / "stats" / "verdicts.json").exists()
+    assert not _leftovers(out) and not (out / ".evalparity.lock").exists(), _leftovers(out)
+    hist = json.loads((out / "attempts" / "cells" / "hf-fp32" / "attempt-1.json").read_text())
+    assert "killed by signal 9" in hist["error"]
+    record("rerun after those kills", "stale lock taken over; both cells finished; report whole")
+
+
 def test_an_old_attempt_history_in_cells_is_moved_not_taken_for_a_cell(reported_run, tmp_path):
     """An earlier evalparity kept attempts as cells/<cell>.attempts, which the statistics take for a cell
     that never finished: every later report of the run was INCOMPLETE. They move to attempts/cells/."""
