@@ -576,7 +576,7 @@ def test_report_killed_midway_leaves_the_previous_or_the_new_one_whole(reported_
     assert set(_margin_of(run).values()) == {0.03} and not _leftovers(run), _leftovers(run)
     where = {"write:deltas.parquet": "statistics", "write:report.html": "report", "publish-outputs": "publish"}
     record(f"SIGKILL of report during its {where[point]}",
-           "previous report whole" if point != "publish-outputs" else "new report whole after the next command"
+           ("previous report whole" if point != "publish-outputs" else "new report whole after the next command")
            + "; rerun completes, nothing left behind")
 
 
