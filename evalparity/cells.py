@@ -233,6 +233,8 @@ def check_compare_json(path: Path, fix: str) -> dict:
     if problem is None and (not all(isinstance(x, str) for x in data["inputs"] + data["names"])
                             or len(data["inputs"]) != len(data["names"])):
         problem = "'inputs' and 'names' are not two lists of paths and names, one name per path"
+    if problem is None and not all(check_name_ok(n) for n in data["names"]):
+        problem = f"a cell name is not a safe name: {next(n for n in data['names'] if not check_name_ok(n))!r}"
     if problem:
         raise EvalParityError(f"{path} is not a comparison record evalparity can read ({problem}): {fix}")
     return data
@@ -731,7 +733,7 @@ def _saved(folder: Path, task_samples: dict[str, list]) -> tuple[dict, dict]:
                       if len(written.get(t, [])) != len(v)), None)
         problem = f"{short[1]} of the {short[2]} samples of task {short[0]} were saved" if short else None
     except EvalParityError as err:
-        results, written, problem = {}, {}, str(err).split(":")[0]
+        results, written, problem = {}, {}, str(err).split(": ")[0]
     if problem is None:
         return results, written
     free = shutil.disk_usage(folder if folder.exists() else folder.parent).free

@@ -40,21 +40,14 @@ KILL_ENV = "EVALPARITY_TEST_KILL_AT"
 
 
 def kill_point(point: str) -> None:
-    """A test hook, for ``tests/test_faults.py`` only: when ``EVALPARITY_TEST_KILL_AT`` names ``point``
-    (comma-separated; ``POINT@group`` for the whole process group), SIGKILL this process (or its group) here,
-    so the suite can kill a run between two steps too close together to hit by timing. Unset (always, in
-    use), it does nothing. Points: ``write:<file name>`` (an atomic write, just before its rename),
-    ``publish-cell:<unit>`` (between moving a cell's old folder aside and its new one in),
-    ``publish-outputs`` (between the renames that swap in ``stats/`` and ``report/``)."""
+    """A test hook, for ``tests/test_faults.py`` only: when ``EVALPARITY_TEST_KILL_AT`` (comma-separated)
+    names ``point``, SIGKILL this process here, so the suite can kill a command between two steps too close
+    together to hit by timing. Unset (always, in use), it does nothing. Points: ``write:<file name>`` (an
+    atomic write, just before its rename), ``publish-cell:<unit>`` (between moving a cell's old folder aside
+    and its new one in), ``publish-outputs`` (between the renames that swap in ``stats/`` and ``report/``)."""
     wanted = os.environ.get(KILL_ENV)
-    if not wanted:
-        return
-    for item in wanted.split(","):
-        name, _, scope = item.partition("@")
-        if name == point:
-            if scope == "group":
-                os.killpg(os.getpgrp(), signal.SIGKILL)
-            os.kill(os.getpid(), signal.SIGKILL)
+    if wanted and point in wanted.split(","):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---------------------------------------------------------------- names
