@@ -16,6 +16,7 @@ the parent shows as the within-cell bar.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import json
 import os
@@ -28,7 +29,7 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from evalparity.rundir import check_name
+from evalparity.rundir import check_name, kill_point
 from evalparity.spec import CellSpec, RunSpec
 
 TMP_PREFIX = ".tmp-"
@@ -44,6 +45,7 @@ def atomic_target(path: Path) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
+        kill_point(f"write:{path.name}")
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # left only when the write failed
@@ -63,12 +65,22 @@ def write_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
+STAGE_PREFIX = f"{TMP_PREFIX}outputs-"
+COMMITTED = ".committed"  # in a staging folder: it is whole, and its publish has begun
+
+
 @contextlib.contextmanager
 def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
     """A staging folder that reads like ``run_dir`` (links to everything but ``names``), for code that
     writes ``run_dir/<name>/``; when the block ends without error, each ``<name>`` replaces the run's own,
-    back to back, so readers see the old set or the new one. On error the run's own are untouched."""
-    stage = run_dir / f"{TMP_PREFIX}outputs-{os.getpid()}"
+    back to back, so readers see the old set or the new one. On error the run's own are untouched.
+
+    A kill during the block leaves the run's own untouched (the next command removes the staging folder).
+    A kill between the renames (``COMMITTED`` written, some names swapped in) is finished by the next
+    command on the run, which holds the lock: ``recover_outputs`` swaps in the rest from the whole staged
+    set, so no old ``report/`` stays beside a new ``stats/``. Call it with the run directory locked."""
+    recover_outputs(run_dir)
+    stage = run_dir / f"{STAGE_PREFIX}{os.getpid()}"
     shutil.rmtree(stage, ignore_errors=True)
     stage.mkdir()
     trash: list[Path] = []
@@ -77,11 +89,14 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
             if p.name not in names and not p.name.startswith("."):
                 (stage / p.name).symlink_to(p.resolve())
         yield stage
+        write_json(stage / COMMITTED, {"names": list(names)})  # from here on, a kill is finished, not undone
         for name in names:  # old ones out of the way first, so the swap is two renames back to back
             if (run_dir / name).exists():
                 trash.append(run_dir / f".trash-{name}-{os.getpid()}")
                 (run_dir / name).replace(trash[-1])
-        for name in names:
+        for i, name in enumerate(names):
+            if i:
+                kill_point("publish-outputs")
             if (stage / name).exists():
                 (stage / name).replace(run_dir / name)
     except BaseException:
@@ -95,40 +110,169 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def check_readable(run_dir: Path) -> None:
-    """Refuse, in one line, a run whose ``spec.json``, a cell's ``cell.json`` or a finished cell's
-    ``samples.parquet`` is truncated or corrupt, before any statistics: a traceback midway through would
-    leave a half-written report. (A finished cell whose table is missing is the statistics' business.)"""
+def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
+    """Finish or drop what a killed process left in ``run_dir`` (call it holding the run's lock, so that
+    every such folder is a dead process's): a staging folder whose publish had begun is swapped in (it is
+    whole), any other is removed; old folders moved aside (``.trash-*``, here and in ``cells/`` and
+    ``shards/``) are removed."""
+    for stage in sorted(run_dir.glob(f"{STAGE_PREFIX}*")):
+        if stage.name == f"{STAGE_PREFIX}{os.getpid()}":
+            continue
+        done = read_json(stage / COMMITTED)
+        names = done.get("names") if done else None
+        if isinstance(names, list):
+            for name in names:
+                if not isinstance(name, str) or name.startswith(".") or "/" in name:
+                    continue
+                new = stage / name
+                if new.is_dir() and not new.is_symlink():
+                    if (run_dir / name).exists():
+                        (run_dir / name).replace(run_dir / f".trash-{name}-{stage.name}")
+                    new.replace(run_dir / name)
+            say(f"finished publishing the {' and '.join(names)} of an earlier command that was killed midway")
+        shutil.rmtree(stage, ignore_errors=True)
+    for folder in (run_dir, run_dir / "cells", run_dir / "shards"):
+        for t in folder.glob(".trash-*") if folder.is_dir() else []:
+            shutil.rmtree(t, ignore_errors=True)
+    _move_old_attempts(run_dir)
+
+
+_NONE = type(None)
+# The fields of spec.json and cell.json that the statistics and the report read, with the types they read
+# them as: a file that parses but holds another shape is refused here, in one line, not midway through.
+SPEC_FIELDS: dict[str, tuple[type, ...]] = {"model": (str, _NONE), "cells": (list,), "tasks": (list,),
+                                            "alignment": (dict,), "task_limits": (list,)}
+CELL_FIELDS: dict[str, tuple[type, ...]] = {"cell": (str,), "status": (str,), "tag": (str, _NONE),
+                                            "base_cell": (str, _NONE), "tf32": (bool, _NONE), "settings": (dict,),
+                                            "versions": (dict,), "precision": (dict,), "aggregate": (dict,)}
+COMPARE_FIELDS: dict[str, tuple[type, ...]] = {"inputs": (list,), "names": (list,)}
+_TYPE_WORDS = {dict: "an object", list: "a list", str: "a string", bool: "true/false", _NONE: "null",
+               int: "a number", float: "a number"}
+
+
+def _shape_problem(data, fields: dict[str, tuple[type, ...]], required: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with the shape of parsed JSON ``data`` (an object whose ``fields`` have these types),
+    in words; None when nothing is."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for key in required:
+        if key not in data:
+            return f"{key!r} is missing"
+    for key, types in fields.items():
+        if key in data and not isinstance(data[key], types):
+            want = " or ".join(dict.fromkeys(_TYPE_WORDS.get(t, t.__name__) for t in types))
+            return f"{key!r} is {_TYPE_WORDS.get(type(data[key]), type(data[key]).__name__)}, not {want}"
+    return None
+
+
+def _load(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def check_spec(path: Path) -> dict:
+    """``spec.json``, checked: an object whose fields have the types the statistics and report read, and
+    whose cells are objects with safe names. A one-line error naming the file otherwise."""
     from evalparity.errors import EvalParityError
 
+    fix = "restore it, or rerun the run into a new --out"
+    try:
+        spec = _load(path)
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
+    problem = _shape_problem(spec, SPEC_FIELDS)
+    if problem is None:
+        for c in spec.get("cells", []):
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+                problem = f"a cell entry is {json.dumps(c)[:60]}, not an object with a name"
+                break
+            try:
+                check_name(c["name"])
+            except EvalParityError as err:
+                problem = str(err).split(":", 1)[0]
+                break
+    if problem is None and not all(isinstance(t, str) for t in spec.get("tasks", [])):
+        problem = "'tasks' holds something other than task names"
+    if problem is None and not all(isinstance(x, list) and len(x) == 2 for x in spec.get("task_limits", [])):
+        problem = "'task_limits' holds something other than [task, limit] pairs"
+    if problem:
+        raise EvalParityError(f"{path} is not a spec evalparity can read ({problem}): {fix}")
+    return spec
+
+
+def check_cell_json(path: Path) -> dict:
+    """A cell's ``cell.json``, checked: an object with a status of ok or failed, the record of the cell whose
+    folder holds it, and the fields the report reads of the types it reads them as."""
+    from evalparity.errors import EvalParityError
+
+    folder = path.parent
+    fix = f"remove {folder} and rerun the same command to redo that cell"
+    try:
+        meta = _load(path)
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
+    problem = _shape_problem(meta, CELL_FIELDS, required=("status",))
+    own = folder.name.removesuffix(".failed")
+    if problem is None and meta["status"] not in (STATUS_OK, STATUS_FAILED):
+        problem = f"'status' is {meta['status']!r}, not {STATUS_OK} or {STATUS_FAILED}"
+    if problem is None and meta.get("cell", own) != own:
+        problem = f"it is the record of cell {meta['cell']!r}, not of {own}: a folder copied or renamed by hand"
+    if problem:
+        raise EvalParityError(f"{path} is not a cell record evalparity can read ({problem}): {fix}")
+    return meta
+
+
+def check_compare_json(path: Path, fix: str) -> dict:
+    """``compare.json`` (what ``evalparity compare`` wrote: its inputs and cell names), checked."""
+    from evalparity.errors import EvalParityError
+
+    try:
+        data = _load(path)
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
+    problem = _shape_problem(data, COMPARE_FIELDS, required=("inputs", "names"))
+    if problem is None and (not all(isinstance(x, str) for x in data["inputs"] + data["names"])
+                            or len(data["inputs"]) != len(data["names"])):
+        problem = "'inputs' and 'names' are not two lists of paths and names, one name per path"
+    if problem is None and not all(check_name_ok(n) for n in data["names"]):
+        problem = f"a cell name is not a safe name: {next(n for n in data['names'] if not check_name_ok(n))!r}"
+    if problem:
+        raise EvalParityError(f"{path} is not a comparison record evalparity can read ({problem}): {fix}")
+    return data
+
+
+def check_readable(run_dir: Path) -> None:
+    """Refuse, in one line, a run whose ``spec.json``, ``compare.json``, a cell's ``cell.json`` or a finished
+    cell's ``samples.parquet`` is truncated, corrupt or of another shape, before any statistics: a traceback
+    midway through would leave a half-written report. (A finished cell whose table is missing is the
+    statistics' business.)"""
     spec = run_dir / "spec.json"
     if spec.exists():
-        try:
-            json.loads(spec.read_text())
-        except (OSError, ValueError) as err:
-            raise EvalParityError(f"{spec} is truncated or corrupt ({type(err).__name__}): restore it, or rerun "
-                                  "the run into a new --out") from None
+        check_spec(spec)
+    if (run_dir / "compare.json").exists():
+        compared = check_compare_json(run_dir / "compare.json", "rerun the same `evalparity compare` into a new "
+                                      "--out")
+        from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+
+        for name in compared["names"]:
+            if not (run_dir / "cells" / name / "cell.json").is_file():
+                raise EvalParityError(f"cell {name} of the comparison in {run_dir} is missing (an `evalparity compare` "
+                                      "into it was interrupted): rerun the same `evalparity compare` to redo it",
+                                      EXIT_CELL_FAILED)
     cells_dir = run_dir / "cells"
     for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
         if not d.is_dir() or d.name.startswith(".") or not (d / "cell.json").exists():
             continue
-        try:
-            meta = json.loads((d / "cell.json").read_text())
-        except (OSError, ValueError) as err:
-            raise EvalParityError(f"{d / 'cell.json'} is truncated or corrupt ({type(err).__name__}): remove "
-                                  f"{d} and rerun the same command to redo that cell") from None
+        meta = check_cell_json(d / "cell.json")
         table = d / "samples.parquet"
-        if isinstance(meta, dict) and meta.get("status") == STATUS_OK and table.exists():
+        if meta.get("status") == STATUS_OK and table.exists():
             from evalparity.samples import check_table
 
             check_table(table)
 
 
 def read_cell_json(cell_dir: Path) -> dict | None:
-    try:
-        return json.loads((cell_dir / "cell.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    """A cell's record, or None when it is missing, unreadable or not an object (never taken as finished)."""
+    return read_json(cell_dir / "cell.json")
 
 
 def is_done(run_dir: Path, name: str, folder: str = "cells", identity: str | None = None) -> bool:
@@ -158,22 +302,29 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     if final.exists():
         trash = final.with_name(f".trash-{final.name}-{os.getpid()}")
         final.replace(trash)
+    kill_point(f"publish-cell:{name}")
     src.replace(final)
     if trash is not None:
         shutil.rmtree(trash, ignore_errors=True)
     return final
 
 
+ATTEMPTS = "attempts"
+
+
 def attempts_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
-    return run_dir / folder / f"{check_name(name)}.attempts"
+    """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
+    statistics take every folder for a cell of the run."""
+    return run_dir / ATTEMPTS / folder / check_name(name)
 
 
 def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
-    """Keep a failed attempt's reason and log as ``<name>.attempts/attempt-N.{json,log}``: the next attempt
-    replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all of them."""
+    """Keep a failed attempt's reason and log as ``attempts/<folder>/<name>/attempt-N.{json,log}``: the next
+    attempt replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all
+    of them."""
     src = tmp_dir(run_dir, name, folder)
     hist = attempts_dir(run_dir, name, folder)
-    hist.mkdir(exist_ok=True)
+    hist.mkdir(parents=True, exist_ok=True)
     n = 1 + len(list(hist.glob("attempt-*.json")))
     log = src / "cell.log"
     if log.exists():
@@ -185,14 +336,45 @@ def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
 
 def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dict]:
     """Every recorded failed attempt of a unit, oldest first, with its log's path relative to the run."""
-    hist = run_dir / folder / f"{name}.attempts"
+    hist = attempts_dir(run_dir, name, folder)
     out = []
     for p in hist.glob("attempt-*.json") if hist.is_dir() else []:
         meta = read_json(p)
         if meta:
-            meta["log_path"] = str((hist / meta["log"]).relative_to(run_dir)) if meta.get("log") else None
+            log = meta.get("log")
+            meta["log_path"] = str((hist / log).relative_to(run_dir)) \
+                if isinstance(log, str) and check_name_ok(log) and (hist / log).is_file() else None
             out.append(meta)
-    return sorted(out, key=lambda m: m.get("attempt", 0))
+    return sorted(out, key=lambda m: m.get("attempt") if isinstance(m.get("attempt"), int) else 0)
+
+
+def check_name_ok(name: str) -> bool:
+    """Whether ``name`` is a safe path component (``rundir.check_name``), without raising."""
+    try:
+        check_name(name)
+        return True
+    except Exception:  # noqa: BLE001 - EvalParityError: not a plain file name
+        return False
+
+
+def _move_old_attempts(run_dir: Path) -> None:
+    """Attempt histories an earlier evalparity kept as ``cells/<name>.attempts`` (where the statistics took
+    them for a cell that never finished) move to ``attempts/cells/<name>``."""
+    for folder in ("cells", "shards"):
+        for old in sorted((run_dir / folder).glob("*.attempts")) if (run_dir / folder).is_dir() else []:
+            name = old.name.removesuffix(".attempts")
+            if not old.is_dir() or not check_name_ok(name):
+                continue
+            new = attempts_dir(run_dir, name, folder)
+            new.parent.mkdir(parents=True, exist_ok=True)
+            if not new.exists():
+                old.replace(new)
+                continue
+            for f in sorted(old.iterdir()):
+                if not (new / f.name).exists():
+                    f.replace(new / f.name)
+            with contextlib.suppress(OSError):
+                old.rmdir()
 
 
 def read_json(path: Path) -> dict | None:
@@ -504,7 +686,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     tracker.save_results_aggregated(results=results, samples=task_samples)
     for task_name in results["configs"]:
         tracker.save_results_samples(task_name=task_name, samples=task_samples[task_name])
-    lm_results, written = samples.read_lm_eval_dir(out / "lm_eval")
+    lm_results, written = _saved(out / "lm_eval", task_samples)
     table = samples.samples_to_table(written, lm_results, gen_ids)
     table.insert(0, "cell", cell.name)
     samples.write_table(table, out / "samples.parquet")
@@ -519,9 +701,66 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     return meta
 
 
+def tell_parent(reason: str) -> None:
+    """Send the reason this job failed to the process that started it (``placement.job_reason``), through
+    the pipe it gave: the one channel that needs no disk space, for when ``cell.json`` cannot be written."""
+    from evalparity.placement import REASON_FD_ENV
+
+    fd = os.environ.get(REASON_FD_ENV)
+    if not fd:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        os.write(int(fd), reason.encode("utf-8", errors="replace")[:4000])
+        os.close(int(fd))
+    os.environ.pop(REASON_FD_ENV, None)
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}"[:500]
+
+
+def _saved(folder: Path, task_samples: dict[str, list]) -> tuple[dict, dict]:
+    """lm-eval's output as saved in ``folder``, checked against what it evaluated: lm-eval logs a failure
+    to save (a full disk) and goes on, which would leave a cell with fewer samples or none. A short save is
+    an error here, naming the free space when the disk is full."""
+    from evalparity import samples
+    from evalparity.errors import EvalParityError
+
+    try:
+        results, written = samples.read_lm_eval_dir(folder)
+        short = next(((t, len(written.get(t, [])), len(v)) for t, v in task_samples.items()
+                      if len(written.get(t, [])) != len(v)), None)
+        problem = f"{short[1]} of the {short[2]} samples of task {short[0]} were saved" if short else None
+    except EvalParityError as err:
+        results, written, problem = {}, {}, str(err).split(": ")[0]
+    if problem is None:
+        return results, written
+    free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    if free < 1 << 20:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: lm-eval could not save its output in {folder} "
+                                    f"({problem}; {free} bytes free)")
+    raise RuntimeError(f"lm-eval did not save all of its output in {folder} ({problem}); it logs such errors "
+                       "without failing: see its warnings in cell.log")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``RUN_DIR CELL MODEL_PATH [--shard K/N]``: run one cell, or shard K of N of it (published to
-    ``shards/<cell>.<K>of<N>`` for the parent to merge)."""
+    ``shards/<cell>.<K>of<N>`` for the parent to merge). A failure is recorded in the cell's ``cell.json``
+    and published; when even that cannot be written (a full disk), its reason goes to the parent instead."""
+    from evalparity.placement import REASON_FD_ENV
+
+    if os.environ.get(REASON_FD_ENV, "").isdigit():  # ours alone: not inherited by the engines' own processes
+        with contextlib.suppress(OSError):
+            os.set_inheritable(int(os.environ[REASON_FD_ENV]), False)
+    try:
+        return _main(argv)
+    except BaseException as err:  # noqa: BLE001 - before or while its record was written
+        tell_parent(f"{_reason(err)} (the cell could not record this in its folder)")
+        raise
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, name, model_path = Path(argv[0]), argv[1], argv[2]
     shard = (0, 1)
@@ -547,15 +786,23 @@ def main(argv: list[str] | None = None) -> int:
         meta = run_cell(run_dir, spec, cell, model_path, progress, shard, out)
         meta["status"] = STATUS_OK
     except BaseException as err:  # noqa: BLE001 - recorded for this cell; the others go on
-        traceback.print_exc()
-        why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:500]
-        meta = failed_meta(cell, why, placement=placement_meta(spec))
+        with contextlib.suppress(OSError):  # the log itself may be what a full disk refuses
+            traceback.print_exc()
+        meta = failed_meta(cell, _reason(err), placement=placement_meta(spec))
         meta |= peak_memory()
     meta["wall_s"] = time.perf_counter() - t0
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_json(out / "cell.json", meta)
+    try:
+        write_json(out / "cell.json", meta)
+    except OSError as err:  # not published: the parent records the failure, with this reason
+        why = meta.get("error") or "it finished, but its results could not be kept"
+        tell_parent(f"{why}; its cell.json could not be written ({err.strerror or err})")
+        return 1
     (out / "progress.json").unlink(missing_ok=True)
-    log.flush()
+    with contextlib.suppress(OSError):
+        log.flush()
+    if meta["status"] != STATUS_OK:
+        tell_parent(meta["error"])
     publish(run_dir, unit, meta["status"], folder)
     return 0 if meta["status"] == STATUS_OK else 1
 

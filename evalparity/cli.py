@@ -141,6 +141,10 @@ def run(
     # --cells-per-gpu the memory plan decides the packing later; the guess here is that every job may share.
     n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
     try:
+        if (run_dir / "spec.json").exists():  # a run directory to resume: its spec must be readable at all
+            from evalparity.cells import check_spec
+
+            check_spec(run_dir / "spec.json")
         head = early_ray_head(device, tensor_parallel, Placement(ray=ray, cells_per_gpu=cells_per_gpu or n_jobs),
                               n_jobs)
         dev = resolve_device(device)
@@ -207,9 +211,13 @@ def run(
         console.print(summary_table(outcomes))
         failed = [o.name for o in outcomes if o.status == "failed"]
         if failed:
-            console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}; see cells/<name>/cell.log. "
-                          "Rerun the same command to retry them.[/red]")
+            console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}. Rerun the same command to "
+                          "retry them.[/red]")
             _print_attempts(run_dir, failed, {o.name: o.meta for o in outcomes})
+            disk_full = [o.name for o in outcomes if o.status == "failed" and _disk_full(o.meta.get("error"))]
+            if disk_full:
+                console.print(f"[red]{', '.join(disk_full)}: the disk holding {run_dir} is full (or over its quota): "
+                              "free space there, then rerun the same command[/red]", soft_wrap=True, highlight=False)
         ok = [o for o in outcomes if o.status != "failed"]
         if single_cell and len(ok) == len(outcomes) == 1:
             console.print(f"one cell, {ok[0].name}, finished: no comparison made (--single-cell)")
@@ -237,21 +245,32 @@ def run(
 
 
 def _print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) -> None:
-    """Every failed attempt of each failed cell (or its shards), each with its reason and kept log."""
+    """Every failed attempt of each failed cell (or its shards), each with its reason and kept log, and this
+    run's own when it could not be recorded (a full disk): never a log path that does not exist."""
     from evalparity import cells
 
     for name in failed:
-        units = [("cells", name)] + [("shards", p.name.removesuffix(".attempts"))
-                                     for p in sorted((run_dir / "shards").glob(f"{name}.*of*.attempts"))]
-        shown = False
+        units = [("cells", name)] + [("shards", p.name) for p in
+                                     sorted((run_dir / cells.ATTEMPTS / "shards").glob(f"{name}.*of*"))]
+        last = None
         for folder, unit in units:
             for a in cells.attempt_history(run_dir, unit, folder):
-                shown = True
+                last = a.get("error")
                 console.print(f"  {unit} attempt {a.get('attempt')}: {a.get('error') or 'no reason recorded'}"
                               f" (log: {a.get('log_path') or 'none written'})", soft_wrap=True, highlight=False)
-        if not shown:
-            console.print(f"  {name}: {metas.get(name, {}).get('error') or 'no reason recorded'}", soft_wrap=True,
-                          highlight=False)
+        now = metas.get(name, {}).get("error")
+        if last is None or (now and now != last and metas.get(name, {}).get("unrecorded")):
+            log = run_dir / "cells" / name / "cell.log"
+            where = f" (log: {log.relative_to(run_dir)})" if last is None and log.is_file() \
+                and not metas.get(name, {}).get("unrecorded") else ""
+            console.print(f"  {name}: {now or 'no reason recorded'}{where}", soft_wrap=True, highlight=False)
+
+
+def _disk_full(error) -> bool:
+    """Whether a failure's reason is a full disk (or quota): the fix is the user's, not a rerun's."""
+    import errno
+
+    return isinstance(error, str) and any(os.strerror(e) in error for e in (errno.ENOSPC, errno.EDQUOT))
 
 
 def _other_cells(run_dir: Path, cell_specs) -> list[str]:
@@ -294,6 +313,7 @@ def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunL
     from evalparity.stats.compare import compute
 
     log = log or RunLog()
+    cells.recover_outputs(run_dir, say=_say)  # a report whose publish a kill interrupted is finished first
     cells.check_readable(run_dir)
     try:
         with cells.staged_outputs(run_dir, ("stats", "report")) as stage:
@@ -388,8 +408,6 @@ def drift_cmd(
     dump: Annotated[bool, typer.Option(help="Also save every prompt's hidden states of both backends (large).")] = False,
 ) -> None:
     """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
-    import json as _json
-
     from evalparity.devices import resolve_device
     from evalparity.drift import prompts_from_file, prompts_from_run, run_drift
     from evalparity.models import resolve_model
@@ -400,9 +418,10 @@ def drift_cmd(
     if n_prompts < 1:
         raise EvalParityError(f"--n-prompts {n_prompts} must be at least 1")
     if run_dir is not None and model is None and (run_dir / "spec.json").exists():
-        cells_meta = sorted((run_dir / "cells").glob("*/cell.json"))
-        if cells_meta:
-            model = _json.loads(cells_meta[0].read_text()).get("model_path")
+        from evalparity.cells import read_json
+
+        model = next((m["model_path"] for p in sorted((run_dir / "cells").glob("*/cell.json"))
+                      if isinstance((m := read_json(p) or {}).get("model_path"), str)), None)
     dev = resolve_device(device)
     _, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
     texts = prompts_from_run(run_dir, n_prompts) if run_dir is not None else prompts_from_file(prompts)[:n_prompts]

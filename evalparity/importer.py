@@ -45,17 +45,15 @@ def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
     no stale cell of another comparison is read into this one's statistics."""
     ident = {"schema": "evalparity.compare/1", "inputs": [str(Path(p).resolve()) for p in paths], "names": names}
     if contents(run_dir):
-        try:
-            old = json.loads((run_dir / COMPARE_FILE).read_text())
-        except (OSError, ValueError):
-            old = None
-        if not isinstance(old, dict) or "inputs" not in old:
+        if not (run_dir / COMPARE_FILE).is_file():
             raise EvalParityError(f"--out {run_dir} exists and does not hold an evalparity comparison: use another "
                                   "--out (or an empty directory)")
-        if old.get("inputs") != ident["inputs"] or old.get("names") != names:
-            was = ", ".join(f"{n}={p}" for n, p in zip(old.get("names") or [], old.get("inputs") or []))
+        old = cells.check_compare_json(run_dir / COMPARE_FILE, f"use another --out, or remove {run_dir}")
+        if old["inputs"] != ident["inputs"] or old["names"] != names:
+            was = ", ".join(f"{n}={p}" for n, p in zip(old["names"], old["inputs"]))
             raise EvalParityError(f"--out {run_dir} holds another comparison ({was}): use another --out, or remove "
                                   "that directory")
+    cells.recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
     (run_dir / "cells").mkdir(parents=True, exist_ok=True)
     cells.write_json(run_dir / COMPARE_FILE, ident)
 

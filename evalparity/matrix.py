@@ -8,7 +8,6 @@ tasks, limits or settings into the same directory is refused rather than mixed i
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +67,7 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
                 f"{run_dir} holds a run of a different spec ({diff}: {a.get(diff)!r} there, {b.get(diff)!r} now): "
                 "use another --out, or remove that directory")
         _check_cell_settings(run_dir, old_spec, spec, force)
+        cells.recover_outputs(run_dir)  # what a killed run left: moved-aside folders, a half-published report
         # Keep the union of cells, so that adding a cell to a run keeps the earlier ones in the spec.
         names = {c.name for c in spec.cells}
         merged = spec.to_json()
@@ -201,6 +201,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
         if executor is None:
             return [outcomes[c.name] for c in spec.cells]
         inner = {j.unit: bar.add_task(f"  {j.unit}: queued", total=None) for j in jobs}
+        unrecorded: dict[str, dict] = {}  # unit -> the failure a full disk kept out of its cell.json
         started: dict[str, float] = {}
         left = {c: sum(j.cell == c for j in jobs) for c in {j.cell for j in jobs}}  # jobs still out, per cell
         executor.submit(jobs)
@@ -210,12 +211,12 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                 for end in executor.poll():
                     job = end.job
                     wall = time.perf_counter() - started.get(job.unit, time.perf_counter())
-                    status = _settle(run_dir, by_name[job.cell], end, wall)
+                    status = _settle(run_dir, by_name[job.cell], end, wall, unrecorded)
                     bar.update(inner[job.unit], description=f"  {job.unit}: {status} in {wall:.0f}s", total=1,
                                completed=1)
                     left[job.cell] -= 1
                     if left[job.cell] == 0:
-                        outcomes[job.cell] = _cell_outcome(run_dir, by_name[job.cell], wall)
+                        outcomes[job.cell] = _cell_outcome(run_dir, by_name[job.cell], wall, unrecorded)
                         bar.update(overall, advance=1)
                 for job in executor.running():
                     progress = cells.tmp_dir(run_dir, job.unit, job.location[0]) / "progress.json"
@@ -233,26 +234,33 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     return [outcomes[c.name] for c in spec.cells]
 
 
-def _settle(run_dir: Path, cell, end, wall: float) -> str:
-    """A job has ended: if its process died before publishing, record that; return its status."""
+def _settle(run_dir: Path, cell, end, wall: float, unrecorded: dict[str, dict]) -> str:
+    """A job has ended: if its process died before publishing, record that (or, when the record cannot be
+    written, keep it in ``unrecorded``); return its status."""
     folder, unit = end.job.location
     if cells.tmp_dir(run_dir, unit, folder).exists():
-        _record_crash(run_dir, cell, end, wall)
+        meta = _record_crash(run_dir, cell, end, wall)
+        if meta is not None:
+            unrecorded[unit] = meta
+            return meta["status"]
     return _final_meta(run_dir, unit, folder).get("status", "failed")
 
 
-def _cell_outcome(run_dir: Path, cell, wall: float) -> CellOutcome:
+def _cell_outcome(run_dir: Path, cell, wall: float, unrecorded: dict[str, dict] | None = None) -> CellOutcome:
     """A cell whose jobs have all ended: its own outcome, or, for a sharded cell, the merge of its shards."""
     from evalparity import shards
 
+    unrecorded = unrecorded or {}
     if cell.shards == 1:
-        meta = _final_meta(run_dir, cell.name, "cells")
+        meta = unrecorded.get(cell.name) or _final_meta(run_dir, cell.name, "cells")
         return CellOutcome(cell.name, meta.get("status", "failed"), wall, meta)
     bad = shards.pending_shards(run_dir, cell, False)
     if bad:
+        why = "; ".join(f"shard {unit}: {m['error']}" for unit, m in unrecorded.items()
+                        if unit.startswith(f"{cell.name}.") and m.get("error"))
         return CellOutcome(cell.name, "failed", wall, {
-            "status": "failed", "error": f"shard(s) {bad} of {cell.shards} failed: see "
-                                         f"shards/{cell.name}.<k>of{cell.shards}/cell.log"})
+            "status": "failed", "error": f"shard(s) {bad} of {cell.shards} failed: "
+                                         + (why or f"see shards/{cell.name}.<k>of{cell.shards}/cell.log")})
     return _merge(run_dir, cell, wall)
 
 
@@ -281,6 +289,8 @@ def _show(bar: Progress, task_id, name: str, progress_file: Path) -> bool:
         st = json.loads(progress_file.read_text())
     except (OSError, json.JSONDecodeError):
         return False
+    if not isinstance(st, dict):
+        return False
     desc = st.get("desc") or st.get("phase", "")
     total = st.get("total") or None
     bar.update(task_id, description=f"  {name}: {st.get('phase', '')} {desc}".rstrip()[:70],
@@ -288,22 +298,31 @@ def _show(bar: Progress, task_id, name: str, progress_file: Path) -> bool:
     return True
 
 
-def _record_crash(run_dir: Path, cell, end, wall: float) -> None:
-    """The job's process died before publishing (killed, out of memory, its host lost): record that."""
+def _record_crash(run_dir: Path, cell, end, wall: float) -> dict | None:
+    """The job's process died before publishing (killed, out of memory, its host lost, or a full disk kept
+    it from writing its record): record that, with the reason it sent (``placement.job_reason``). If the
+    record cannot be written either, return it, to be kept in memory and printed; the job's folder (and
+    its log, if any) stays where it is until the cell is rerun."""
     folder, unit = end.job.location
     tmp = cells.tmp_dir(run_dir, unit, folder)
     code = end.returncode
-    why = end.error or f"the cell process exited with code {code}"
+    why = end.error or f"the cell process exited with code {code} without saying why"
     if code is not None and code < 0:
-        why = f"the cell process was killed by signal {-code} (out of memory?)"
+        why = f"the cell process was killed by signal {-code}" + (" (out of memory?)" if -code == 9 else "") \
+            + (f"; it had said: {end.error}" if end.error else "")
     meta = cells.failed_meta(cell, why, wall_s=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                              placement=end.placement)
     try:
         cells.write_json(tmp / "cell.json", meta)
         (tmp / "progress.json").unlink(missing_ok=True)
         cells.publish(run_dir, unit, cells.STATUS_FAILED, folder)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return None
+    except OSError as err:
+        log = tmp / "cell.log"
+        meta["error"] = (f"{why}; this failure could not be recorded in {run_dir} either ({err.strerror or err})"
+                         + (f"; its log so far: {log}" if log.is_file() and log.stat().st_size else ""))
+        meta["unrecorded"] = True
+        return meta
 
 
 def summary_table(outcomes: list[CellOutcome]) -> Table:

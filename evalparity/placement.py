@@ -32,6 +32,7 @@ from evalparity.cells import unit_location
 from evalparity.errors import EvalParityError
 
 PLACEMENT_ENV = "EVALPARITY_PLACEMENT"
+REASON_FD_ENV = "EVALPARITY_REASON_FD"  # a pipe the job's process writes its failure's reason to
 
 
 @dataclass(frozen=True)
@@ -79,19 +80,49 @@ def _die_with_parent() -> None:
 
 
 def start_job(job: Job, run_dir: str, model_path: str, placement: dict) -> subprocess.Popen:
-    """Start the job's process on this host, with its environment and the placement it records."""
-    env = dict(os.environ) | job.env | {PLACEMENT_ENV: json.dumps(placement)}
-    return subprocess.Popen(job.argv(run_dir, model_path, sys.executable), env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    """Start the job's process on this host, with its environment and the placement it records, and a pipe
+    on which it says why it failed (``job_reason``): a reason that reaches the parent even when the disk is
+    too full for the process to record it in the run directory."""
+    r, w = os.pipe()
+    env = dict(os.environ) | job.env | {PLACEMENT_ENV: json.dumps(placement), REASON_FD_ENV: str(w)}
+    try:
+        proc = subprocess.Popen(job.argv(run_dir, model_path, sys.executable), env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                pass_fds=(w,))
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    proc.reason_fd = r  # type: ignore[attr-defined]
+    return proc
 
 
-def run_job_here(job: Job, run_dir: str, model_path: str, placement: dict) -> int:
+def job_reason(proc: subprocess.Popen) -> str:
+    """What the ended job's process wrote on its reason pipe (``cells.tell_parent``): '' when nothing."""
+    fd = getattr(proc, "reason_fd", None)
+    if fd is None:
+        return ""
+    proc.reason_fd = None  # type: ignore[attr-defined]
+    try:
+        os.set_blocking(fd, False)  # a grandchild may hold the pipe open: never wait on it
+        data = os.read(fd, 1 << 16)
+    except OSError:  # BlockingIOError: nothing was written
+        data = b""
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", errors="replace").strip()
+
+
+def run_job_here(job: Job, run_dir: str, model_path: str, placement: dict) -> tuple[int, str]:
+    """Run the job to its end here: its exit code and the reason it gave for a failure ('' if none)."""
     proc = start_job(job, run_dir, model_path, placement)
     try:
-        return proc.wait()
+        return proc.wait(), job_reason(proc)
     except BaseException:
         proc.terminate()
         proc.wait()
+        job_reason(proc)
         raise
 
 
@@ -140,7 +171,8 @@ class LocalExecutor:
     def poll(self) -> list[JobEnd]:
         ended = []
         if self.proc is not None and self.proc.poll() is not None:
-            ended.append(JobEnd(self.current, self.proc.returncode, placement=self.placement))
+            ended.append(JobEnd(self.current, self.proc.returncode, error=job_reason(self.proc),
+                                placement=self.placement))
             self.proc, self.current = None, None
         if self.proc is None and self.queue:
             self.current = self.queue.pop(0)
@@ -154,6 +186,7 @@ class LocalExecutor:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait()
+            job_reason(self.proc)
         self.queue.clear()
 
 
@@ -170,7 +203,7 @@ def gpu_job_cpus(nodes: list[dict], gpus: float) -> int:
     return max(1, int(min(ratios) * gpus + 1e-9)) if ratios and gpus > 0 else 1
 
 
-def _ray_job(job: Job, run_dir: str, model_path: str) -> tuple[int, dict]:
+def _ray_job(job: Job, run_dir: str, model_path: str) -> tuple[int, dict, str]:
     """The body of one Ray task, on whichever host Ray chose: say where it is, run the job's process."""
     import ray
 
@@ -178,7 +211,8 @@ def _ray_job(job: Job, run_dir: str, model_path: str) -> tuple[int, dict]:
     placement = {"executor": "ray", "host": platform.node(), "node_id": ctx.get_node_id(),
                  "node_ip": ray.util.get_node_ip_address(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
                  "cpus": ctx.get_assigned_resources().get("CPU"), "shard": job.shard, "shards": job.shards}
-    return run_job_here(job, run_dir, model_path, placement), placement
+    code, reason = run_job_here(job, run_dir, model_path, placement)
+    return code, placement, reason
 
 
 RAY_KEYWORDS = ("auto", "local")  # --ray values that name no address: Ray finds or starts the cluster
@@ -462,8 +496,8 @@ class RayExecutor:
         for ref in done:
             job = self.refs.pop(ref)
             try:
-                code, placement = self.ray.get(ref)
-                ended.append(JobEnd(job, code, placement=placement))
+                code, placement, *reason = self.ray.get(ref)
+                ended.append(JobEnd(job, code, error=reason[0] if reason else "", placement=placement))
             except Exception as err:  # noqa: BLE001 - a worker or host lost: that job only
                 msg = str(err).strip().splitlines()
                 ended.append(JobEnd(job, None, error=f"{type(err).__name__}: {msg[0][:200] if msg else ''}"))

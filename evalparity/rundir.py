@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +34,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalparity.errors import EvalParityError
+
+# ---------------------------------------------------------------- test hook: kill points
+KILL_ENV = "EVALPARITY_TEST_KILL_AT"
+
+
+def kill_point(point: str) -> None:
+    """A test hook, for ``tests/test_faults.py`` only: when ``EVALPARITY_TEST_KILL_AT`` (comma-separated)
+    names ``point``, SIGKILL this process here, so the suite can kill a command between two steps too close
+    together to hit by timing. Unset (always, in use), it does nothing. Points: ``write:<file name>`` (an
+    atomic write, just before its rename), ``publish-cell:<unit>`` (between moving a cell's old folder aside
+    and its new one in), ``publish-outputs`` (between the renames that swap in ``stats/`` and ``report/``)."""
+    wanted = os.environ.get(KILL_ENV)
+    if wanted and point in wanted.split(","):
+        os.kill(os.getpid(), signal.SIGKILL)
+
 
 # ---------------------------------------------------------------- names
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
@@ -110,13 +126,17 @@ def _alive(pid: int, start: str | None) -> bool:
 
 
 def _read_lock(path: Path) -> dict | None:
+    """The holder a lock file names; None when there is no lock file, {} when it is not a lock (corrupt:
+    not JSON, or without a host and an integer pid)."""
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict) or not isinstance(data.get("host"), str) or type(data.get("pid")) is not int:
+        return {}
+    return data
 
 
 def describe_holder(h: dict) -> str:
@@ -213,13 +233,19 @@ def acquire(run_dir: Path, *, create: bool = True, say: Callable[[str], None] = 
             holder = _read_lock(path)
             if holder is None:  # released just now
                 continue
-            if not holder:  # being written (O_EXCL fallback) or corrupt
+            if not holder:  # being written (the O_EXCL fallback, for a moment) or corrupt
                 time.sleep(0.1)
-                if _read_lock(path) == {} and time.time() - path.stat().st_mtime > STALE_BREAK_S:
-                    _break_stale(path, {})
-                continue
-            if holder.get("host") == platform.node() and not _alive(int(holder.get("pid", -1)),
-                                                                     holder.get("pid_start")):
+                if _read_lock(path) != {}:
+                    continue
+                age = time.time() - path.stat().st_mtime
+                if age > STALE_BREAK_S:
+                    if _break_stale(path, {}):
+                        say(f"took over a corrupt lock of {run_dir}, {age:.0f} s old")
+                    continue
+                raise EvalParityError(f"{path} is not a lock evalparity can read (corrupt): if no evalparity works "
+                                      f"on {run_dir}, remove it (one older than {STALE_BREAK_S:.0f} s is taken over "
+                                      f"by itself), or use another {flag}")
+            if holder.get("host") == platform.node() and not _alive(holder["pid"], holder.get("pid_start")):
                 if _break_stale(path, holder):
                     say(f"took over a stale lock of {run_dir} left by a process that is gone "
                         f"({describe_holder(holder)})")

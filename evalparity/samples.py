@@ -58,23 +58,52 @@ def find_lm_eval_files(path: Path) -> tuple[Path, dict[str, Path]]:
     return results[-1], by_task
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    out = []
+class SampleFile(list):
+    """One task's samples as read from its jsonl file: the sample dicts, plus the file (``path``) and each
+    sample's line number in it (``lines``), so that an error about a sample can name where it is."""
+
+    def __init__(self, rows=(), path: Path | None = None, lines: list[int] | None = None):
+        super().__init__(rows)
+        self.path = path
+        self.lines = lines if lines is not None else list(range(1, len(self) + 1))
+
+    def where(self, i: int, task: str) -> str:
+        """``file:line`` of sample ``i`` (or the task and the sample's position, for samples not from a file)."""
+        if self.path is None:
+            return f"the samples of task {task}, sample {i + 1},"
+        return f"{self.path}:{self.lines[i] if i < len(self.lines) else i + 1}"
+
+
+def read_jsonl(path: Path) -> SampleFile:
+    out, lines = [], []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise EvalParityError(f"{path}:{i} is not valid JSON ({err.msg}): the file is truncated or "
                                       "corrupt; rerun that task or remove the file") from None
-    return out
+            if not isinstance(row, dict):
+                raise EvalParityError(f"{path}:{i} is a JSON {type(row).__name__}, not a sample (an object): the "
+                                      "file is corrupt or not lm-eval's samples; rerun that task or remove the file")
+            out.append(row)
+            lines.append(i)
+    return SampleFile(out, Path(path), lines)
 
 
-def read_lm_eval_dir(path: Path) -> tuple[dict, dict[str, list[dict]]]:
+def read_lm_eval_dir(path: Path) -> tuple[dict, dict[str, SampleFile]]:
+    """lm-eval's results and, per task, its samples (each a ``SampleFile``, which knows its file)."""
     results_path, by_task = find_lm_eval_files(path)
-    results = json.loads(results_path.read_text())
+    try:
+        results = json.loads(results_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{results_path} is truncated or corrupt ({type(err).__name__}): rerun lm-eval "
+                              "into that folder, or point at a complete one") from None
+    if not isinstance(results, dict):
+        raise EvalParityError(f"{results_path} is a JSON {type(results).__name__}, not lm-eval's results (an "
+                              "object): rerun lm-eval into that folder, or point at a complete one")
     return results, {task: read_jsonl(p) for task, p in by_task.items()}
 
 
@@ -97,12 +126,52 @@ def group_of_tasks(results: dict) -> dict[str, str]:
     return {t: top(t) for t in set(parent) | set(subtasks) if t not in subtasks or not subtasks[t]}
 
 
-def _scalar(v) -> float | None:
-    if isinstance(v, bool):
-        return float(v)
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return float(v)
-    return None
+def _scalar(v) -> tuple[str, float | None]:
+    """A per-sample metric value read as a number: ("num", x) for a number, a bool or a string that parses
+    as one ("0.0", " 1 ", "nan"); ("text", None) for any other string; ("other", None) for what is not a
+    scalar (None, or the lists and dicts that corpus-level metrics such as bleu keep per sample)."""
+    if isinstance(v, (bool, int, float)):
+        try:
+            return "num", float(v)
+        except OverflowError:  # an integer beyond float range
+            return "num", math.copysign(math.inf, v)
+    if isinstance(v, str):
+        try:
+            return "num", float(v.strip())
+        except ValueError:
+            return "text", None
+    return "other", None
+
+
+def _metric_values(task: str, samples: list[dict]) -> list[dict[str, float]]:
+    """Each sample's metric values as floats (``m:<metric>`` columns to be), field by field.
+
+    A field whose values are numbers, or strings of numbers (some harnesses write "0.0"), is read; a field
+    with no number at all (text, lists: corpus-level metrics) is left out, as it cannot be compared per
+    sample. A field that mixes numbers with a string that is not one is refused, naming the file, the field
+    and the first such line: reading it would drop those samples from the comparison without a word."""
+    parsed: list[dict[str, float]] = [{} for _ in samples]
+    has_number: set[str] = set()
+    first_text: dict[str, tuple[int, object]] = {}
+    for i, s in enumerate(samples):
+        for m in s.get("metrics", []) or []:
+            if not isinstance(m, str):
+                continue
+            kind, x = _scalar(s.get(m))
+            if kind == "num":
+                parsed[i][m] = x
+                has_number.add(m)
+            elif kind == "text":
+                first_text.setdefault(m, (i, s.get(m)))
+    for m, (i, value) in first_text.items():
+        if m in has_number:
+            where = samples.where(i, task) if isinstance(samples, SampleFile) else \
+                f"the samples of task {task}, sample {i + 1},"
+            shown = repr(value if len(value) <= 40 else value[:40] + "...")
+            raise EvalParityError(f"{where} field {m!r} is {shown}, not a number, where other samples of task "
+                                  f"{task} have numbers in that field: fix or remove that line (it would "
+                                  "otherwise be left out of the comparison), then rerun")
+    return parsed
 
 
 def _args(sample: dict) -> list[list]:
@@ -140,49 +209,27 @@ def samples_to_table(
     results: dict,
     generated_ids: dict[str, list[int]] | None = None,
 ) -> pd.DataFrame:
-    """Build the per-sample table. ``generated_ids`` maps a prompt (context) to its generated token ids."""
-    configs = results.get("configs", {}) or {}
-    groups = group_of_tasks(results)
+    """Build the per-sample table. ``generated_ids`` maps a prompt (context) to its generated token ids.
+    ``task_samples`` as ``read_lm_eval_dir`` gives them (``SampleFile``s) lets an error name the file and
+    line of the sample at fault."""
+    configs = results.get("configs") if isinstance(results.get("configs"), dict) else {}
+    try:
+        groups = group_of_tasks(results)
+    except (AttributeError, TypeError):  # a group_subtasks of another shape: no groups
+        groups = {}
     rows: list[dict] = []
     for task, samples in task_samples.items():
-        for s in samples:
-            out_type = _output_type(s, configs.get(task))
-            base = {
-                "task": task, "group": groups.get(task, task), "filter": s.get("filter", "none"),
-                "doc_id": int(s["doc_id"]), "output_type": out_type,
-                **{h: str(s.get(h, "")) for h in HASHES},
-                "target": str(s.get("target", "")),
-            }
-            for m in s.get("metrics", []):
-                v = _scalar(s.get(m))
-                if v is not None:
-                    base[METRIC_PREFIX + m] = v
-            args = _args(s)
-            resps = s.get("filtered_resps", [])
-            if out_type == "generate_until":
-                context = args[0][0] if args else ""
-                raw = s.get("resps", [[None]])
-                raw_text = raw[0][0] if raw and raw[0] else None
-                ids = (generated_ids or {}).get(context)
-                rows.append(base | {
-                    "choice": 0, "context": context, "continuation": None,
-                    "generated_text": raw_text if isinstance(raw_text, str) else str(raw_text),
-                    "response": str(resps[0]) if resps else None,
-                    "generated_ids": ids,
-                })
-                continue
-            continuations = [a[1] if len(a) > 1 else "" for a in args]
-            gold = _gold_index(s.get("target"), continuations)
-            for i, a in enumerate(args):
-                r = resps[i] if i < len(resps) else None
-                if isinstance(r, (list, tuple)):
-                    ll, greedy = r[0], (bool(r[1]) if len(r) > 1 else None)
-                else:
-                    ll, greedy = r, None
-                rows.append(base | {
-                    "choice": i, "context": a[0], "continuation": continuations[i],
-                    "loglikelihood": _float(ll), "is_greedy": greedy, "gold": gold,
-                })
+        values = _metric_values(task, samples)
+        for i, (s, metric_values) in enumerate(zip(samples, values)):
+            try:
+                rows += _sample_rows(task, s, metric_values, configs.get(task), groups, generated_ids)
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+                where = samples.where(i, task) if isinstance(samples, SampleFile) else \
+                    f"the samples of task {task}, sample {i + 1},"
+                what = f"no {err.args[0]!r} field" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+                raise EvalParityError(f"{where} is not an lm-eval sample evalparity can read ({what[:120]}): the "
+                                      "file is corrupt or not lm-eval's --log_samples output; rerun that "
+                                      "task") from None
     if not rows:
         raise EvalParityError("the lm-eval output holds no samples: check --limit and the task names")
     df = pd.DataFrame(rows)
@@ -200,6 +247,47 @@ def samples_to_table(
         raise EvalParityError(f"two samples share the key {k}: the lm-eval output mixes two runs of one task; "
                               "keep one samples file per task")
     return df
+
+
+def _sample_rows(task: str, s: dict, metric_values: dict[str, float], config, groups: dict[str, str],
+                 generated_ids: dict[str, list[int]] | None) -> list[dict]:
+    """The table rows of one sample: one per choice, or one for a generation."""
+    out_type = _output_type(s, config if isinstance(config, dict) else None)
+    base = {
+        "task": task, "group": groups.get(task, task), "filter": s.get("filter", "none"),
+        "doc_id": int(s["doc_id"]), "output_type": out_type,
+        **{h: str(s.get(h, "")) for h in HASHES},
+        "target": str(s.get("target", "")),
+    }
+    for m, v in metric_values.items():
+        base[METRIC_PREFIX + m] = v
+    args = _args(s)
+    resps = s.get("filtered_resps", [])
+    if out_type == "generate_until":
+        context = args[0][0] if args else ""
+        raw = s.get("resps", [[None]])
+        raw_text = raw[0][0] if raw and raw[0] else None
+        ids = (generated_ids or {}).get(context)
+        return [base | {
+            "choice": 0, "context": context, "continuation": None,
+            "generated_text": raw_text if isinstance(raw_text, str) else str(raw_text),
+            "response": str(resps[0]) if resps else None,
+            "generated_ids": ids,
+        }]
+    continuations = [a[1] if len(a) > 1 else "" for a in args]
+    gold = _gold_index(s.get("target"), continuations)
+    rows = []
+    for i, a in enumerate(args):
+        r = resps[i] if i < len(resps) else None
+        if isinstance(r, (list, tuple)):
+            ll, greedy = r[0], (bool(r[1]) if len(r) > 1 else None)
+        else:
+            ll, greedy = r, None
+        rows.append(base | {
+            "choice": i, "context": a[0], "continuation": continuations[i],
+            "loglikelihood": _float(ll), "is_greedy": greedy, "gold": gold,
+        })
+    return rows
 
 
 def _float(x) -> float:
@@ -226,14 +314,23 @@ def _unreadable(path: Path, err: Exception) -> EvalParityError:
                            "rerun the same command to redo that cell")
 
 
+REQUIRED_COLUMNS = ("cell", *KEY, *HASHES, "group", "output_type")
+
+
 def check_table(path: Path) -> None:
-    """Read a parquet table's footer and schema (cheap): a one-line error if it is truncated or corrupt."""
+    """Read a parquet table's footer and schema (cheap): a one-line error if it is truncated or corrupt, or
+    is not a per-sample table (it lacks a column the statistics read)."""
     import pyarrow.parquet as pq
 
     try:
-        pq.read_metadata(path)
+        names = pq.read_schema(path).names
     except (OSError, ValueError, Exception) as err:  # noqa: BLE001 - pyarrow's ArrowInvalid and kin
         raise _unreadable(path, err) from None
+    lacking = [c for c in REQUIRED_COLUMNS if c not in names]
+    if lacking:
+        raise EvalParityError(f"{path} is not a per-sample table of evalparity (it lacks the column "
+                              f"{lacking[0]!r}): remove {Path(path).parent} and rerun the same command to redo "
+                              "that cell")
 
 
 def read_table(path: Path) -> pd.DataFrame:

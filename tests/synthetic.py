@@ -57,10 +57,12 @@ def make_run(root: Path, *, n_tasks: int, cells: list[str], docs_per_task: int =
 
 
 def make_lm_eval_dir(root: Path, *, model: str = "hf", dtype: str = "float32", task: str = "syn_mc",
-                     n_docs: int = 30, flip: int = 0, seed: int = 0, sub: str = "model__x") -> Path:
+                     n_docs: int = 30, flip: int = 0, seed: int = 0, sub: str = "model__x",
+                     as_text: bool = False, bad: dict[int, object] | None = None) -> Path:
     """What ``lm_eval --log_samples --output_path ROOT`` writes for a 4-choice task, without lm-eval: a
     ``results_<date>.json`` and a ``samples_<task>_<date>.jsonl`` under ``ROOT/<sub>``. The first ``flip``
-    documents answer wrongly (acc 0) where the others answer right."""
+    documents answer wrongly (acc 0) where the others answer right. ``as_text``: every doc's acc written
+    as a string ("1.0"), as some harnesses do; ``bad``: doc -> the acc value written for that doc instead."""
     import hashlib
 
     rng = np.random.default_rng(seed)
@@ -75,15 +77,16 @@ def make_lm_eval_dir(root: Path, *, model: str = "hf", dtype: str = "float32", t
         gold = i % 4
         lls[gold] = -1.0 if i >= flip else -20.0
         acc = float(i >= flip)
+        value = (bad or {}).get(i, str(acc) if as_text else acc)
         h = lambda s: hashlib.sha256(s.encode()).hexdigest()  # noqa: E731
         lines.append({"doc_id": i, "doc": {"q": ctx}, "target": gold,
                       "arguments": {f"gen_args_{c}": {"arg_0": ctx, "arg_1": conts[c]} for c in range(4)},
                       "resps": [[[ll, False]] for ll in lls], "filtered_resps": [[ll, False] for ll in lls],
                       "filter": "none", "metrics": ["acc"], "doc_hash": h(ctx), "prompt_hash": h(ctx),
-                      "target_hash": h(str(gold)), "acc": acc})
+                      "target_hash": h(str(gold)), "acc": value})
     (d / f"samples_{task}_{date}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     (d / f"results_{date}.json").write_text(json.dumps({
-        "results": {task: {"acc,none": sum(x["acc"] for x in lines) / n_docs}},
+        "results": {task: {"acc,none": sum(float(i >= flip) for i in range(n_docs)) / n_docs}},
         "configs": {task: {"output_type": "multiple_choice"}},
         "config": {"model": model, "model_args": f"pretrained=x,dtype={dtype}", "batch_size": 8},
         "date": 0.0, "lm_eval_version": "0.4.9"}))

@@ -79,3 +79,44 @@ def test_directory_without_samples(tmp_path):
 def test_two_runs_of_one_task_mixed_are_refused(tmp_path):
     with pytest.raises(EvalParityError, match="share the key"):
         samples_to_table({"mc": [mc_sample(0, [-1.0], 0, 1.0), mc_sample(0, [-1.0], 0, 1.0)]}, RESULTS)
+
+
+def test_metric_values_as_strings(tmp_path):
+    """Numeric strings are numbers; a field with no number at all (text, the lists corpus-level metrics keep)
+    is left out as before; a field mixing numbers with other text names file, field and line."""
+    rows = [mc_sample(i, [-1.0, -2.0], 0, a) for i, a in enumerate(["1.0", " 0 ", 1, "nan"])]
+    for r in rows:
+        r["metrics"] = ["acc", "bleu", "note"]
+        r["bleu"], r["note"] = [["ref"], ["hyp"]], "free text"
+    d = write_lm_eval_dir(tmp_path / "ok", {"mc": rows}, RESULTS)
+    results, task_samples = read_lm_eval_dir(d)
+    t = samples_to_table(task_samples, results)
+    first = t[t["choice"] == 0]["m:acc"].tolist()
+    assert first[:3] == [1.0, 0.0, 1.0] and first[3] != first[3]  # "nan" is NaN, treated as NaN elsewhere
+    assert "m:bleu" not in t and "m:note" not in t
+    rows[2]["acc"] = "n/a"
+    d = write_lm_eval_dir(tmp_path / "bad", {"mc": rows}, RESULTS)
+    with pytest.raises(EvalParityError, match=r"samples_mc_.*\.jsonl:3 field 'acc' is 'n/a', not a number"):
+        samples_to_table(*reversed(read_lm_eval_dir(d)))
+    with pytest.raises(EvalParityError, match=r"task mc, sample 3, field 'acc'"):  # samples not from a file
+        samples_to_table({"mc": [dict(r) for r in rows]}, RESULTS)
+
+
+def test_corrupt_results_and_samples_are_one_line(tmp_path):
+    d = write_lm_eval_dir(tmp_path / "a", {"mc": [mc_sample(0, [-1.0, -2.0], 0, 1.0)]}, RESULTS)
+    res = next(d.rglob("results_*.json"))
+    res.write_text("[1, 2]")
+    with pytest.raises(EvalParityError, match=r"results_.*\.json is a JSON list, not lm-eval's results"):
+        read_lm_eval_dir(d)
+    res.write_bytes(b"\x00\xff garbage")
+    with pytest.raises(EvalParityError, match=r"results_.*\.json is truncated or corrupt"):
+        read_lm_eval_dir(d)
+    bad = mc_sample(0, [-1.0, -2.0], 0, 1.0)
+    del bad["doc_id"]
+    d = write_lm_eval_dir(tmp_path / "b", {"mc": [bad]}, RESULTS)
+    with pytest.raises(EvalParityError, match=r"jsonl:1 is not an lm-eval sample .*no 'doc_id' field"):
+        samples_to_table(*reversed(read_lm_eval_dir(d)))
+    f = next(d.rglob("samples_*.jsonl"))
+    f.write_text('["a list"]\n')
+    with pytest.raises(EvalParityError, match=r"jsonl:1 is a JSON list, not a sample"):
+        read_lm_eval_dir(d)
