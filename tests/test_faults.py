@@ -520,8 +520,6 @@ def test_degenerate_inputs_print_no_runtime_warning(tmp_path):
     record("report: single-doc tasks, n=1 groups, all-NaN, zero variance", "no RuntimeWarning on the terminal")
 
 
-@pytest.mark.xfail(strict=True, reason="stats/deltas.py:233 (abs_delta_histogram) subtracts inf from inf "
-                                       "outside np.errstate; stats/ is not this suite's to edit")
 def test_infinite_values_print_no_runtime_warning(tmp_path):
     run = _degenerate_run(tmp_path / "run", infinite=True)
     proc = evalparity("report", str(run), "--margin", "acc=1pp,perplexity=0.05", "--no-fail-on-inconclusive")

@@ -302,3 +302,23 @@ def test_noise_floor_is_a_yardstick_not_a_verdict(tmp_path):
     assert acc.loc["vllm-fp32", "noise_floor_pair"] == "hf-fp32 vs hf-fp32-bs1"
     assert bool(acc.loc["hf-bf16", "beyond_noise"]) is False  # hf-bf16 agrees with hf-fp32 here
     assert pd.notna(acc.loc["vllm-fp32", "discordance_excess"])
+
+
+@pytest.mark.parametrize("side", ["hf-fp32", "vllm-fp32"])
+def test_a_metric_lost_on_either_side_is_the_same_disagreement(tmp_path, side):
+    """A whole task's metric NaN in the reference was skipped ("no gating comparisons") while the same in
+    the cell was DIFFERENT. Both sides are treated alike now."""
+    from synthetic import make_run
+
+    from evalparity.samples import read_table, write_table
+    from evalparity.stats.compare import compute
+
+    root = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "vllm-fp32"], docs_per_task=400)
+    path = root / "cells" / side / "samples.parquet"
+    t = read_table(path)
+    t["m:acc"] = np.nan
+    write_table(t, path)
+    s = compute(root, StatsOptions())
+    acc = s.comparisons[(s.comparisons["metric"] == "acc") & s.comparisons["gating"]]
+    assert len(acc) == 1 and acc["verdict"].iloc[0] == verdict.DIFFERENT and s.sign_off == verdict.FAIL
+    assert acc["n_nonfinite_reference" if side == "hf-fp32" else "n_nonfinite_cell"].iloc[0] == 400

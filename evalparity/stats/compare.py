@@ -86,11 +86,18 @@ def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict],
 
 
 def _spec_cells(run_dir: Path) -> list[str]:
-    try:
-        spec = json.loads((run_dir / "spec.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return []
-    return [c["name"] for c in spec.get("cells", []) if isinstance(c, dict) and "name" in c]
+    """The cells the run says it has: a run's ``spec.json``, or what ``evalparity compare`` recorded in
+    ``compare.json`` (the CLI refuses unreadable ones first: ``cells.check_readable``)."""
+    names: list[str] = []
+    for file, key in (("spec.json", "cells"), ("compare.json", "names")):
+        try:
+            data = json.loads((run_dir / file).read_text())
+        except (OSError, ValueError):
+            continue
+        items = data.get(key, []) if isinstance(data, dict) else []
+        names += [c["name"] if isinstance(c, dict) else c for c in items
+                  if (isinstance(c, dict) and isinstance(c.get("name"), str)) or isinstance(c, str)]
+    return names
 
 
 def _pairs(metas: dict[str, dict], reference: str) -> list[tuple[str, str, str]]:
@@ -112,11 +119,16 @@ def _pairs(metas: dict[str, dict], reference: str) -> list[tuple[str, str, str]]
 
 def _doc_frame(ref: pd.DataFrame, cell: pd.DataFrame) -> pd.DataFrame:
     """One row per (task, filter, doc): metric columns of both cells side by side."""
-    mcols = samples_mod.metric_columns(ref)
-    keep = ["task", "group", "filter", "doc_id", *mcols]
-    r = ref[ref["choice"] == 0][keep]
-    c = cell[cell["choice"] == 0][["task", "filter", "doc_id", *[m for m in mcols if m in cell]]]
+    mcols = metric_union(ref, cell)
+    r = ref[ref["choice"] == 0].reindex(columns=["task", "group", "filter", "doc_id", *mcols])
+    c = cell[cell["choice"] == 0].reindex(columns=["task", "filter", "doc_id", *mcols])
     return r.merge(c, on=["task", "filter", "doc_id"], suffixes=("_ref", "_cell"))
+
+
+def metric_union(ref: pd.DataFrame, cell: pd.DataFrame) -> list[str]:
+    """The metric columns of either table: a metric that one cell lost entirely is a comparison whose
+    values are missing on that side (non-finite on one side: DIFFERENT), never a silently skipped metric."""
+    return list(dict.fromkeys([*samples_mod.metric_columns(ref), *samples_mod.metric_columns(cell)]))
 
 
 # ---------------------------------------------------------------- one comparison, before the family
@@ -344,12 +356,12 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
         ref, cell = tables[ref_name], tables[cell_name]
         docs = _doc_frame(ref, cell)
         common = {"kind": kind, "reference": ref_name, "cell": cell_name}
-        metrics = samples_mod.metric_columns(ref)
+        metrics = metric_union(ref, cell)
         for (task, filt), g in docs.groupby(["task", "filter"], sort=True):
             keys = pd.MultiIndex.from_arrays([g["task"], g["doc_id"]])
             for mc in metrics:
-                if f"{mc}_ref" not in g or g[f"{mc}_ref"].isna().all():
-                    continue
+                if g[f"{mc}_ref"].isna().all() and g[f"{mc}_cell"].isna().all():
+                    continue  # the metric is not this task's
                 meta = common | {"task": task, "group": g["group"].iloc[0], "level": "task", "filter": filt,
                                  "metric": mc[len(samples_mod.METRIC_PREFIX):]}
                 pending.append(score_comparison(meta, g[f"{mc}_ref"].to_numpy(float),
@@ -359,7 +371,7 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
                 continue
             keys = pd.MultiIndex.from_arrays([g["task"], g["doc_id"]])
             for mc in metrics:
-                if f"{mc}_ref" not in g or g[f"{mc}_ref"].isna().all():
+                if g[f"{mc}_ref"].isna().all() and g[f"{mc}_cell"].isna().all():
                     continue
                 meta = common | {"task": group, "group": group, "level": "group", "filter": filt,
                                  "metric": mc[len(samples_mod.METRIC_PREFIX):]}

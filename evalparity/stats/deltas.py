@@ -230,6 +230,7 @@ HIST_EDGES = np.logspace(-9, 1, 50)
 def abs_delta_histogram(ref: np.ndarray, cell: np.ndarray) -> np.ndarray:
     """Counts of |cell − ref| over ``HIST_EDGES`` (non-finite pairs left out, the ends clipped in), so the
     report can draw the distribution from ``stats/`` without reading the cells' tables again."""
-    d = np.abs(np.asarray(cell, float) - np.asarray(ref, float))
+    with np.errstate(invalid="ignore"):  # inf − inf is NaN, left out below; no warning on the user's terminal
+        d = np.abs(np.asarray(cell, float) - np.asarray(ref, float))
     d = np.clip(d[np.isfinite(d)], HIST_EDGES[0], HIST_EDGES[-1])
     return np.histogram(d, bins=HIST_EDGES)[0]
