@@ -420,9 +420,14 @@ def _loglikelihood_stats(ref, cell, common, opts, pending, delta_rows, flip_rows
     c = cell[cell["output_type"].isin(ll_types) & (cell["filter"] == "none")]
     if r.empty:
         return
-    j = r.merge(c[["task", "filter", "doc_id", "choice", "loglikelihood"]],
-                on=["task", "filter", "doc_id", "choice"], suffixes=("_ref", "_cell"))
+    # Numbers only through the merge and the per-task groups (string columns cost a third of the stage at
+    # 10^6 requests); the text of the few flipped docs is looked up in ``r`` afterwards.
+    num = r[["task", "group", "filter", "doc_id", "choice", "output_type", "loglikelihood", "gold"]].assign(
+        choice_chars=_choice_chars(r))
+    j = num.merge(c[["task", "filter", "doc_id", "choice", "loglikelihood"]],
+                  on=["task", "filter", "doc_id", "choice"], suffixes=("_ref", "_cell"))
     hist_rows += _delta_histogram(j, common)
+    metrics = {m[len(samples_mod.METRIC_PREFIX):] for m in samples_mod.metric_columns(ref)}
     for task, g in j.groupby("task", sort=True):
         lr, lc = g["loglikelihood_ref"].to_numpy(float), g["loglikelihood_cell"].to_numpy(float)
         d = deltas.loglikelihood_deltas(lr, lc, docs=g["doc_id"].to_numpy(), tolerance=opts.ll_tolerance,
@@ -435,8 +440,7 @@ def _loglikelihood_stats(ref, cell, common, opts, pending, delta_rows, flip_rows
                                                 float(lc[fin].mean()) if fin.any() else math.nan, opts))
         if g["output_type"].iloc[0] != "multiple_choice":
             continue
-        metrics = {m[len(samples_mod.METRIC_PREFIX):] for m in samples_mod.metric_columns(ref)}
-        chars = _choice_chars(g)
+        chars = g["choice_chars"].to_numpy(float)
         for metric, scale in (("acc", 1.0), ("acc_norm", chars)):
             if metric == "acc_norm" and "acc_norm" not in metrics:
                 continue
@@ -450,7 +454,7 @@ def _loglikelihood_stats(ref, cell, common, opts, pending, delta_rows, flip_rows
                                        "method": f.method})
             if len(f.flipped):
                 detail = f.flipped.copy()
-                sub = g[g["doc_id"].isin(detail["doc_id"])]  # only the flipped docs' text: cheap at 10^6 requests
+                sub = r[(r["task"] == task) & r["doc_id"].isin(detail["doc_id"])]  # only the flipped docs' text
                 ctx = sub[sub["choice"] == 0].set_index("doc_id")["context"]
                 conts = sub.groupby("doc_id")["continuation"].agg(list)
                 detail["context"] = detail["doc_id"].map(ctx)

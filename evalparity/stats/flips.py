@@ -10,7 +10,7 @@ has a reference score vector s_i and a vector of score changes Δ_i (cell − re
   so a flip to any other choice (not only the runner-up) is modelled. Docs are matched by their number of
   choices. All pairs are counted when there are few docs; otherwise the sum is estimated from
   ``N_PERMUTATIONS`` random assignments of donors to docs, each an unbiased estimate whose Monte-Carlo
-  variance is at most the expectation itself, so the average adds about 1/32 to the count's own variance.
+  variance is at most the expectation itself, so the average adds about 1/16 to the count's own variance.
 - p-value: observed against expected through the Poisson upper tail (a sum of independent Bernoullis has a
   lighter upper tail than the Poisson of the same mean, so this is conservative). A small p means the
   drift hits the docs where it changes answers, or is larger than the Δ distribution says: systematic.
@@ -25,7 +25,7 @@ import pandas as pd
 from scipy import stats as sps
 
 ALL_PAIRS_BUDGET = 20_000_000  # N² K below this: every donor for every doc
-N_PERMUTATIONS = 32
+N_PERMUTATIONS = 16
 CHUNK_ELEMENTS = 1 << 22
 
 
