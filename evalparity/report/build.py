@@ -1,0 +1,100 @@
+"""Builds the report context from a run directory: reads ``stats/``, ``cells/*/cell.json``, ``spec.json``
+and ``drift/``, draws the figures into ``report/figures/`` and hands each section's data to its builder
+(``sections``)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from evalparity.report import figures, sections
+from evalparity.report.context import Drift, Figure, ReportContext
+
+
+def read_stats(run_dir: Path, name: str) -> pd.DataFrame:
+    """``stats/<name>.parquet``, or an empty table when the statistics stage wrote none."""
+    p = run_dir / "stats" / f"{name}.parquet"
+    return pd.read_parquet(p) if p.exists() else pd.DataFrame()
+
+
+def load_cells(run_dir: Path) -> dict[str, dict]:
+    """Each cell's ``cell.json``, by cell name in sorted order (hidden folders are work in progress)."""
+    metas = {}
+    for d in sorted((run_dir / "cells").iterdir()):
+        if (d / "cell.json").exists() and not d.name.startswith("."):
+            metas[d.name] = json.loads((d / "cell.json").read_text())
+    return metas
+
+
+def load_drift(run_dir: Path) -> dict[str, dict]:
+    """``evalparity drift``'s per-cell summaries (``drift/<cell>.json``), by cell; empty without a drift run."""
+    d = run_dir / "drift"
+    if not d.is_dir():
+        return {}
+    out = {}
+    for p in sorted(d.glob("*.json")):
+        if p.name in ("spec.json", "prompts.json"):
+            continue
+        out[p.stem] = json.loads(p.read_text())
+    return out
+
+
+def figure(path: Path | None, alt: str) -> Figure | None:
+    """A drawn PNG as the reports show it; None when it was not drawn (nothing to plot)."""
+    if path is None or not path.exists():
+        return None
+    return Figure(alt, f"figures/{path.name}", base64.b64encode(path.read_bytes()).decode())
+
+
+def _kept(path: Path | None, figdir: Path, name: str) -> Path | None:
+    # A figure whose inputs are not here (a run directory copied without its per-sample tables) keeps
+    # the PNG an earlier report stage drew, so the report can be rewritten from stats/ alone.
+    return path if path is not None else (figdir / name if (figdir / name).exists() else None)
+
+
+def _figures(run_dir: Path, figdir: Path, comp: pd.DataFrame, flipped: pd.DataFrame) -> list[Figure]:
+    drawn = [
+        figure(figures.score_differences(comp, figdir), "Score differences with paired confidence intervals"),
+        figure(_kept(figures.delta_distributions(read_stats(run_dir, "delta_histogram"), figdir), figdir,
+                     "delta_loglikelihood.png"), "Distribution of |Δ loglikelihood| per cell"),
+        figure(_kept(figures.flips_vs_margin(flipped, figdir), figdir, "flips_vs_margin.png"),
+               "Flipped decisions against the reference margin"),
+        figure(_kept(figures.first_divergence(read_stats(run_dir, "first_divergence"), figdir), figdir,
+                     "first_divergence.png"), "First divergence of greedy generations"),
+    ]
+    return [f for f in drawn if f is not None]
+
+
+def _drift(run_dir: Path, figdir: Path) -> Drift | None:
+    summaries = load_drift(run_dir)
+    if not summaries:
+        return None
+    drawn = [figure(figures.drift_by_layer(summaries, figdir), "Relative error and cosine distance by layer"),
+             figure(figures.drift_by_position(summaries, figdir), "Final-layer drift by token position")]
+    return sections.drift(summaries, [f for f in drawn if f is not None])
+
+
+def build_context(run_dir: Path, figdir: Path) -> ReportContext:
+    """The report of ``run_dir``, figures drawn into ``figdir`` (``report/figures``)."""
+    verdicts = json.loads((run_dir / "stats" / "verdicts.json").read_text())
+    comp = read_stats(run_dir, "comparisons")
+    flipped = read_stats(run_dir, "flipped_samples")
+    spec = json.loads((run_dir / "spec.json").read_text()) if (run_dir / "spec.json").exists() else {}
+    return ReportContext(
+        model=str(verdicts.get("model")),
+        sign_off=sections.sign_off(verdicts),
+        method=sections.method(verdicts["options"]),
+        verdicts=sections.verdict_matrix(comp),
+        setup=sections.setup(spec, load_cells(run_dir)),
+        paired=sections.paired(comp),
+        figures=_figures(run_dir, figdir, comp, flipped),
+        deltas=sections.deltas(read_stats(run_dir, "deltas")),
+        flips=sections.flips(read_stats(run_dir, "flips")),
+        generations=sections.generations(read_stats(run_dir, "generations")),
+        noise_floor=sections.noise_floor(comp),
+        drift=_drift(run_dir, figdir),
+        flipped_samples=sections.flipped_samples(flipped),
+    )
