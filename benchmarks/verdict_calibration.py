@@ -113,7 +113,21 @@ def cluster(sims: int) -> bool:
     g = 57
     sizes = rng.integers(20, 300, g)
     labels = np.repeat(np.arange(g), sizes)
-    print(f"\n--cluster: {g} clusters, {sizes.sum():,} docs, cluster-level random discordance and Δ; "
+    # The review's design: small subjects and discordance on the margin (ψ = m, every discordant doc one way).
+    small = np.repeat(np.arange(30), 10)
+    hits = 0
+    for _ in range(sims * 2):
+        d = np.where(rng.random(small.size) < MARGIN, 1.0, 0.0)
+        c = int(d.sum())
+        inf = inference.StricterOf(inference.cluster_inference(d, small), inference.binary_inference(0, c, d.size))
+        hits += verdict.tests(inf, verdict.Margin.around_zero(MARGIN)).p_equivalence < ALPHA
+    se_mc = np.sqrt(ALPHA * (1 - ALPHA) / (sims * 2))
+    bad = hits / (sims * 2) > ALPHA + 3 * se_mc
+    ok &= not bad
+    print(f"\n--cluster, 30 subjects × 10 docs, Δ = ψ = m: P(EQUIVALENT) = {hits / (sims * 2):.4f} "
+          f"(MC se {se_mc:.4f}; the exact zero-discordance part alone is 0.99^300 = {0.99 ** 300:.4f}) "
+          f"{'FAIL!' if bad else 'ok'}")
+    print(f"--cluster: {g} clusters, {sizes.sum():,} docs, cluster-level random discordance and Δ; "
           f"{sims:,} runs each")
     for target, what in ((MARGIN, "Δ = m: P(EQUIVALENT)"), (0.9 * MARGIN, "Δ = 0.9·m: P(DIFFERENT)"),
                          (-MARGIN, "Δ = −m: P(EQUIVALENT)")):
@@ -133,7 +147,9 @@ def cluster(sims: int) -> bool:
                 p_b = np.repeat((psi_g - dg) / 2, sizes)
                 u = rng.random(labels.size)
                 d = np.where(u < p_b, -1.0, np.where(u < p_b + p_c, 1.0, 0.0))
-                inf = inference.cluster_inference(d, labels)
+                b, c = int(np.sum(d < 0)), int(np.sum(d > 0))
+                inf = inference.StricterOf(inference.cluster_inference(d, labels),  # what --cluster uses
+                                           inference.binary_inference(b, c, d.size))
                 m = verdict.Margin.around_zero(MARGIN)
                 t = verdict.tests(inf, m)
                 if "EQUIVALENT" in what:

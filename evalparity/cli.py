@@ -27,7 +27,7 @@ StatsOpt = {
     "margin": typer.Option(help="Equivalence margin for proportion metrics: 1pp, 1% or 0.01 (one point); per metric: acc=1pp,perplexity=0.05 (non-proportion metrics gate only with a margin of their own)."),
     "ll_tolerance": typer.Option(help="Tolerance for the mean |Δ loglikelihood| per request (nats)."),
     "alpha": typer.Option(help="Level of every test: EQUIVALENT needs the (1-2α) CI inside the margin."),
-    "multiple": typer.Option(help="Family-wise control of DIFFERENT (beyond-margin) claims: holm, bh or none."),
+    "multiple": typer.Option(help="Control of DIFFERENT (beyond-margin) claims over the gating comparisons: holm (family-wise error rate), bh (false discovery rate: the expected share of false DIFFERENT claims), none (each comparison at α)."),
     "direction": typer.Option(help="both: a change beyond the margin either way fails; worse: only a drop beyond it (non-inferiority)."),
     "cluster": typer.Option(help="A cluster score test over the member tasks of a group (docs of one subject are not independent)."),
     "gate_logprobs": typer.Option(help="Let loglikelihood-shift verdicts gate the sign-off too."),

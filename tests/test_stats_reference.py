@@ -56,11 +56,18 @@ def test_cluster_robust_matches_statsmodels_ols(seed):
         u = totals - delta * sizes
         return u.sum() / np.sqrt(np.sum(u * u))
 
-    expected = max(t.cdf(tstat(0.02)), t.sf(tstat(-0.02)))
-    assert r.tost_pvalue == pytest.approx(expected, abs=1e-9)
-    # its interval inverts the same test, and at the estimate it is the Wald one scaled by sqrt(G/(G−1))-free SE
-    for end in (r.ci.low, r.ci.high):
+    cluster_p = max(t.cdf(tstat(0.02)), t.sf(tstat(-0.02)))
+    b, c = r.ref_only, r.cell_only
+    # --cluster takes the stricter of the cluster test and the independent-docs score test
+    assert r.tost_pvalue == pytest.approx(max(cluster_p, paired.score_tost_pvalue(b, c, n, 0.02)), abs=1e-9)
+    # the cluster test's own interval inverts it: at each end |t| is the critical value
+    from evalparity.stats import inference
+
+    cl = inference.cluster_inference(d, groups).confidence_interval(0.95)
+    for end in (cl.low, cl.high):
         assert abs(tstat(end)) == pytest.approx(t.ppf(0.975), abs=1e-7)
+    sc = paired.score_interval(b, c, n, 0.05)
+    assert (r.ci.low, r.ci.high) == pytest.approx((min(cl.low, sc.low), max(cl.high, sc.high)), abs=1e-12)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -322,3 +322,58 @@ def test_a_metric_lost_on_either_side_is_the_same_disagreement(tmp_path, side):
     acc = s.comparisons[(s.comparisons["metric"] == "acc") & s.comparisons["gating"]]
     assert len(acc) == 1 and acc["verdict"].iloc[0] == verdict.DIFFERENT and s.sign_off == verdict.FAIL
     assert acc["n_nonfinite_reference" if side == "hf-fp32" else "n_nonfinite_cell"].iloc[0] == 400
+
+
+def test_cluster_with_rare_discordance_is_no_bolder_than_without():
+    """Independent review, finding 1: one cell-only doc among 30 subjects × 10 docs was EQUIVALENT with
+    --cluster (90% CI [-0.25, +0.92] pp) and INCONCLUSIVE without. --cluster now takes the stricter of the
+    cluster score test and the independent-docs one: it can only make a verdict more cautious."""
+    lab = np.repeat(np.arange(30), 10)
+    ref, cell = np.zeros(300), np.zeros(300)
+    cell[0] = 1
+    clustered = decide_scores(ref, cell, StatsOptions(cluster=True), clusters=lab)
+    plain = decide_scores(ref, cell)
+    assert clustered.verdict == plain.verdict == verdict.INCONCLUSIVE
+    assert clustered.ci_low <= plain.ci_low and clustered.ci_high >= plain.ci_high
+
+
+def test_cluster_verdicts_follow_their_printed_interval():
+    """Finding 5: with few or unequal subjects the cluster interval was unbounded while its test rejected
+    ("95% CI [-100, +100] pp lies outside ±1 pp"). Random clustered designs: never again."""
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        g = int(rng.integers(2, 12))
+        sizes = rng.integers(5, 400, g)
+        lab = np.repeat(np.arange(g), sizes)
+        n = lab.size
+        u = rng.random(n)
+        p = rng.uniform(0.0, 0.1)
+        shift = rng.uniform(-0.05, 0.05)
+        ref = (u < p / 2 - shift / 2).astype(float)
+        cell = ((u >= p / 2 - shift / 2) & (u < p)).astype(float)
+        r = decide_scores(ref, cell, StatsOptions(cluster=True, direction=str(rng.choice(["both", "worse"]))),
+                          clusters=lab)
+        inside = r.margin_low < r.ci_low and r.ci_high < r.margin_high
+        if r.verdict == verdict.EQUIVALENT:
+            assert inside, r.reason
+        elif r.verdict == verdict.DIFFERENT:
+            assert r.ci_high < r.margin_low or (np.isfinite(r.margin_high) and r.ci_low > r.margin_high), r.reason
+
+
+def test_a_proportion_with_a_non_binary_value_is_not_taken_out_of_the_gate():
+    """Finding 4: one cell doc scoring acc = 0.5 made acc 'NO MARGIN' (not gating), turning FAIL into PASS."""
+    ref, cell = _table(3000, 10, 150)
+    cell = cell.copy()
+    cell[-1] = 0.5
+    r = decide_scores(ref, cell)
+    assert r.verdict == verdict.DIFFERENT and r.gating and "neither" in r.reason
+    assert r.ci_level is None or not np.isfinite(r.ci_level)  # no interval is claimed for it
+
+
+def test_a_value_on_one_side_only_claims_no_interval():
+    """Finding 7: a NaN on one side gave DIFFERENT beside a 90% CI inside the margin."""
+    ref, cell = _table(3000, 10, 10)
+    cell = cell.copy()
+    cell[5] = np.nan
+    r = decide_scores(ref, cell)
+    assert r.verdict == verdict.DIFFERENT and not np.isfinite(r.ci_level) and "not an α-level decision" in r.reason

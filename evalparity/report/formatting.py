@@ -34,7 +34,10 @@ def effect(r) -> str:
 
 
 def ci(r) -> str:
-    """The interval a comparison's verdict was decided on, with its level."""
+    """The interval a comparison's verdict was decided on, with its level ("–" where none applies: a
+    disagreement seen directly, such as a value on one side only)."""
+    if r.ci_level is None or not math.isfinite(r.ci_level):
+        return "–"
     if r.unit == "pp":
         return f"{100 * r.ci_level:.3g}% [{pp(r.ci_low)}, {pp(r.ci_high)}]"
     return f"{100 * r.ci_level:.3g}% [{num(r.ci_low)}, {num(r.ci_high)}]"

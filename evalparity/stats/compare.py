@@ -152,6 +152,12 @@ class Pending:
     n_needed: float | None = None
     n_needed_at_zero: float | None = None
     discordance: pd.Series | None = None  # per doc: 1 where the two cells' scores differ (binary metrics)
+    problem: str | None = None  # a disagreement no statistic is needed for (DIFFERENT, no interval printed)
+
+
+# Metrics lm-eval defines per doc as 0 or 1. A value outside {0, 1} for one of these is a disagreement between
+# the cells, not a reason to treat the metric as continuous (which would take it out of the gate).
+PROPORTION_METRICS = {"acc", "acc_norm", "acc_bytes", "acc_mutual_info", "exact_match", "em"}
 
 
 def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: StatsOptions,
@@ -166,7 +172,9 @@ def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: St
     clusters = clusters[ok] if clusters is not None else None
     n = int(x_ref.size)
     binary = n > 0 and bool(np.all(np.isin(x_ref, (0.0, 1.0))) and np.all(np.isin(x_cell, (0.0, 1.0))))
-    proportion = binary or n == 0
+    known = metric in PROPORTION_METRICS
+    proportion = binary or known or n == 0
+    off = (int(np.sum(~np.isin(x_ref, (0.0, 1.0)))), int(np.sum(~np.isin(x_cell, (0.0, 1.0))))) if known else (0, 0)
     m = opts.margin_for(metric, proportion=proportion)
     unit = "pp" if proportion else ""
     margin = verdict.Margin.around_zero(m, opts.direction, unit) if m is not None else None
@@ -175,6 +183,10 @@ def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: St
                 counts=counts)
     if n == 0:
         return Pending(**base, inf=None, margin=margin, tests=None, shift_test="", method="none")
+    if known and not binary:
+        return Pending(**base, inf=None, margin=margin, tests=None, shift_test="", method="none",
+                       problem=f"{metric} is 0 or 1 per doc, but {off[0]} reference and {off[1]} cell values are "
+                               "neither: the cells disagree on what the metric is")
     use_clusters = clusters if clusters is not None and len(np.unique(clusters)) > 1 else None
     d = x_cell - x_ref
     keys = doc_keys[ok] if doc_keys is not None else None
@@ -182,15 +194,17 @@ def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: St
         r = paired.paired_binary(x_ref, x_cell, margin=m or opts.margin, alpha=opts.alpha, clusters=use_clusters)
         inf, psi = r.inference, r.discordant / n
         counts |= {"discordant": r.discordant, "reference_only": r.ref_only, "cell_only": r.cell_only}
-        shift = "McNemar exact" if use_clusters is None else "cluster score t"
+        shift = ("McNemar exact" if opts.direction == "both" else "Tango score, one-sided (a drop)") \
+            if use_clusters is None else "stricter of cluster score t and McNemar exact"
         mdd = power.minimum_detectable_difference(n, psi, alpha=opts.alpha)
         var = max(psi, 1.0 / n) - r.statistic ** 2
         method = f"{inf.method} ({'exact' if r.discordant == 0 else 'score'} CI)"
         disc = pd.Series((d != 0).astype(np.int8), index=keys) if keys is not None else None
     else:
-        inf = (inference.cluster_inference(d, use_clusters, bounds=(-math.inf, math.inf)) if use_clusters is not None
+        inf = (inference.StricterOf(inference.cluster_inference(d, use_clusters, bounds=(-math.inf, math.inf)),
+                                    inference.mean_inference(d)) if use_clusters is not None
                else inference.mean_inference(d))
-        shift = "paired t" if use_clusters is None else "cluster score t"
+        shift = "paired t" if use_clusters is None else "stricter of cluster score t and paired t"
         sd = float(d.std(ddof=1)) if n > 1 else math.nan
         mdd = power.minimum_detectable_shift(n, sd, alpha=opts.alpha) if n > 1 else math.nan
         var = sd * sd if n > 1 else math.nan
@@ -203,9 +217,12 @@ def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: St
     tests = verdict.tests(inf, margin, p_shift=p_shift) if margin is not None else None
     n_needed = n_at_zero = None
     if margin is not None and math.isfinite(var):
-        n_needed = power.n_to_settle(margin.size, var, inf.estimate, alpha=opts.alpha)
-        n_at_zero = power.n_to_settle(margin.size, var + inf.estimate ** 2, 0.0, alpha=opts.alpha) if binary else \
-            power.n_to_settle(margin.size, var, 0.0, alpha=opts.alpha)
+        low = margin.sides == 1  # --direction worse: only the distance above −m matters
+        cc = inference.CONTINUITY if binary else 0.0
+        n_needed = power.n_to_settle(margin.size, var, inf.estimate, alpha=opts.alpha, one_sided_low=low,
+                                     continuity=cc)
+        n_at_zero = power.n_to_settle(margin.size, var + inf.estimate ** 2 if binary else var, 0.0, alpha=opts.alpha,
+                                      one_sided_low=low, continuity=cc)
     return Pending(**base, inf=inf, margin=margin, tests=tests, shift_test=shift, method=method, mdd=mdd,
                    n_needed=n_needed, n_needed_at_zero=n_at_zero, discordance=disc)
 
@@ -263,12 +280,14 @@ def _finish(i: int, p: Pending, gating: bool, adj_b: float, adj_s: float, thr_b:
         level = 1 - opts.alpha
         ci = p.inf.confidence_interval(level) if p.inf else None
         v, why = "", "the backend's own run-to-run variation: no verdict, the yardstick for the cross comparisons"
-    elif one_sided:
-        level = 1 - 2 * opts.alpha
-        ci = p.inf.confidence_interval(level) if p.inf else None
+    elif p.problem or one_sided:
+        # A disagreement seen directly, not a statistical decision: no interval and no level is printed.
+        level, ci = math.nan, None
         v = verdict.DIFFERENT
-        why = (f"non-finite values on one side only (reference {p.counts['n_nonfinite_reference']}, cell "
-               f"{p.counts['n_nonfinite_cell']}): the two cells disagree on whether these samples have a value")
+        why = p.problem or (
+            f"non-finite values on one side only (reference {p.counts['n_nonfinite_reference']}, cell "
+            f"{p.counts['n_nonfinite_cell']}): the two cells disagree on whether these samples have a value "
+            "(a disagreement seen directly, not an α-level decision; no interval applies)")
     elif p.inf is None:
         level, ci = 1 - 2 * opts.alpha, None
         v, why = verdict.INCONCLUSIVE, "no paired samples to compare" + (
@@ -325,7 +344,7 @@ def attach_noise_floor(records: list[Comparison], pending: list[Pending], opts: 
             continue
         rate_nf, pair, x_only, nf_only, n = best
         inf = inference.binary_inference(nf_only, x_only, n)  # Δ = cross rate − noise rate
-        ci = inf.confidence_interval(1 - opts.alpha)
+        ci = inf.confidence_interval(1 - 2 * opts.alpha)  # its lower end is the one-sided (1 − α) bound
         k = x_only + nf_only
         from scipy import stats as sps
 

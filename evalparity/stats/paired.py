@@ -35,6 +35,7 @@ from statsmodels.stats.weightstats import DescrStatsW, ttost_paired
 from evalparity.stats.inference import (  # noqa: F401 - re-exported: the score statistic lives there
     PairedInference,
     ScoreInference,
+    StricterOf,
     TInference,
     ZeroDiscordance,
     cluster_inference,
@@ -126,7 +127,7 @@ def paired_binary(
         se = 0.0
     elif clusters is not None:
         se = _cluster_robust_se(diff, np.asarray(clusters))
-        inf = cluster_inference(diff, np.asarray(clusters))
+        inf = StricterOf(cluster_inference(diff, np.asarray(clusters)), ScoreInference(b, c, n))
     elif equivalence == "t":
         ds = DescrStatsW(diff)
         se = float(ds.std_mean)

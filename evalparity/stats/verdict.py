@@ -159,18 +159,24 @@ def reason(*, verdict: str, estimate: float, ci: ConfidenceInterval, level: floa
     u = margin.unit
     head = f"{estimand} = {fmt(estimate, u)}, {ci_str(ci, level, u)}"
     adj = "" if multiple == "none" else f", {multiple}-adjusted"
+
+    def p_adj(raw: float, adjusted: float) -> str:
+        return f"{raw:.2g}" if multiple == "none" else f"{raw:.2g}{adj} {adjusted:.2g}"
+
     if verdict == EQUIVALENT:
         where = _inside_words(margin)
         extra = (f"; a shift is detected ({shift_test} p = {p_shift_adj:.2g}{adj}) but it is within the margin"
                  if p_shift_adj < alpha else "")
         return f"{head} {where} (equivalence p = {t.p_equivalence:.2g}){extra}"
     if verdict == DIFFERENT:
-        return (f"{head} {_outside_words(margin)} (beyond-margin p = {t.p_beyond:.2g}{adj} {p_beyond_adj:.2g}; "
+        return (f"{head} {_outside_words(margin)} (beyond-margin p = {p_adj(t.p_beyond, p_beyond_adj)}; "
                 "the CI's level is the family threshold this comparison was rejected at)")
     extras = []
     if mdd is not None and math.isfinite(mdd):
         extras.append(f"smallest detectable difference at this n ≈ {span(mdd, u)}")
-    if n_needed is not None and math.isfinite(n_needed) and n_needed > n:
+    if n_needed is not None and math.isfinite(n_needed) and n_needed > 1e9:
+        extras.append("more than a billion docs would be needed to settle it at the observed Δ")
+    elif n_needed is not None and math.isfinite(n_needed) and n_needed > n:
         at0 = (f" ({int(n_needed_at_zero):,} if the true Δ were 0)"
                if n_needed_at_zero is not None and math.isfinite(n_needed_at_zero)
                and int(n_needed_at_zero) != int(n_needed) else "")
@@ -178,11 +184,13 @@ def reason(*, verdict: str, estimate: float, ci: ConfidenceInterval, level: floa
     elif n_needed is not None and not math.isfinite(n_needed):
         extras.append("the observed Δ sits on the margin: no n settles it")
     tail = ("; " + "; ".join(extras)) if extras else ""
+    # DIFFERENT would need a wider interval (at the family threshold, 95% or more) outside the margin.
+    need = f"DIFFERENT would need the {level_str(1 - 2 * alpha / margin.sides)} or stricter CI entirely beyond the margin"
     if verdict == SHIFT:
-        return (f"{head}: a change is shown ({shift_test} p = {p_shift_adj:.2g}{adj}) but the CI reaches beyond "
-                f"{margin.describe()}, so within-margin is not shown{tail}")
-    return (f"{head} reaches beyond {margin.describe()} and no change is shown ({shift_test} p = "
-            f"{p_shift_adj:.2g}{adj}) at n = {n:,}{tail}")
+        return (f"{head}: a change is shown ({shift_test} p = {p_shift_adj:.2g}{adj}) but the CI "
+                f"{_not_inside_words(margin)}, so within-margin is not shown ({need}){tail}")
+    return (f"{head} {_not_inside_words(margin)} and no change is shown ({shift_test} p = "
+            f"{p_shift_adj:.2g}{adj}) at n = {n:,} ({need}){tail}")
 
 
 def _inside_words(m: Margin) -> str:
@@ -191,6 +199,14 @@ def _inside_words(m: Margin) -> str:
     if math.isfinite(m.low):
         return f"has its lower end above {fmt(m.low, m.unit)}"
     return f"has its upper end below {span(m.high, m.unit)}"
+
+
+def _not_inside_words(m: Margin) -> str:
+    if m.sides == 2:
+        return f"is not inside {m.describe()}"
+    if math.isfinite(m.low):
+        return f"does not have its lower end above {fmt(m.low, m.unit)}"
+    return f"does not have its upper end below {span(m.high, m.unit)}"
 
 
 def _outside_words(m: Margin) -> str:
