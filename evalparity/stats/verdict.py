@@ -185,7 +185,8 @@ def reason(*, verdict: str, estimate: float, ci: ConfidenceInterval, level: floa
         extras.append("the observed Δ sits on the margin: no n settles it")
     tail = ("; " + "; ".join(extras)) if extras else ""
     # DIFFERENT would need a wider interval (at the family threshold, 95% or more) outside the margin.
-    need = f"DIFFERENT would need the {level_str(1 - 2 * alpha / margin.sides)} or stricter CI entirely beyond the margin"
+    need = (f"DIFFERENT would need the {level_str(1 - 2 * alpha / margin.sides)} or stricter CI entirely beyond "
+            "the margin")
     if verdict == SHIFT:
         return (f"{head}: a change is shown ({shift_test} p = {p_shift_adj:.2g}{adj}) but the CI "
                 f"{_not_inside_words(margin)}, so within-margin is not shown ({need}){tail}")
