@@ -377,3 +377,18 @@ def test_a_value_on_one_side_only_claims_no_interval():
     cell[5] = np.nan
     r = decide_scores(ref, cell)
     assert r.verdict == verdict.DIFFERENT and not np.isfinite(r.ci_level) and "not an α-level decision" in r.reason
+
+
+def test_identical_values_on_a_few_docs_are_not_exact():
+    """Finding 2: a continuous metric with every difference equal was taken as known exactly: EQUIVALENT on 2
+    docs ('90% CI [+0, +0]'), DIFFERENT on 3 docs with p = 0. Now: no spread, no claim; except that no doc
+    changing on a metric in [0, 1] gets the exact bound binary scores use."""
+    opts = StatsOptions.from_cli(margin="f1=0.05")
+    assert decide_scores([0.3, 0.7], [0.3, 0.7], opts, metric="f1").verdict == verdict.INCONCLUSIVE
+    three = decide_scores([0.3, 0.7, 0.2], [0.3625, 0.7625, 0.2625], opts, metric="f1")
+    assert three.verdict == verdict.INCONCLUSIVE and "detectable" not in three.reason
+    x = np.linspace(0, 1, 600)
+    many = decide_scores(x, x.copy(), opts, metric="f1")
+    assert many.verdict == verdict.EQUIVALENT and many.p_equivalence == pytest.approx(0.95 ** 600)
+    big = decide_scores(x * 100, x * 100, StatsOptions.from_cli(margin="bleu=1"), metric="bleu")  # 0-100 scale
+    assert big.verdict == verdict.INCONCLUSIVE  # no bound is known for its range

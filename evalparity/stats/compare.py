@@ -201,13 +201,20 @@ def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: St
         method = f"{inf.method} ({'exact' if r.discordant == 0 else 'score'} CI)"
         disc = pd.Series((d != 0).astype(np.int8), index=keys) if keys is not None else None
     else:
-        inf = (inference.StricterOf(inference.cluster_inference(d, use_clusters, bounds=(-math.inf, math.inf)),
-                                    inference.mean_inference(d)) if use_clusters is not None
-               else inference.mean_inference(d))
+        unit_range = bool(np.all((x_ref >= 0) & (x_ref <= 1)) and np.all((x_cell >= 0) & (x_cell <= 1)))
+        if n >= 2 and not np.any(d) and unit_range:
+            # No doc changed on a metric in [0, 1]: |Δ| ≤ P(a doc changes), the exact bound binary scores use.
+            inf = inference.ZeroDiscordance(n)
+        elif use_clusters is not None:
+            inf = inference.StricterOf(inference.cluster_inference(d, use_clusters, bounds=(-math.inf, math.inf)),
+                                       inference.mean_inference(d))
+        else:
+            inf = inference.mean_inference(d)
         shift = "paired t" if use_clusters is None else "stricter of cluster score t and paired t"
         sd = float(d.std(ddof=1)) if n > 1 else math.nan
-        mdd = power.minimum_detectable_shift(n, sd, alpha=opts.alpha) if n > 1 else math.nan
-        var = sd * sd if n > 1 else math.nan
+        spread = n > 1 and sd > 0  # without spread there is no variance to plan an n with
+        mdd = power.minimum_detectable_shift(n, sd, alpha=opts.alpha) if spread else math.nan
+        var = sd * sd if spread else math.nan
         method = inf.method
         counts |= {"discordant": int(np.sum(d != 0))}
         disc = None

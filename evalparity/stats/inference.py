@@ -326,10 +326,14 @@ def binary_inference(b: int, c: int, n: int) -> PairedInference:
 
 def mean_inference(d: np.ndarray, *, bounds: tuple[float, float] = (-math.inf, math.inf),
                    method: str = "paired t") -> PairedInference:
-    """Paired t on per-doc differences ``d``; exact when they are all equal (n ≥ 2)."""
+    """Paired t on per-doc differences ``d``. When they are all equal there is no spread to bound the mean
+    with: an independent review measured P(EQUIVALENT) = 0.50 at a true Δ on the margin for n = 10 docs
+    when this case was taken as exact. It now claims nothing (an unbounded interval), except where the
+    caller knows a bound (``compare.score_comparison``: all zero on a [0, 1] metric)."""
     d = np.asarray(d, dtype=float)
     if d.size >= 2 and np.all(d == d[0]):
-        return ExactInference(float(d[0]), bounds=bounds)
+        return TInference(float(d[0]), math.inf, d.size - 1, method="all differences equal: no spread",
+                          bounds=bounds)
     se = float(d.std(ddof=1) / math.sqrt(d.size)) if d.size >= 2 else math.inf
     return TInference(float(d.mean()), se, max(d.size - 1, 1), method=method, bounds=bounds)
 
