@@ -17,7 +17,6 @@ read makes the sign-off INCOMPLETE (exit 5), named in the verdicts and the repor
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from evalparity import samples as samples_mod
-from evalparity.cells import read_cell_json, write_json
+from evalparity.cells import read_cell_json, read_json, write_json
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
 from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, verdict
 from evalparity.stats.options import StatsOptions
@@ -90,11 +89,7 @@ def _spec_cells(run_dir: Path) -> list[str]:
     ``compare.json`` (the CLI refuses unreadable ones first: ``cells.check_readable``)."""
     names: list[str] = []
     for file, key in (("spec.json", "cells"), ("compare.json", "names")):
-        try:
-            data = json.loads((run_dir / file).read_text())
-        except (OSError, ValueError):
-            continue
-        items = data.get(key, []) if isinstance(data, dict) else []
+        items = (read_json(run_dir / file) or {}).get(key, [])
         names += [c["name"] if isinstance(c, dict) else c for c in items
                   if (isinstance(c, dict) and isinstance(c.get("name"), str)) or isinstance(c, str)]
     return names
@@ -551,11 +546,7 @@ def _gating(pending: list[Pending], opts: StatsOptions) -> np.ndarray:
 def verdicts_document(run_dir: Path, records: list[Comparison], opts: StatsOptions, summary: StatsSummary,
                       metas: dict[str, dict]) -> dict:
     """The ``verdicts.json`` schema (documented in the README): one record per comparison + sign-off."""
-    spec_path = run_dir / "spec.json"
-    try:
-        spec = json.loads(spec_path.read_text()) if spec_path.exists() else {}
-    except json.JSONDecodeError:
-        spec = {}
+    spec = read_json(run_dir / "spec.json") or {}
     return {
         "schema": SCHEMA,
         "model": spec.get("model"),
