@@ -29,6 +29,7 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
+from evalparity.phases import PhaseClock, profiled
 from evalparity.rundir import check_name, kill_point
 from evalparity.spec import CellSpec, RunSpec
 
@@ -661,11 +662,13 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     import lm_eval
     from lm_eval.loggers import EvaluationTracker
 
+    clock = PhaseClock(lm)
     progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
     tracker = EvaluationTracker(output_path=str(out / "lm_eval"))
     t1, cpu1 = time.perf_counter(), cpu_usage()
     seed = spec.alignment.seed
     sharded = shard[1] > 1
+    clock.start()
     results = lm_eval.simple_evaluate(
         model=lm, model_args=args, tasks=list(spec.tasks), num_fewshot=spec.num_fewshot,
         limit=None if spec.task_limits or sharded else spec.limit,
@@ -675,6 +678,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
         fewshot_random_seed=seed,
         gen_kwargs={"max_gen_toks": spec.alignment.max_gen_toks} if spec.alignment.max_gen_toks else None,
     )
+    clock.stop()
     meta["eval_s"] = time.perf_counter() - t1
     meta["eval_cpu"] = usage_since(cpu1)
 
@@ -694,6 +698,9 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
                                                ("results", "groups", "group_subtasks", "configs", "versions",
                                                 "n-shot", "higher_is_better", "n-samples")})
     meta["write_s"] = time.perf_counter() - t2
+    meta["phases"] = {"load_s": meta["load_s"]} | clock.phases() | {"write_s": meta["write_s"]}
+    if getattr(lm, "memo_used", None) is not None:  # backends/pretokenize.py
+        meta["settings"]["batched_tokenization"] = lm.memo_used
     meta["aggregate"] = {t: {k: v for k, v in r.items() if isinstance(v, (int, float)) and "stderr" not in k}
                          for t, r in (lm_results.get("results") or {}).items()}
     meta["n_rows"] = int(len(table))
@@ -783,7 +790,7 @@ def _main(argv: list[str] | None) -> int:
     progress.hook_tqdm()
     t0 = time.perf_counter()
     try:
-        meta = run_cell(run_dir, spec, cell, model_path, progress, shard, out)
+        meta = profiled(run_cell, out, run_dir, spec, cell, model_path, progress, shard, out)
         meta["status"] = STATUS_OK
     except BaseException as err:  # noqa: BLE001 - recorded for this cell; the others go on
         with contextlib.suppress(OSError):  # the log itself may be what a full disk refuses

@@ -40,6 +40,12 @@ def test_every_cell_finished_with_its_files(run_dir):
         cpu = meta["eval_cpu"]  # CPU time of the evaluation phase: on CPU, the model's own threads' work
         assert cpu["user_s"] > 0 and cpu["sys_s"] >= 0 and cpu["voluntary_switches"] >= 0
         assert 0 <= cpu["gc_full_s"] <= cpu["gc_s"] <= meta["eval_s"] and cpu["gc_full_passes"] >= 0
+        phases = meta["phases"]  # evalparity/phases.py: the evaluation's phases add up to its wall time
+        assert phases["load_s"] == meta["load_s"] and phases["write_s"] == meta["write_s"]
+        inner = phases["requests_s"] + phases["tokenize_s"] + phases["engine_s"] + phases["postprocess_s"]
+        assert inner == pytest.approx(meta["eval_s"], abs=0.05) and min(phases.values()) >= 0
+        assert phases["engine_s"] > 0 and phases["tokenize_s"] > 0  # tiny_mc is scored by loglikelihood
+        assert meta["settings"]["batched_tokenization"] is True  # test_pretokenize.py
         if meta["backend"] == "vllm":  # scored with flat prompt logprobs (test_vllm_scoring.py)
             assert meta["settings"]["flat_logprobs"] is True
         assert meta["versions"]["lm_eval"] and meta["versions"]["vllm"] != "not installed"

@@ -58,11 +58,30 @@ def create_lm(args: dict):
     """An HFLM that also keeps the generated token ids, keyed by the prompt text."""
     from lm_eval.models.huggingface import HFLM
 
-    class RecordingHFLM(HFLM):
+    from evalparity.backends.pretokenize import BatchedEncoding
+
+    class RecordingHFLM(BatchedEncoding, HFLM):
         def __init__(self, **kw):
             super().__init__(**kw)
             self.generated_ids: dict[str, list[int]] = {}
             self._batch_contexts: list[str] = []
+
+        def batch_encode(self, strings: list[str]) -> list[list[int]]:
+            """``HFLM.tok_encode`` for many strings in one tokenizer call: the same special-token rule
+            (lm-eval's ``add_bos_token``, none where the text already starts with BOS)."""
+            from lm_eval.models.utils import _add_special_kwargs, has_bos_prefix
+
+            bos = self.tokenizer.decode(self.prefix_token_id)
+            kwargs = _add_special_kwargs(None, self.add_bos_token)
+            has = [has_bos_prefix(s, bos) for s in strings]
+            out: list = [None] * len(strings)
+            for flag, kw in ((True, kwargs | {"add_special_tokens": False}), (False, kwargs)):
+                idx = [i for i, h in enumerate(has) if h is flag]
+                if idx:
+                    ids = self.tokenizer([strings[i] for i in idx], **kw).input_ids
+                    for i, row in zip(idx, ids):
+                        out[i] = row
+            return out
 
         def tok_batch_encode(self, strings, *a, **kw):
             self._batch_contexts = list(strings)

@@ -95,12 +95,18 @@ def create_lm(args: dict):
     compat.apply()
     from lm_eval.models.vllm_causallms import VLLM
 
-    class RecordingVLLM(VLLM):
+    from evalparity.backends.pretokenize import BatchedEncoding
+
+    class RecordingVLLM(BatchedEncoding, VLLM):
         def __init__(self, **kw):
             super().__init__(**kw)
             self.generated_ids: dict[str, list[int]] = {}
             self._by_prompt_ids: dict[tuple, list[int]] = {}
             self.scoring_params = flat_scoring_params()  # None: lm-eval's own path
+
+        def batch_encode(self, strings: list[str]) -> list[list[int]]:
+            """lm-eval's own ``VLLM.tok_encode``, which already takes a list."""
+            return super().tok_encode(strings)
 
         def _model_generate(self, requests=None, generate=False, sampling_params=None, **kw):
             if not generate and self.scoring_params is not None and self.data_parallel_size == 1:

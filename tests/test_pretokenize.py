@@ -1,0 +1,108 @@
+"""Batched pre-tokenisation (backends/pretokenize.py): the same token ids as lm-eval's own per-request path,
+for both backends, on awkward strings and on real HellaSwag requests; and a memo that disagrees is dropped.
+
+Each backend's LM runs in a child process (vLLM needs its environment before import). The child feeds the
+same requests through ``loglikelihood`` with the scoring stubbed out (so only tokenisation is compared) and
+through lm-eval's ``_encode_pair`` one request at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import SHARED_DATA
+
+from evalparity.backends import hf, vllm
+from evalparity.backends.pretokenize import request_strings
+from evalparity.matrix import cell_environment
+from evalparity.spec import RunSpec, build_cells
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    from evalparity.backends import hf, vllm
+
+    backend, model, data, corrupt = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    if backend == "hf":
+        lm = hf.create_lm({"pretrained": model, "device": "cpu", "dtype": "float32", "batch_size": 8})
+    else:
+        lm = vllm.create_lm({"pretrained": model, "dtype": "float32", "max_model_len": 256, "seed": 1234,
+                             "enable_prefix_caching": False, "enforce_eager": True})
+    pairs = json.loads(open(data).read())
+    bos = lm.tokenizer.decode(lm.prefix_token_id)
+    pairs += [[bos + "the cat sat", " on the mat"], ["trailing spaces   ", "one"], ["", "empty context"],
+              ["the cat", ""], ["unicode é ü 你好", " 世界"]]
+
+    class Req:
+        def __init__(self, args):
+            self.args = tuple(args)
+
+    if corrupt:  # a batch encoder that disagrees with tok_encode: the memo must not be used
+        lm.batch_encode = lambda strings: [[1] for _ in strings]
+    seen = {}
+    def score(reqs, **kw):
+        seen["reqs"] = reqs
+        return [(0.0, True)] * len(reqs)
+    lm._loglikelihood_tokens = score
+    lm.loglikelihood([Req(p) for p in pairs], disable_tqdm=True)
+    ours = [[c, x] for _, c, x in seen["reqs"]]
+    theirs = []
+    for c, x in pairs:
+        if c:
+            theirs.append(list(map(list, lm._encode_pair(c, x))))
+        else:
+            theirs.append(None)  # lm-eval's empty-context rule: not pre-tokenised, compared below
+    print(json.dumps({"ours": ours, "theirs": theirs, "memo_used": lm.memo_used,
+                      "tokenize_s": lm.tokenize_s}))
+""")
+
+
+def _pairs(n_docs: int) -> list[list[str]]:
+    """HellaSwag-shaped (context, continuation) pairs: the mirror's first docs when ../shared/data has them
+    (real text, four choices sharing a context), else made-up ones."""
+    path = SHARED_DATA / "Rowan" / "hellaswag"
+    files = sorted(path.rglob("*.jsonl")) if path.is_dir() else []
+    pairs: list[list[str]] = []
+    if files:
+        with open(files[0], encoding="utf-8") as f:
+            for line in list(f)[:n_docs]:
+                doc = json.loads(line)
+                ctx = doc["activity_label"] + ": " + doc["ctx_a"] + " " + doc["ctx_b"].capitalize()
+                pairs += [[ctx, " " + e] for e in doc["endings"]]
+    else:
+        pairs = [[f"question {i} what is", f" answer {j}"] for i in range(n_docs) for j in range(4)]
+    return pairs
+
+
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_batched_tokenisation_matches_lm_eval(backend, corrupt, tiny_model, tmp_path):
+    pairs = _pairs(60)
+    data = tmp_path / "pairs.json"
+    data.write_text(json.dumps(pairs))
+    module = hf if backend == "hf" else vllm
+    spec = RunSpec(model="m", tasks=("t",), cells=build_cells([backend], ["fp32"], 8, []), device="cpu",
+                   leaf_docs=(("t", 1),))
+    env = dict(os.environ) | cell_environment(spec, module.environment(spec, spec.cells[0]), offline=True)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, backend, str(tiny_model), str(data), str(int(corrupt))],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["memo_used"] is (not corrupt)
+    n = len(got["theirs"])
+    assert len(got["ours"]) == n == len(pairs) + 5
+    for i, (ours, theirs) in enumerate(zip(got["ours"], got["theirs"])):
+        if theirs is not None:
+            assert ours == theirs, f"request {i} tokenised differently: {ours} != {theirs}"
+    empty = got["ours"][n - 3]  # ["", "empty context"]: lm-eval's prefix token as the context
+    assert len(empty[0]) == 1 and empty[1]
+
+
+def test_request_strings_follow_encode_pair():
+    got = request_strings([("ctx  ", "a"), ("ctx  ", "b"), ("", "c"), ("x", " y")])
+    # trailing spaces move to the continuation; the shared context appears once; empty contexts are skipped
+    assert got == ["ctx  a", "ctx", "ctx  b", "x y", "x"]
