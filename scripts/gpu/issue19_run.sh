@@ -8,6 +8,11 @@
 #                 TP=2 adds --tensor-parallel 2
 #   MODE=graphs   the 14B-shaped model, vllm-bf16 on gsm8k (200 docs, greedy, 256 tokens), eager and with CUDA
 #                 graphs; per-cell wall, load and eval times, and whether the generated token ids are identical
+#   MODE=bare     SmolLM2-135M, full HellaSwag, fp32: benchmarks/bare_engine.py for BACKENDS (default hf), the
+#                 bare engine against one cell alone on the same requests
+#   MODE=profile  SmolLM2-135M, HellaSwag (LIMIT docs, default 2500), hf-fp32 and vllm-fp32 one at a time with
+#                 EVALPARITY_PROFILE=1: each cell's profile.txt
+#   MODE=identity the packed run's fp32 tables against the cells run alone by MODE=bare (same requests)
 # Steps leave $OUT/<mode>.tgz (spec, cell.json files, verdicts, report.md) and print a per-cell table.
 set -uo pipefail
 source .gpu/bin/env.sh
@@ -30,6 +35,8 @@ for f in sorted(pathlib.Path(sys.argv[1], "cells").glob("*/cell.json")):
     print(f"{f.parent.name}: {m.get('status')} {t} peak_gpu={m.get('peak_gpu_gib')} "
           f"util={s.get('gpu_memory_utilization')} max_batch={plan.get('max_batch_size')} "
           f"batch={m.get('batch_size')} eager={s.get('enforce_eager')} {m.get('error', '')[:200]}")
+    if m.get("phases"):
+        print("   phases:", {k: round(v, 1) for k, v in m["phases"].items()})
 PY
 }
 
@@ -39,6 +46,39 @@ pack() {  # $1 run dir, $2 name
 }
 
 case $MODE in
+  bare)
+    python3 benchmarks/bare_engine.py --model "$(python3 -c 'from evalparity.data import embedded; print(embedded.model_path())')" \
+      --tasks hellaswag --datasets-dir .gpudata --device cuda --dtype fp32 --backends "${BACKENDS:-hf}" \
+      --out /tmp/i19-bare 2>&1 | grep -v "it/s]" | tail -8
+    [[ -n ${OUT:-} ]] && (cd /tmp && tar czf "$OUT/bare-${BACKENDS:-hf}.tgz" i19-bare/bare_engine.json i19-bare/cell-*/cells/*/cell.json) ;;
+  profile)
+    for b in hf vllm; do
+      RUN=/tmp/i19-profile-$b
+      EVALPARITY_PROFILE=1 timeout "$(( BUDGET / 2 ))" "${EP[@]}" run --device cuda --tasks hellaswag \
+        --limit "${LIMIT:-2500}" --num-fewshot 0 --datasets-dir .gpudata --backends $b --dtypes fp32 --single-cell \
+        --no-fail-on-inconclusive --out "$RUN" > /dev/null 2>&1
+      echo "profile $b: exit $?"; table "$RUN"
+      [[ -n ${OUT:-} ]] && cp "$RUN/cells/$b-fp32/profile.txt" "$OUT/profile-$b.txt"
+    done ;;
+  identity)
+    python3 - <<'PY'
+import json, pandas as pd
+for cell, alone in (("hf-fp32", "/tmp/i19-bare/cell-hf"), ("vllm-fp32", "/tmp/i19-bare/cell-vllm")):
+    try:
+        a = pd.read_parquet(f"{alone}/cells/{cell}/samples.parquet")
+        b = pd.read_parquet(f"/tmp/i19-packed/cells/{cell}/samples.parquet")
+    except OSError as err:
+        print(cell, "missing:", err); continue
+    ma, mb = (json.load(open(f"{d}/cells/{cell}/cell.json")) for d in (alone, "/tmp/i19-packed"))
+    j = a.merge(b, on=["task", "filter", "doc_id", "choice"], suffixes=("_alone", "_packed"))
+    d = (j.loglikelihood_alone - j.loglikelihood_packed).abs()
+    docs = j.groupby("doc_id").first()
+    print(f"{cell}: {len(j)} requests, {(d == 0).sum()} bit-identical loglikelihoods, max |d| {d.max():.3g}, "
+          f"mean |d| {d.mean():.3g}; acc differs on {(docs['m:acc_alone'] != docs['m:acc_packed']).sum()} of "
+          f"{len(docs)} docs; batch alone {ma['settings'].get('memory_plan', {}).get('max_batch_size')} "
+          f"packed {mb['settings'].get('memory_plan', {}).get('max_batch_size')}")
+PY
+    ;;
   packed)
     RUN=/tmp/i19-packed
     timeout "$BUDGET" "${EP[@]}" run --device cuda --tasks hellaswag --num-fewshot 0 --datasets-dir .gpudata \
