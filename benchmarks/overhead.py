@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--backends", default="hf,vllm")
     a = ap.parse_args()
-    from evalparity.backends import hf, vllm
+    from evalparity import backends
     from evalparity.models import _cap
     from evalparity.spec import Alignment, CellSpec, RunSpec, parse_dtype
 
@@ -61,11 +61,11 @@ def main() -> None:
         subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         meta = json.loads(next((tmp / "run" / "cells").glob("*/cell.json")).read_text())
-        mod = {"hf": hf, "vllm": vllm}[backend]
+        mod = backends.get(backend)
         spec = RunSpec(model=a.model, tasks=(a.tasks,), cells=(), alignment=Alignment(max_length=max_len))
         cell = CellSpec(backend, parse_dtype(a.dtype), 8)
         args = mod.model_args(spec, cell, a.model) | {"_tasks": a.tasks.split(","), "_limit": a.limit,
-                                                     "_backend": backend, "_datasets_dir": a.datasets_dir}
+                                                     "_backend": mod.lm_eval_model, "_datasets_dir": a.datasets_dir}
         env = dict(os.environ) | mod.environment(spec, cell)
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-c", PLAIN, json.dumps(args)], capture_output=True, text=True, env=env)

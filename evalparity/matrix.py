@@ -82,8 +82,10 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
 
 def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool) -> dict[str, str]:
     """The variables a cell process needs on top of its host's environment (which, on a cluster, is that
-    host's own, not this one's)."""
-    env = dict(backend_env)
+    host's own, not this one's), and the plugin modules that register backends (``backends.registry``)."""
+    from evalparity.backends import registry
+
+    env = dict(backend_env) | registry.plugin_environment()
     env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "TQDM_MININTERVAL": "1"})
     if offline:
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})

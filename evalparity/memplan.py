@@ -9,7 +9,9 @@ headers; no weights read), each cell's dtype, the GPUs' total and free memory, t
 how many cells share a GPU.
 
 The plan gives every cell an equal share of what is free on a GPU (less a reserve), so that cells that
-start at the same time on one GPU cannot take each other's memory:
+start at the same time on one GPU cannot take each other's memory. The arithmetic that is a backend's own
+is asked of it (``backends.base.Backend``): ``memory_need``, what one cell needs, and ``memory_knobs``, how
+its share becomes engine settings:
 
 - vLLM: ``gpu_memory_utilization`` = share / total memory, because vLLM reads it as the fraction of the
   GPU's TOTAL memory its instance may use (weights, activations, KV cache), and refuses to start when that
@@ -41,11 +43,7 @@ SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4
 CUDA_CONTEXT = int(0.6 * GiB)   # a process's CUDA context and library workspaces, outside PyTorch's allocator
 RESERVE_FRACTION = 0.03         # of each GPU's total memory, left out of every plan (fragmentation, NCCL, others)
 RESERVE_MIN = 1 * GiB
-VLLM_STEP_TOKENS = 8192         # tokens vLLM schedules per step (its profile run and a scoring step)
-VLLM_KV_SEQS = 4                # KV cache for this many full-length sequences, for a cell worth running
-HF_TARGET_ROWS = 8              # batch rows at full length that a comfortable HF share holds
 MIN_CPUS_PER_CELL = 2           # lm-eval's request building and our recording are CPU-bound, per cell
-LM_EVAL_MAX_BATCH = 64          # lm-eval HFLM's own default ceiling for batch_size=auto
 MAX_TENSOR_PARALLEL = 8         # the most GPUs of one host a refusal suggests splitting over
 
 
@@ -172,29 +170,11 @@ class CellNeed:
 
 def cell_need(name: str, backend: str, dtype: str, shape: ModelShape, max_length: int,
               tensor_parallel: int = 1) -> CellNeed:
-    """Bytes per GPU one cell needs. vLLM: weights, one scheduling step's activations (the prompt
-    logprobs of every token of the step, in fp32, plus a copy for the log-softmax), its CUDA context, and a
-    KV cache for one full-length sequence (vLLM refuses to start with less) or ``VLLM_KV_SEQS`` of them.
-    HF: weights, its CUDA context, and the forward pass of batch rows at full length (logits in the model
-    dtype, their fp32 log-softmax, the returned KV cache, a few hidden-size buffers): one row at least,
-    ``HF_TARGET_ROWS`` to be comfortable."""
-    w = shape.weight_bytes(dtype, tensor_parallel)
-    if backend == "vllm":
-        act = VLLM_STEP_TOKENS * (shape.vocab * 4 * 2 + shape.hidden * DTYPE_BYTES[dtype] * 12) // tensor_parallel
-        kv = shape.kv_bytes_per_token(dtype, tensor_parallel) * max_length
-        base = w + act + CUDA_CONTEXT
-        return CellNeed(name, backend, dtype, w, base + kv, base + VLLM_KV_SEQS * kv)
-    row = hf_row_bytes(shape, dtype, max_length, tensor_parallel)
-    return CellNeed(name, backend, dtype, w, w + CUDA_CONTEXT + row, w + CUDA_CONTEXT + HF_TARGET_ROWS * row)
+    """Bytes per GPU one cell needs, as its backend estimates them (``Backend.memory_need``)."""
+    from evalparity import backends
 
-
-def hf_row_bytes(shape: ModelShape, dtype: str, max_length: int, tensor_parallel: int = 1) -> int:
-    """Peak bytes of one batch row of ``max_length`` tokens in an HF forward pass (an estimate).
-    With ``parallelize`` the layers are split over GPUs, so the logits still land whole on one of them."""
-    b = DTYPE_BYTES[dtype]
-    per_token = shape.vocab * (b + 4) + shape.kv_bytes_per_token(dtype) // tensor_parallel \
-        + (shape.hidden * 8 + shape.intermediate * 3) * b
-    return per_token * max_length
+    minimum, comfortable = backends.get(backend).memory_need(shape, dtype, max_length, tensor_parallel)
+    return CellNeed(name, backend, dtype, shape.weight_bytes(dtype, tensor_parallel), minimum, comfortable)
 
 
 @dataclass(frozen=True)
@@ -204,6 +184,8 @@ class CellPlan:
     budget_gib: float
     weights_gib: float
     need_gib: float                       # its minimum, for comparison with the budget
+    # The engine settings the budget becomes (``Backend.memory_knobs``; None where a backend sets none). A
+    # backend whose engine takes another knob adds a field here, which its ``model_args`` reads back.
     gpu_memory_utilization: float | None  # vLLM
     max_batch_size: int | None            # HF with batch_size auto
     cpus: int                             # its share of the host's cores
@@ -283,20 +265,16 @@ def plan(cells: list[tuple[str, str, str, int | str]], shape: ModelShape, gpus: 
     total = min(g.total for g in gpus)
     running = min(n_jobs, cells_per_gpu * slots)
     per_cell_cpus = max(1, cpus // max(1, running))
+    from evalparity import backends
+
     out = {}
-    for need, (name, backend, dtype, batch) in zip(needs, cells):
-        util = math.floor(budget / total * 100) / 100 if backend == "vllm" else None
-        mbs = None
-        if backend == "hf" and batch == "auto":
-            rows = (budget - need.weights - CUDA_CONTEXT) // hf_row_bytes(shape, dtype, max_length, tensor_parallel)
-            mbs = int(max(1, min(LM_EVAL_MAX_BATCH, rows)))
-        kv_fixed = None
-        if backend == "vllm" and cells_per_gpu > 1:
-            one_seq = shape.kv_bytes_per_token(dtype, tensor_parallel) * max_length
-            base = need.minimum - one_seq  # weights, one step's activations, the CUDA context
-            kv_fixed = int(max(budget - base, one_seq)) // (1 << 20) * (1 << 20)
+    for need, (name, backend, _, batch) in zip(needs, cells):
+        knobs = backends.get(backend).memory_knobs(need, budget, total, shape, batch_size=batch,
+                                                   max_length=max_length, tensor_parallel=tensor_parallel,
+                                                   shared=cells_per_gpu > 1)
         out[name] = CellPlan(round(budget / GiB, 2), round(need.weights / GiB, 2), round(need.minimum / GiB, 2),
-                             util, mbs, per_cell_cpus, kv_fixed)
+                             knobs.get("gpu_memory_utilization"), knobs.get("max_batch_size"), per_cell_cpus,
+                             knobs.get("kv_cache_memory_bytes"))
     free = min(g.free for g in gpus)
     return MemoryPlan(cells_per_gpu, len(gpus), tensor_parallel, round(total / GiB, 1), round(free / GiB, 1),
                       cpus, why, out)

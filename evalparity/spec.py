@@ -13,9 +13,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from evalparity.backends import registry
 from evalparity.errors import EvalParityError
 
-BACKENDS = ("hf", "vllm")
 DTYPE_ALIASES = {
     "fp32": "float32", "float32": "float32", "float": "float32",
     "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -33,10 +33,8 @@ def parse_dtype(name: str) -> str:
 
 
 def parse_backend(name: str) -> str:
-    key = name.strip().lower()
-    if key not in BACKENDS:
-        raise EvalParityError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
-    return key
+    """'HF' -> 'hf'; an unknown backend is a one-line error that lists the known ones (``backends.registry``)."""
+    return registry.check_name(name)
 
 
 def split_list(text: str) -> list[str]:

@@ -10,6 +10,7 @@ import struct
 import pytest
 
 from evalparity import memplan
+from evalparity.backends import hf as hf_backend
 from evalparity.errors import EvalParityError
 from evalparity.memplan import GiB, Gpu, ModelShape, plan
 
@@ -36,7 +37,7 @@ def test_small_model_six_cells_pack_onto_one_h200():
     assert 0.12 <= vllm.gpu_memory_utilization <= 0.16
     assert 6 * vllm.gpu_memory_utilization * H200.total <= H200.free  # every cell can start at once
     hf = p.cells["hf-float32"]
-    assert hf.gpu_memory_utilization is None and 1 <= hf.max_batch_size <= memplan.LM_EVAL_MAX_BATCH
+    assert hf.gpu_memory_utilization is None and 1 <= hf.max_batch_size <= hf_backend.LM_EVAL_MAX_BATCH
     # packed vLLM cells get a fixed KV cache (vLLM's profiling counted the neighbours' memory as its own on
     # the H200): the share less weights, one step's activations and the CUDA context, and at least one
     # full-length sequence

@@ -1,30 +1,19 @@
-"""One module per backend: the lm-eval model arguments, the alignment settings and the recording LM.
+"""Inference backends: one module each, behind one contract (``base.Backend``), looked up by name.
 
-Each backend module exposes:
-- ``model_args(spec, cell, model_path) -> dict``: what lm-eval's model class gets, with every confound
-  aligned as ``spec.alignment`` says;
-- ``settings(spec, cell, model_args) -> dict``: the alignment settings in words, for ``cell.json``;
-- ``create_lm(model_args)``: an lm-eval LM that also records the generated token ids;
-- ``environment(spec, cell) -> dict``: environment variables the cell process needs before imports.
+- ``base.py``: the ``Backend`` protocol, everything the rest of evalparity asks of a backend;
+- ``registry.py``: the names (one line per built-in backend) and plugin backends (``EVALPARITY_PLUGINS``);
+- ``hf.py``, ``vllm.py``: the two built-in backends;
+- ``precision.py`` (precision modes of a cell process) and ``compat.py`` (vLLM version shim): shared helpers.
+
+``get(name)`` is the way in; an unknown name is a one-line error that lists the known ones.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-
+from evalparity.backends.registry import get, names, register
 from evalparity.errors import EvalParityError
 
-
-def get(name: str) -> ModuleType:
-    if name == "hf":
-        from evalparity.backends import hf
-
-        return hf
-    if name == "vllm":
-        from evalparity.backends import vllm
-
-        return vllm
-    raise EvalParityError(f"unknown backend {name!r}: use hf or vllm")
+__all__ = ["get", "names", "parse_extra_args", "register"]
 
 
 def parse_extra_args(text: str) -> dict:

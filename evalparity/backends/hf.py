@@ -1,11 +1,16 @@
-"""Hugging Face transformers through lm-eval's ``hf`` model type."""
+"""Hugging Face transformers through lm-eval's ``hf`` model type: the ``hf`` backend (``base.Backend``)."""
 
 from __future__ import annotations
 
 from evalparity.backends import parse_extra_args, precision
+from evalparity.memplan import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import CellSpec, RunSpec
 
-LM_EVAL_TYPE = "hf"
+name = "hf"
+lm_eval_model = "hf"
+install_hint = "pip install -e . (lm-eval and transformers are evalparity's own dependencies)"
+TARGET_ROWS = 8         # batch rows at full length that a comfortable HF share holds (memplan)
+LM_EVAL_MAX_BATCH = 64  # lm-eval HFLM's own default ceiling for batch_size=auto
 
 
 def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
@@ -49,18 +54,19 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
         "generation": "greedy (temperature 0, do_sample False) unless the task sets otherwise",
         "prefix_caching": "n/a",
         "parallelize": args.get("parallelize", False),
-        "max_batch_size": args.get("max_batch_size", "lm-eval default (64)" if cell.batch_size == "auto" else None),
+        "max_batch_size": args.get("max_batch_size",
+                                   f"lm-eval default ({LM_EVAL_MAX_BATCH})" if cell.batch_size == "auto" else None),
         "memory_plan": spec.cell_memory(cell.name) or None,
     }
 
 
 def create_lm(args: dict):
     """An HFLM that also keeps the generated token ids, keyed by the prompt text."""
-    from lm_eval.models.huggingface import HFLM
+    from lm_eval.api.registry import get_model
 
     from evalparity.backends.pretokenize import BatchedEncoding
 
-    class RecordingHFLM(BatchedEncoding, HFLM):
+    class RecordingHFLM(BatchedEncoding, get_model(lm_eval_model)):
         def __init__(self, **kw):
             super().__init__(**kw)
             self.generated_ids: dict[str, list[int]] = {}
@@ -100,3 +106,70 @@ def create_lm(args: dict):
 def attention_backend(lm) -> str:
     cfg = getattr(getattr(lm, "model", None), "config", None)
     return str(getattr(cfg, "_attn_implementation", "unknown"))
+
+
+def loaded_settings(lm) -> dict:
+    return {}
+
+
+# ---------------------------------------------------------------- what this machine has
+def versions() -> dict[str, str]:
+    return {}  # torch and transformers are every cell's (cells.versions)
+
+
+def installed() -> tuple[bool, str]:
+    try:
+        import transformers
+        from lm_eval.api.registry import get_model
+
+        get_model(lm_eval_model)
+    except Exception as err:  # noqa: BLE001 - report any import failure
+        return False, f"{type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}"
+    return True, f"lm-eval's {lm_eval_model} model, transformers {transformers.__version__}"
+
+
+def snags() -> list[tuple[str, str]]:
+    return []
+
+
+def unsupported_dtypes(device: str, dtypes: list[str]) -> dict[str, str]:
+    return {}  # transformers runs every dtype on CPU (slowly in half precision); GPUs are checked for all
+
+
+# ---------------------------------------------------------------- the GPU memory plan
+def row_bytes(shape: ModelShape, dtype: str, max_length: int, tensor_parallel: int = 1) -> int:
+    """Peak bytes of one batch row of ``max_length`` tokens in an HF forward pass (an estimate): logits in
+    the model dtype, their fp32 log-softmax, the returned KV cache, a few hidden-size buffers. With
+    ``parallelize`` the layers are split over GPUs, so the logits still land whole on one of them."""
+    b = DTYPE_BYTES[dtype]
+    per_token = shape.vocab * (b + 4) + shape.kv_bytes_per_token(dtype) // tensor_parallel \
+        + (shape.hidden * 8 + shape.intermediate * 3) * b
+    return per_token * max_length
+
+
+def memory_need(shape: ModelShape, dtype: str, max_length: int, tensor_parallel: int) -> tuple[int, int]:
+    """Weights, the CUDA context and the forward pass of batch rows at full length: one row at least,
+    ``TARGET_ROWS`` to be comfortable."""
+    base = shape.weight_bytes(dtype, tensor_parallel) + CUDA_CONTEXT
+    row = row_bytes(shape, dtype, max_length, tensor_parallel)
+    return base + row, base + TARGET_ROWS * row
+
+
+def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape, *, batch_size: int | str,
+                 max_length: int, tensor_parallel: int, shared: bool) -> dict:
+    """lm-eval's ``max_batch_size`` (the ceiling of its automatic batch size) for ``batch_size=auto``, so
+    that the batch size its probe finds cannot outgrow the share once the other cells have grown into
+    theirs; a fixed batch size is the user's."""
+    if batch_size != "auto":
+        return {}
+    rows = (budget - need.weights - CUDA_CONTEXT) // row_bytes(shape, need.dtype, max_length, tensor_parallel)
+    return {"max_batch_size": int(max(1, min(LM_EVAL_MAX_BATCH, rows)))}
+
+
+# ---------------------------------------------------------------- drift localisation
+def drift_probe(model_path: str, dtype: str, max_len: int, device: str):
+    import torch
+
+    from evalparity.drift.probes import HFProbe
+
+    return HFProbe(model_path, getattr(torch, dtype), device)

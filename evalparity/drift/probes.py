@@ -9,6 +9,9 @@
   norm, so the residual stream after the layer is their sum; the last layer is compared through the final
   norm's output, like HF's last entry. Like with like.
 
+Each backend builds its own probe (``Backend.drift_probe``): one of these, or one of its own with the same
+``tokenizer``, ``run`` and ``generate``.
+
 Prompts go through vLLM one at a time, so the hooks see exactly one sequence (chunked prefill may split
 it into several calls, which are concatenated).
 """

@@ -12,10 +12,6 @@ import torch
 from evalparity.cells import ProgressFile, write_json
 from evalparity.drift import parse_cell
 from evalparity.drift.measure import DriftAccumulator
-from evalparity.drift.probes import HFProbe, VLLMProbe
-from evalparity.errors import EvalParityError
-
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class WithPrecision:
@@ -42,17 +38,14 @@ class WithPrecision:
 
 
 def make_probe(backend: str, dtype: str, tf32: bool, spec: dict) -> WithPrecision:
+    """The backend's own probe (``Backend.drift_probe``; one without a probe raises), in its precision mode."""
+    from evalparity import backends
     from evalparity.backends import precision
 
     true_fp32 = (not tf32) if dtype == "float32" else None
     if true_fp32 is not None:
         precision.apply(true_fp32)
-    if backend == "hf":
-        probe = HFProbe(spec["model_path"], TORCH_DTYPES[dtype], spec["device"])
-    elif backend == "vllm":
-        probe = VLLMProbe(spec["model_path"], dtype, spec["max_len"], spec["device"])
-    else:  # a backend without a drift probe must not be measured with another backend's engine
-        raise EvalParityError(f"drift has no probe for backend {backend!r}: use cells of hf or vllm")
+    probe = backends.get(backend).drift_probe(spec["model_path"], dtype, spec["max_len"], spec["device"])
     return WithPrecision(probe, true_fp32)
 
 

@@ -90,14 +90,24 @@ def _run_table(spec: dict) -> Table:
     ])
 
 
+# cell.json's versions that the cells table leaves out; the rest are the common stack (below) and what each
+# backend records of its own (``Backend.versions``, e.g. vllm), in between
+_VERSIONS_LEFT_OUT = ("python", "evalparity", "datasets", "numpy")
+_VERSIONS_FIRST, _VERSIONS_LAST = ("torch", "transformers"), ("lm_eval",)
+
+
+def _versions(ver: dict) -> str:
+    own = [k for k in ver if k not in (*_VERSIONS_LEFT_OUT, *_VERSIONS_FIRST, *_VERSIONS_LAST)]
+    return ", ".join(f"{k} {ver.get(k, '?')}" for k in (*_VERSIONS_FIRST, *own, *_VERSIONS_LAST))
+
+
 def _cell_row(name: str, m: dict) -> list[str]:
     ver = m.get("versions", {})
     prec = m.get("precision", {})
     return [name, m.get("status", "?"), str(m.get("batch_size", "–")), m.get("device_name", "–"),
             f"{num(m.get('load_s'))} / {num(m.get('eval_s'))}",
             num(m.get("peak_rss_gib")) + (f" / GPU {num(m['peak_gpu_gib'])}" if "peak_gpu_gib" in m else ""),
-            f"torch {ver.get('torch', '?')}, transformers {ver.get('transformers', '?')}, "
-            f"vllm {ver.get('vllm', '?')}, lm_eval {ver.get('lm_eval', '?')}" if ver else m.get("source", "–"),
+            _versions(ver) if ver else m.get("source", "–"),
             f"matmul {prec.get('float32_matmul_precision', '–')}, TF32 {prec.get('cuda_matmul_allow_tf32', '–')}, "
             f"triton {prec.get('triton_f32_default', '–')}, attn {prec.get('attention_backend', '–')}"
             if prec else "–"]
