@@ -29,7 +29,8 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from evalparity.rundir import check_name, kill_point
+from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, kill_point
+from evalparity.rundir import check_name
 from evalparity.spec import CellSpec, RunSpec
 
 TMP_PREFIX = ".tmp-"
@@ -399,8 +400,6 @@ def failed_meta(cell: CellSpec, error: str, **extra) -> dict:
 
 def placement_meta(spec: RunSpec) -> dict:
     """Where this process runs, as its executor said (``EVALPARITY_PLACEMENT``) plus what it sees itself."""
-    from evalparity.placement import PLACEMENT_ENV
-
     try:
         out = json.loads(os.environ.get(PLACEMENT_ENV, "") or "{}")
     except json.JSONDecodeError:
@@ -704,8 +703,6 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
 def tell_parent(reason: str) -> None:
     """Send the reason this job failed to the process that started it (``placement.job_reason``), through
     the pipe it gave: the one channel that needs no disk space, for when ``cell.json`` cannot be written."""
-    from evalparity.placement import REASON_FD_ENV
-
     fd = os.environ.get(REASON_FD_ENV)
     if not fd:
         return
@@ -748,8 +745,6 @@ def main(argv: list[str] | None = None) -> int:
     """``RUN_DIR CELL MODEL_PATH [--shard K/N]``: run one cell, or shard K of N of it (published to
     ``shards/<cell>.<K>of<N>`` for the parent to merge). A failure is recorded in the cell's ``cell.json``
     and published; when even that cannot be written (a full disk), its reason goes to the parent instead."""
-    from evalparity.placement import REASON_FD_ENV
-
     if os.environ.get(REASON_FD_ENV, "").isdigit():  # ours alone: not inherited by the engines' own processes
         with contextlib.suppress(OSError):
             os.set_inheritable(int(os.environ[REASON_FD_ENV]), False)

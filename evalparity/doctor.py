@@ -9,6 +9,8 @@ import os
 from rich.console import Console
 from rich.table import Table
 
+from evalparity import config
+
 
 def _check_import(name: str) -> tuple[bool, str]:
     try:
@@ -68,7 +70,7 @@ def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> i
     console.print(f"device: {dev}" + (f" (CPU flags: avx2={'avx2' in cpu_flags()}, avx512f={'avx512f' in cpu_flags()})"
                                       if dev == "cpu" else ""))
     console.print("dtypes: " + ", ".join(f"{d} {'no: ' + bad[d] if d in bad else 'yes'}" for d in dtypes))
-    console.print(f"cache: {embedded.cache_dir()}")
+    console.print(f"cache: {config.cache_dir()}")
     try:
         console.print(f"embedded model: {embedded.model_path(prepare=False)}")
     except Exception:  # noqa: BLE001

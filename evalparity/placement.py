@@ -29,10 +29,8 @@ import time
 from dataclasses import dataclass, field
 
 from evalparity.cells import unit_location
+from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV
 from evalparity.errors import EvalParityError
-
-PLACEMENT_ENV = "EVALPARITY_PLACEMENT"
-REASON_FD_ENV = "EVALPARITY_REASON_FD"  # a pipe the job's process writes its failure's reason to
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """What keeps a run directory one experiment's: safe names, an exclusive lock, the model's fingerprint.
 
-A leaf module (it imports nothing of evalparity but ``errors``), so that ``cells``, ``matrix``, ``importer``
-and ``cli`` can all use it without an import cycle.
+It imports nothing of evalparity but the leaf modules (``errors``, ``config``), so that ``cells``, ``matrix``,
+``importer`` and ``cli`` can all use it without an import cycle.
 
 - **Names.** Every name that becomes a path (cell names, ``compare --name``, repeat tags, shard units) is
   checked against one grammar, so that no name can point outside ``cells/`` (``../../victim``) or into a
@@ -26,29 +26,14 @@ import json
 import os
 import platform
 import re
-import signal
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evalparity import config
 from evalparity.errors import EvalParityError
-
-# ---------------------------------------------------------------- test hook: kill points
-KILL_ENV = "EVALPARITY_TEST_KILL_AT"
-
-
-def kill_point(point: str) -> None:
-    """A test hook, for ``tests/test_faults.py`` only: when ``EVALPARITY_TEST_KILL_AT`` (comma-separated)
-    names ``point``, SIGKILL this process here, so the suite can kill a command between two steps too close
-    together to hit by timing. Unset (always, in use), it does nothing. Points: ``write:<file name>`` (an
-    atomic write, just before its rename), ``publish-cell:<unit>`` (between moving a cell's old folder aside
-    and its new one in), ``publish-outputs`` (between the renames that swap in ``stats/`` and ``report/``)."""
-    wanted = os.environ.get(KILL_ENV)
-    if wanted and point in wanted.split(","):
-        os.kill(os.getpid(), signal.SIGKILL)
-
 
 # ---------------------------------------------------------------- names
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
@@ -290,21 +275,16 @@ def _kind(name: str) -> str | None:
     return None
 
 
-def cache_file() -> Path:
-    root = Path(os.environ.get("EVALPARITY_CACHE", Path.home() / ".cache" / "evalparity")).expanduser()
-    return root / "fingerprints.json"
-
-
 def _load_cache() -> dict:
     try:
-        data = json.loads(cache_file().read_text())
+        data = json.loads(config.fingerprint_cache().read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
 def _save_cache(cache: dict) -> None:
-    path = cache_file()
+    path = config.fingerprint_cache()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:  # the cache only saves time: a failure to write it (read-only home) is not an error
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -436,11 +436,11 @@ def test_a_corrupt_compare_json(lm_dirs, tmp_path):
 def test_a_corrupt_fingerprint_cache_is_rebuilt(tiny_model, tmp_path, monkeypatch):
     """The fingerprint cache only saves time: garbage, another shape, wrong-typed entries or a folder in
     its place are ignored (the files are hashed again), never an error; a writable cache is rewritten."""
-    from evalparity import rundir
+    from evalparity import config, rundir
 
     monkeypatch.setenv("EVALPARITY_CACHE", str(tmp_path / "cache"))
     good = rundir.model_fingerprint(tiny_model, str(tiny_model))
-    cache = rundir.cache_file()
+    cache = config.fingerprint_cache()
     key = next(iter(json.loads(cache.read_text())))
     for data in (_random_bytes(), b"[1, 2]", json.dumps({key: {"stamp": "x", "sha256": 5}}).encode(),
                  json.dumps({key: [1, 2]}).encode(), json.dumps({key: {"stamp": None}}).encode()):
@@ -528,7 +528,7 @@ def test_infinite_values_print_no_runtime_warning(tmp_path):
 
 
 # ---------------------------------------------------------------- SIGKILL at several points
-KILL = "EVALPARITY_TEST_KILL_AT"  # the test hook (rundir.kill_point)
+KILL = "EVALPARITY_TEST_KILL_AT"  # the test hook (config.kill_point)
 
 
 def _margin_of(run: Path) -> dict[str, float | None]:

@@ -16,9 +16,9 @@ import os
 import socket
 from pathlib import Path
 
+from evalparity import config
 from evalparity.errors import EvalParityError
 
-ENV_VAR = "EVALPARITY_DATASETS_DIR"
 HUB_HOST = ("huggingface.co", 443)
 
 
@@ -30,13 +30,13 @@ class MissingDataset(EvalParityError):
         where = " or ".join(str(p) for p in looked) if looked else "(no mirror directory given)"
         super().__init__(
             f"dataset {self.dataset} is not reachable (no network to the hub) and has no mirror at {where}: "
-            f"put <split>.jsonl files there and pass --datasets-dir DIR (or set ${ENV_VAR})")
+            f"put <split>.jsonl files there and pass --datasets-dir DIR (or set ${config.DATASETS_DIR_ENV})")
         self.looked = looked
 
 
 def mirror_roots(datasets_dir: str | None) -> list[Path]:
     roots = []
-    for d in (datasets_dir, os.environ.get(ENV_VAR)):
+    for d in (datasets_dir, config.datasets_dir()):
         if d:
             roots.append(Path(d).expanduser().resolve())
     from evalparity.data import embedded
