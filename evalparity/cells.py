@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, kill_point
+from evalparity.files import read_json, write_json
 from evalparity.rundir import check_name
 from evalparity.spec import CellSpec, RunSpec
 
@@ -37,35 +38,7 @@ TMP_PREFIX = ".tmp-"
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 
 
-# ---------------------------------------------------------------- file helpers shared with the parent
-@contextlib.contextmanager
-def atomic_target(path: Path) -> Iterator[Path]:
-    """A temp path beside ``path`` to write to; renamed onto ``path`` when the block ends without error, so no
-    reader sees half a file. The temp name is this process's own, so processes writing the same file at
-    once each rename a whole one. For writers that take a path (pyarrow, matplotlib)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        kill_point(f"write:{path.name}")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # left only when the write failed
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write text or bytes atomically (``atomic_target``)."""
-    with atomic_target(path) as tmp:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data, encoding="utf-8")
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically (``write_atomic``)."""
-    write_atomic(path, json.dumps(data, indent=2, default=str))
-
-
+# ---------------------------------------------------------------- stats/ and report/, published together
 STAGE_PREFIX = f"{TMP_PREFIX}outputs-"
 COMMITTED = ".committed"  # in a staging folder: it is whole, and its publish has begun
 
@@ -376,14 +349,6 @@ def _move_old_attempts(run_dir: Path) -> None:
                     f.replace(new / f.name)
             with contextlib.suppress(OSError):
                 old.rmdir()
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def unit_location(cell: str, shard: int = 0, shards: int = 1) -> tuple[str, str]:

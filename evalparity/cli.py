@@ -418,7 +418,7 @@ def drift_cmd(
     if n_prompts < 1:
         raise EvalParityError(f"--n-prompts {n_prompts} must be at least 1")
     if run_dir is not None and model is None and (run_dir / "spec.json").exists():
-        from evalparity.cells import read_json
+        from evalparity.files import read_json
 
         model = next((m["model_path"] for p in sorted((run_dir / "cells").glob("*/cell.json"))
                       if isinstance((m := read_json(p) or {}).get("model_path"), str)), None)

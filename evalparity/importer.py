@@ -14,6 +14,7 @@ from pathlib import Path
 
 from evalparity import cells, samples
 from evalparity.errors import EvalParityError
+from evalparity.files import write_json
 from evalparity.rundir import check_name, contents
 from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE
 
@@ -55,7 +56,7 @@ def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
                                   "that directory")
     cells.recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
     (run_dir / "cells").mkdir(parents=True, exist_ok=True)
-    cells.write_json(run_dir / COMPARE_FILE, ident)
+    write_json(run_dir / COMPARE_FILE, ident)
 
 
 def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> list[str]:
@@ -91,8 +92,8 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
         t.insert(0, "cell", name)
         samples.write_table(t, tmp / "samples.parquet")
         cfg = results.get("config", {}) or {}
-        cells.write_json(tmp / "lm_eval_results.json", {k: results.get(k) for k in ("results", "configs", "config")})
-        cells.write_json(tmp / "cell.json", {
+        write_json(tmp / "lm_eval_results.json", {k: results.get(k) for k in ("results", "configs", "config")})
+        write_json(tmp / "cell.json", {
             "cell": name, "status": cells.STATUS_OK, "source": str(Path(p).resolve()), "tag": "", "base_cell": name,
             "backend": cfg.get("model"), "model_args": cfg.get("model_args"), "batch_size": cfg.get("batch_size"),
             "versions": {"lm_eval": (results.get("lm_eval_version") or "?")},

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from evalparity import cells, rundir
 from evalparity.errors import EvalParityError
+from evalparity.files import write_json
 from evalparity.runlog import RunLog
 from evalparity.spec import RunSpec
 
@@ -72,12 +73,12 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
         names = {c.name for c in spec.cells}
         merged = spec.to_json()
         merged["cells"] = [c for c in old["cells"] if c["name"] not in names] + merged["cells"]
-        cells.write_json(path, merged)
+        write_json(path, merged)
         return
     if rundir.contents(run_dir):
         raise EvalParityError(f"{run_dir} exists and is not an evalparity run directory: use another --out")
     (run_dir / "cells").mkdir(parents=True, exist_ok=True)
-    cells.write_json(path, spec.to_json())
+    write_json(path, spec.to_json())
 
 
 def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool) -> dict[str, str]:
@@ -313,7 +314,7 @@ def _record_crash(run_dir: Path, cell, end, wall: float) -> dict | None:
     meta = cells.failed_meta(cell, why, wall_s=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                              placement=end.placement)
     try:
-        cells.write_json(tmp / "cell.json", meta)
+        write_json(tmp / "cell.json", meta)
         (tmp / "progress.json").unlink(missing_ok=True)
         cells.publish(run_dir, unit, cells.STATUS_FAILED, folder)
         return None

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from evalparity.files import write_json
+
 
 class RunLog:
     """Seconds per named stage, in the order they ran."""
@@ -38,8 +40,6 @@ class RunLog:
 
     def write(self) -> None:
         """Write run.json, if this invocation got as far as owning a run directory."""
-        from evalparity.cells import write_json
-
         if self.run_dir is None:
             return
         total = time.perf_counter() - self.t0

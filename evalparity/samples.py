@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from evalparity.errors import EvalParityError
+from evalparity.files import atomic_target
 
 KEY = ["task", "filter", "doc_id", "choice"]
 HASHES = ["doc_hash", "prompt_hash", "target_hash"]
@@ -302,9 +303,7 @@ def metric_columns(df: pd.DataFrame) -> list[str]:
 
 
 def write_table(df: pd.DataFrame, path: Path) -> None:
-    """Parquet through pyarrow, published atomically (``cells.atomic_target``)."""
-    from evalparity.cells import atomic_target
-
+    """Parquet through pyarrow, published atomically (``files.atomic_target``)."""
     with atomic_target(Path(path)) as tmp:
         df.to_parquet(tmp, engine="pyarrow", index=False)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from evalparity import cells, samples
+from evalparity.files import write_json
 from evalparity.spec import CellSpec
 
 
@@ -90,7 +91,7 @@ def merge(run_dir: Path, cell: CellSpec) -> dict:
         "n_rows": int(len(table)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    cells.write_json(out / "cell.json", meta)
-    cells.write_json(out / "lm_eval_results.json", {"results": meta["aggregate"], "shards": cell.shards})
+    write_json(out / "cell.json", meta)
+    write_json(out / "lm_eval_results.json", {"results": meta["aggregate"], "shards": cell.shards})
     cells.publish(run_dir, cell.name, cells.STATUS_OK)
     return meta

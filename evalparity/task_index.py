@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from evalparity import config
-from evalparity.cells import write_atomic
+from evalparity.files import write_atomic
 
 FILE_PREFIX = "lm-eval-tasks-"
 

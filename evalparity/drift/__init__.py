@@ -19,8 +19,8 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from evalparity.cells import write_json
 from evalparity.errors import EvalParityError
+from evalparity.files import write_json
 from evalparity.spec import CellSpec, RunSpec, parse_backend, parse_dtype
 
 

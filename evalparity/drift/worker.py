@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from evalparity.cells import ProgressFile, write_json
+from evalparity.cells import ProgressFile
 from evalparity.drift import parse_cell
 from evalparity.drift.measure import DriftAccumulator
 from evalparity.drift.probes import HFProbe, VLLMProbe
 from evalparity.errors import EvalParityError
+from evalparity.files import write_json
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalparity.cells import write_atomic
+from evalparity.files import write_atomic
 from evalparity.report.build import build_context, load_drift
 from evalparity.report.formatting import COLORS
 from evalparity.report.markdown import md_escape, md_fence

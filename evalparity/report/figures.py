@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evalparity.files import atomic_target
+
 
 def _plt():
     import matplotlib
@@ -101,8 +103,6 @@ def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     import matplotlib.pyplot as plt
-
-    from evalparity.cells import atomic_target
 
     try:
         with atomic_target(path) as tmp:

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from evalparity import samples as samples_mod
-from evalparity.cells import read_cell_json, read_json, write_json
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
+from evalparity.files import read_json, write_json
 from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, verdict
 from evalparity.stats.options import StatsOptions
 from evalparity.stats.record import SCHEMA, Comparison, columns
@@ -62,7 +62,7 @@ def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict],
                      and not d.name.endswith((".failed", ".attempts"))) if cells_dir.is_dir() else []
     for name in list(dict.fromkeys([*named, *present])):
         d = cells_dir / name
-        meta = read_cell_json(d)
+        meta = read_json(d / "cell.json")
         if not d.is_dir():
             missing.append((name, "its folder is missing"))
             continue
