@@ -29,18 +29,24 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, kill_point
+from evalparity.config import (
+    ATTEMPTS,
+    COMMITTED,
+    PLACEMENT_ENV,
+    REASON_FD_ENV,
+    STAGE_PREFIX,
+    TMP_PREFIX,
+    kill_point,
+    unit_location,
+)
 from evalparity.files import read_json, write_json
 from evalparity.rundir import check_name
 from evalparity.spec import CellSpec, RunSpec
 
-TMP_PREFIX = ".tmp-"
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 
 
 # ---------------------------------------------------------------- stats/ and report/, published together
-STAGE_PREFIX = f"{TMP_PREFIX}outputs-"
-COMMITTED = ".committed"  # in a staging folder: it is whole, and its publish has begun
 
 
 @contextlib.contextmanager
@@ -283,9 +289,6 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     return final
 
 
-ATTEMPTS = "attempts"
-
-
 def attempts_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
     """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
     statistics take every folder for a cell of the run."""
@@ -349,12 +352,6 @@ def _move_old_attempts(run_dir: Path) -> None:
                     f.replace(new / f.name)
             with contextlib.suppress(OSError):
                 old.rmdir()
-
-
-def unit_location(cell: str, shard: int = 0, shards: int = 1) -> tuple[str, str]:
-    """(folder, name) a job publishes under: ``cells/<cell>``, or ``shards/<cell>.<k>of<n>`` for a shard
-    of a sharded cell (merged into ``cells/<cell>`` once all shards are done)."""
-    return ("cells", cell) if shards == 1 else ("shards", f"{cell}.{shard}of{shards}")
 
 
 def failed_meta(cell: CellSpec, error: str, **extra) -> dict:

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from evalparity.config import ATTEMPTS
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.runlog import RunLog
 
@@ -251,7 +252,7 @@ def _print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) ->
 
     for name in failed:
         units = [("cells", name)] + [("shards", p.name) for p in
-                                     sorted((run_dir / cells.ATTEMPTS / "shards").glob(f"{name}.*of*"))]
+                                     sorted((run_dir / ATTEMPTS / "shards").glob(f"{name}.*of*"))]
         last = None
         for folder, unit in units:
             for a in cells.attempt_history(run_dir, unit, folder):

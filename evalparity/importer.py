@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from evalparity import cells, samples
+from evalparity.config import COMPARE_FILE
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.rundir import check_name, contents
@@ -35,9 +36,6 @@ def cell_name_for(results: dict, fallback: str) -> str:
         base = re.sub(r"[^A-Za-z0-9_.-]+", "_", mtype)
         return f"{base}-{SHORT_DTYPE[dtype]}" if dtype else base
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", fallback) or "cell"
-
-
-COMPARE_FILE = "compare.json"
 
 
 def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:

@@ -28,8 +28,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from evalparity.cells import unit_location
-from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV
+from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, unit_location
 from evalparity.errors import EvalParityError
 
 
@@ -46,7 +45,7 @@ class Job:
 
     @property
     def location(self) -> tuple[str, str]:
-        """(folder, name) the job publishes under (``cells.unit_location``)."""
+        """(folder, name) the job publishes under (``config.unit_location``)."""
         return unit_location(self.cell, self.shard, self.shards)
 
     @property

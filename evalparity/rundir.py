@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalparity import config
+from evalparity.config import LOCK_NAME
 from evalparity.errors import EvalParityError
 
 # ---------------------------------------------------------------- names
@@ -79,7 +80,6 @@ def check_out_path(path: Path, flag: str = "--out") -> None:
 
 
 # ---------------------------------------------------------------- lock
-LOCK_NAME = ".evalparity.lock"
 STALE_BREAK_S = 30.0
 
 

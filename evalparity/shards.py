@@ -22,17 +22,18 @@ from pathlib import Path
 import pandas as pd
 
 from evalparity import cells, samples
+from evalparity.config import unit_location
 from evalparity.files import write_json
 from evalparity.spec import CellSpec
 
 
 def shard_dirs(run_dir: Path, cell: CellSpec) -> list[Path]:
-    return [run_dir.joinpath(*cells.unit_location(cell.name, k, cell.shards)) for k in range(cell.shards)]
+    return [run_dir.joinpath(*unit_location(cell.name, k, cell.shards)) for k in range(cell.shards)]
 
 
 def pending_shards(run_dir: Path, cell: CellSpec, force: bool, identity: str | None = None) -> list[int]:
     def done(k: int) -> bool:
-        folder, name = cells.unit_location(cell.name, k, cell.shards)
+        folder, name = unit_location(cell.name, k, cell.shards)
         return cells.is_done(run_dir, name, folder, identity)
 
     return [k for k in range(cell.shards) if force or not done(k)]
