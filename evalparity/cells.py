@@ -26,95 +26,14 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
-from evalparity.config import (
-    ATTEMPTS,
-    COMMITTED,
-    PLACEMENT_ENV,
-    REASON_FD_ENV,
-    STAGE_PREFIX,
-    TMP_PREFIX,
-    kill_point,
-    unit_location,
-)
+from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, TMP_PREFIX, kill_point, unit_location
 from evalparity.files import read_json, write_json
-from evalparity.rundir import check_name
+from evalparity.rundir import attempts_dir, check_name, check_name_ok
 from evalparity.spec import CellSpec, RunSpec
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
-
-
-# ---------------------------------------------------------------- stats/ and report/, published together
-
-
-@contextlib.contextmanager
-def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
-    """A staging folder that reads like ``run_dir`` (links to everything but ``names``), for code that
-    writes ``run_dir/<name>/``; when the block ends without error, each ``<name>`` replaces the run's own,
-    back to back, so readers see the old set or the new one. On error the run's own are untouched.
-
-    A kill during the block leaves the run's own untouched (the next command removes the staging folder).
-    A kill between the renames (``COMMITTED`` written, some names swapped in) is finished by the next
-    command on the run, which holds the lock: ``recover_outputs`` swaps in the rest from the whole staged
-    set, so no old ``report/`` stays beside a new ``stats/``. Call it with the run directory locked."""
-    recover_outputs(run_dir)
-    stage = run_dir / f"{STAGE_PREFIX}{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
-    trash: list[Path] = []
-    try:
-        for p in run_dir.iterdir():
-            if p.name not in names and not p.name.startswith("."):
-                (stage / p.name).symlink_to(p.resolve())
-        yield stage
-        write_json(stage / COMMITTED, {"names": list(names)})  # from here on, a kill is finished, not undone
-        for name in names:  # old ones out of the way first, so the swap is two renames back to back
-            if (run_dir / name).exists():
-                trash.append(run_dir / f".trash-{name}-{os.getpid()}")
-                (run_dir / name).replace(trash[-1])
-        for i, name in enumerate(names):
-            if i:
-                kill_point("publish-outputs")
-            if (stage / name).exists():
-                (stage / name).replace(run_dir / name)
-    except BaseException:
-        for t in trash:  # put back what was moved aside
-            with contextlib.suppress(OSError):
-                t.replace(run_dir / t.name.removeprefix(".trash-").rsplit("-", 1)[0])
-        raise
-    finally:
-        for t in trash:
-            shutil.rmtree(t, ignore_errors=True)
-        shutil.rmtree(stage, ignore_errors=True)
-
-
-def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
-    """Finish or drop what a killed process left in ``run_dir`` (call it holding the run's lock, so that
-    every such folder is a dead process's): a staging folder whose publish had begun is swapped in (it is
-    whole), any other is removed; old folders moved aside (``.trash-*``, here and in ``cells/`` and
-    ``shards/``) are removed."""
-    for stage in sorted(run_dir.glob(f"{STAGE_PREFIX}*")):
-        if stage.name == f"{STAGE_PREFIX}{os.getpid()}":
-            continue
-        done = read_json(stage / COMMITTED)
-        names = done.get("names") if done else None
-        if isinstance(names, list):
-            for name in names:
-                if not isinstance(name, str) or name.startswith(".") or "/" in name:
-                    continue
-                new = stage / name
-                if new.is_dir() and not new.is_symlink():
-                    if (run_dir / name).exists():
-                        (run_dir / name).replace(run_dir / f".trash-{name}-{stage.name}")
-                    new.replace(run_dir / name)
-            say(f"finished publishing the {' and '.join(names)} of an earlier command that was killed midway")
-        shutil.rmtree(stage, ignore_errors=True)
-    for folder in (run_dir, run_dir / "cells", run_dir / "shards"):
-        for t in folder.glob(".trash-*") if folder.is_dir() else []:
-            shutil.rmtree(t, ignore_errors=True)
-    _move_old_attempts(run_dir)
 
 
 _NONE = type(None)
@@ -289,12 +208,6 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     return final
 
 
-def attempts_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
-    """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
-    statistics take every folder for a cell of the run."""
-    return run_dir / ATTEMPTS / folder / check_name(name)
-
-
 def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
     """Keep a failed attempt's reason and log as ``attempts/<folder>/<name>/attempt-N.{json,log}``: the next
     attempt replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all
@@ -323,35 +236,6 @@ def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dic
                 if isinstance(log, str) and check_name_ok(log) and (hist / log).is_file() else None
             out.append(meta)
     return sorted(out, key=lambda m: m.get("attempt") if isinstance(m.get("attempt"), int) else 0)
-
-
-def check_name_ok(name: str) -> bool:
-    """Whether ``name`` is a safe path component (``rundir.check_name``), without raising."""
-    try:
-        check_name(name)
-        return True
-    except Exception:  # noqa: BLE001 - EvalParityError: not a plain file name
-        return False
-
-
-def _move_old_attempts(run_dir: Path) -> None:
-    """Attempt histories an earlier evalparity kept as ``cells/<name>.attempts`` (where the statistics took
-    them for a cell that never finished) move to ``attempts/cells/<name>``."""
-    for folder in ("cells", "shards"):
-        for old in sorted((run_dir / folder).glob("*.attempts")) if (run_dir / folder).is_dir() else []:
-            name = old.name.removesuffix(".attempts")
-            if not old.is_dir() or not check_name_ok(name):
-                continue
-            new = attempts_dir(run_dir, name, folder)
-            new.parent.mkdir(parents=True, exist_ok=True)
-            if not new.exists():
-                old.replace(new)
-                continue
-            for f in sorted(old.iterdir()):
-                if not (new / f.name).exists():
-                    f.replace(new / f.name)
-            with contextlib.suppress(OSError):
-                old.rmdir()
 
 
 def failed_meta(cell: CellSpec, error: str, **extra) -> dict:

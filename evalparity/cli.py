@@ -309,15 +309,15 @@ def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunL
     """Statistics and report, written into a staging folder and published together (``cells.publish_outputs``):
     a full disk or a kill midway leaves the previous ``stats/`` and ``report/`` as they were, never a new
     ``report.md`` beside an old ``report.html``. A failed write is one line, exit 2."""
-    from evalparity import cells
+    from evalparity import cells, rundir
     from evalparity.report import write_report
     from evalparity.stats.compare import compute
 
     log = log or RunLog()
-    cells.recover_outputs(run_dir, say=_say)  # a report whose publish a kill interrupted is finished first
+    rundir.recover_outputs(run_dir, say=_say)  # a report whose publish a kill interrupted is finished first
     cells.check_readable(run_dir)
     try:
-        with cells.staged_outputs(run_dir, ("stats", "report")) as stage:
+        with rundir.staged_outputs(run_dir, ("stats", "report")) as stage:
             console.print("statistics ...")
             with log.stage("statistics"):
                 result = compute(stage, opts)

@@ -16,7 +16,7 @@ from evalparity import cells, samples
 from evalparity.config import COMPARE_FILE
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
-from evalparity.rundir import check_name, contents
+from evalparity.rundir import check_name, contents, recover_outputs
 from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE
 
 
@@ -52,7 +52,7 @@ def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
             was = ", ".join(f"{n}={p}" for n, p in zip(old["names"], old["inputs"]))
             raise EvalParityError(f"--out {run_dir} holds another comparison ({was}): use another --out, or remove "
                                   "that directory")
-    cells.recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
+    recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
     (run_dir / "cells").mkdir(parents=True, exist_ok=True)
     write_json(run_dir / COMPARE_FILE, ident)
 

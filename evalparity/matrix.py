@@ -68,7 +68,7 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
                 f"{run_dir} holds a run of a different spec ({diff}: {a.get(diff)!r} there, {b.get(diff)!r} now): "
                 "use another --out, or remove that directory")
         _check_cell_settings(run_dir, old_spec, spec, force)
-        cells.recover_outputs(run_dir)  # what a killed run left: moved-aside folders, a half-published report
+        rundir.recover_outputs(run_dir)  # what a killed run left: moved-aside folders, a half-published report
         # Keep the union of cells, so that adding a cell to a run keeps the earlier ones in the spec.
         names = {c.name for c in spec.cells}
         merged = spec.to_json()

@@ -565,9 +565,9 @@ def test_report_killed_midway_leaves_the_previous_or_the_new_one_whole(reported_
     if point != "publish-outputs":
         assert {k: v for k, v in snapshot(run).items() if k.startswith(("stats/", "report/"))} == before
     else:  # killed between the renames: the next command on the run finishes the publish it began
-        from evalparity import cells
+        from evalparity import rundir
 
-        cells.recover_outputs(run)
+        rundir.recover_outputs(run)
         assert set(_margin_of(run).values()) == {0.02} and not _leftovers(run)
     again = evalparity("report", str(run), "--margin", "3pp", "--no-fail-on-inconclusive")
     assert again.returncode in (0, 3, 4), again.stderr[-2000:]
