@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import importlib.metadata as md
 import json
 import os
 import platform
@@ -28,7 +29,11 @@ import time
 import traceback
 from pathlib import Path
 
+from evalparity import __version__, backends, samples, tasks
+from evalparity.backends import compat, precision
 from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, TMP_PREFIX, kill_point, unit_location
+from evalparity.data import mirrors
+from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.rundir import attempts_dir, check_name, check_name_ok
 from evalparity.spec import CellSpec, RunSpec
@@ -71,8 +76,6 @@ def _load(path: Path):
 def check_spec(path: Path) -> dict:
     """``spec.json``, checked: an object whose fields have the types the statistics and report read, and
     whose cells are objects with safe names. A one-line error naming the file otherwise."""
-    from evalparity.errors import EvalParityError
-
     fix = "restore it, or rerun the run into a new --out"
     try:
         spec = _load(path)
@@ -101,8 +104,6 @@ def check_spec(path: Path) -> dict:
 def check_cell_json(path: Path) -> dict:
     """A cell's ``cell.json``, checked: an object with a status of ok or failed, the record of the cell whose
     folder holds it, and the fields the report reads of the types it reads them as."""
-    from evalparity.errors import EvalParityError
-
     folder = path.parent
     fix = f"remove {folder} and rerun the same command to redo that cell"
     try:
@@ -122,8 +123,6 @@ def check_cell_json(path: Path) -> dict:
 
 def check_compare_json(path: Path, fix: str) -> dict:
     """``compare.json`` (what ``evalparity compare`` wrote: its inputs and cell names), checked."""
-    from evalparity.errors import EvalParityError
-
     try:
         data = _load(path)
     except (OSError, ValueError) as err:
@@ -150,8 +149,6 @@ def check_readable(run_dir: Path) -> None:
     if (run_dir / "compare.json").exists():
         compared = check_compare_json(run_dir / "compare.json", "rerun the same `evalparity compare` into a new "
                                       "--out")
-        from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
-
         for name in compared["names"]:
             if not (run_dir / "cells" / name / "cell.json").is_file():
                 raise EvalParityError(f"cell {name} of the comparison in {run_dir} is missing (an `evalparity compare` "
@@ -164,9 +161,7 @@ def check_readable(run_dir: Path) -> None:
         meta = check_cell_json(d / "cell.json")
         table = d / "samples.parquet"
         if meta.get("status") == STATUS_OK and table.exists():
-            from evalparity.samples import check_table
-
-            check_table(table)
+            samples.check_table(table)
 
 
 def read_cell_json(cell_dir: Path) -> dict | None:
@@ -283,7 +278,7 @@ class ProgressFile:
 
     def hook_tqdm(self) -> None:
         """Every tqdm bar in this process (lm-eval's request bars, vLLM's) reports here too."""
-        import tqdm.std
+        import tqdm.std  # only the cell process hooks it (tqdm comes with lm-eval)
 
         progress = self
         original_update = tqdm.std.tqdm.update
@@ -344,8 +339,8 @@ def _generation_ids(results: dict, lm) -> dict[str, list[int]]:
     tok = lm.tokenizer
     eos = {i for i in (getattr(tok, "eos_token_id", None), getattr(lm, "eot_token_id", None)) if i is not None}
     out: dict[str, list[int]] = {}
-    for samples in results.get("samples", {}).values():
-        for s in samples:
+    for task_samples in results.get("samples", {}).values():
+        for s in task_samples:
             args = s.get("arguments") or []
             if not args or len(args[0]) < 2 or not isinstance(args[0][1], dict):
                 continue
@@ -360,11 +355,6 @@ def _generation_ids(results: dict, lm) -> dict[str, list[int]]:
 
 # ---------------------------------------------------------------- metadata
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    from evalparity import __version__
-    from evalparity.backends import compat
-
     out = {"python": platform.python_version(), "evalparity": __version__}
     for dist in ("torch", "transformers", "lm_eval", "datasets", "numpy"):
         try:
@@ -378,7 +368,7 @@ def versions() -> dict[str, str]:
 
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
-        import torch
+        import torch  # heavy: torch
 
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda (not available)"
     try:
@@ -393,7 +383,7 @@ def device_name(device: str) -> str:
 def peak_memory() -> dict[str, float]:
     out = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     try:
-        import torch
+        import torch  # heavy: torch
 
         if torch.cuda.is_available():
             out["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -464,10 +454,6 @@ def _bos_added(lm) -> bool | None:
 # ---------------------------------------------------------------- the cell itself
 def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
              shard: tuple[int, int] = (0, 1), out: Path | None = None) -> dict:
-    from evalparity import backends, samples, tasks
-    from evalparity.backends import compat, precision
-    from evalparity.data import mirrors
-
     compat.apply()
     backend = backends.get(cell.backend)
     out = out or tmp_dir(run_dir, cell.name)
@@ -503,7 +489,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     if hasattr(lm, "scoring_params"):  # vLLM: scored with flat prompt logprobs (backends/vllm.py)?
         meta["settings"]["flat_logprobs"] = lm.scoring_params is not None
 
-    import lm_eval
+    import lm_eval  # heavy: lm_eval (and only after compat.apply)
     from lm_eval.loggers import EvaluationTracker
 
     progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
@@ -567,9 +553,6 @@ def _saved(folder: Path, task_samples: dict[str, list]) -> tuple[dict, dict]:
     """lm-eval's output as saved in ``folder``, checked against what it evaluated: lm-eval logs a failure
     to save (a full disk) and goes on, which would leave a cell with fewer samples or none. A short save is
     an error here, naming the free space when the disk is full."""
-    from evalparity import samples
-    from evalparity.errors import EvalParityError
-
     try:
         results, written = samples.read_lm_eval_dir(folder)
         short = next(((t, len(written.get(t, [])), len(v)) for t, v in task_samples.items()

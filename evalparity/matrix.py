@@ -7,6 +7,7 @@ tasks, limits or settings into the same directory is refused rather than mixed i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evalparity import cells, rundir
+from evalparity import backends, cells, rundir, shards
+from evalparity import placement as pl
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
+from evalparity.placement import Job
 from evalparity.runlog import RunLog
 from evalparity.spec import RunSpec
 
@@ -112,10 +115,6 @@ def early_ray_head(device: str, tensor_parallel: int, placement: Placement, n_jo
     cpu and the GPUs the driver lists, counted without importing torch), so that Ray's start overlaps the
     setup (``placement.LocalRayHead``). None when not, or when Ray is not installed. A guess that turns out
     wrong costs nothing: ``choose_executor`` decides again, and an unused instance is stopped."""
-    import importlib.util
-
-    from evalparity import placement as pl
-
     if importlib.util.find_spec("ray") is None:
         return None
     if not local_ray_wanted(device, tensor_parallel, placement, n_jobs, pl.gpu_count(cheap=True)):
@@ -128,13 +127,9 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
     """Ray when asked, or when this host has room for more than one job at a time; else one at a time.
     ``head``: a local Ray instance already started for this run (``early_ray_head``), used instead of
     starting one here."""
-    from evalparity import placement as pl
-
     if placement.ray and placement.ray != "local":
         return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
     if local_ray_wanted(spec.device, spec.tensor_parallel, placement, n_jobs, pl.gpu_count()):
-        import importlib.util
-
         if placement.ray is None and importlib.util.find_spec("ray") is None:  # not imported: see RayExecutor
             console.print(f"[yellow]{pl.gpu_count()} GPUs visible but Ray is not installed: running one "
                           "cell at a time (pip install 'ray>=2.40' to use them all)[/yellow]")
@@ -145,9 +140,6 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
 
 def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1, offline: bool = False):
     """What is done already (outcomes), what to run (jobs) and which sharded cells only need merging."""
-    from evalparity import backends, shards
-    from evalparity.placement import Job
-
     done: dict[str, CellOutcome] = {}
     jobs: list = []
     merge_only: list = []
@@ -249,8 +241,6 @@ def _settle(run_dir: Path, cell, end, wall: float, unrecorded: dict[str, dict]) 
 
 def _cell_outcome(run_dir: Path, cell, wall: float, unrecorded: dict[str, dict] | None = None) -> CellOutcome:
     """A cell whose jobs have all ended: its own outcome, or, for a sharded cell, the merge of its shards."""
-    from evalparity import shards
-
     unrecorded = unrecorded or {}
     if cell.shards == 1:
         meta = unrecorded.get(cell.name) or _final_meta(run_dir, cell.name, "cells")
@@ -266,8 +256,6 @@ def _cell_outcome(run_dir: Path, cell, wall: float, unrecorded: dict[str, dict] 
 
 
 def _merge(run_dir: Path, cell, wall: float) -> CellOutcome:
-    from evalparity import shards
-
     try:
         meta = shards.merge(run_dir, cell)
     except (OSError, ValueError) as err:

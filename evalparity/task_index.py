@@ -36,7 +36,7 @@ def _key(root: Path, files: list[Path], version: str) -> str:
 @contextlib.contextmanager
 def cached() -> Iterator[None]:
     """While active, lm-eval's index of its own task tree comes from (or goes to) the cache."""
-    try:
+    try:  # heavy: lm_eval
         import lm_eval
         from lm_eval.tasks import _index
     except ImportError:

@@ -12,6 +12,7 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
+from evalparity import task_index
 from evalparity.data import mirrors
 from evalparity.errors import EvalParityError
 from evalparity.quiet import quiet
@@ -29,9 +30,7 @@ def include_paths(extra: tuple[str, ...] | list[str]) -> list[str]:
 
 
 def task_manager(extra_paths: tuple[str, ...] | list[str] = ()):
-    from lm_eval.tasks import TaskManager
-
-    from evalparity import task_index
+    from lm_eval.tasks import TaskManager  # heavy: lm_eval
 
     with quiet(), task_index.cached():  # lm-eval's own task tree is indexed once per tree state, not per process
         return TaskManager(include_path=include_paths(extra_paths))

@@ -123,7 +123,7 @@ def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
-    import torch
+    import torch  # heavy: torch, transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src, name = str(gguf.parent), gguf.name

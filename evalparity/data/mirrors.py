@@ -17,6 +17,7 @@ import socket
 from pathlib import Path
 
 from evalparity import config
+from evalparity.data import embedded
 from evalparity.errors import EvalParityError
 
 HUB_HOST = ("huggingface.co", 443)
@@ -39,8 +40,6 @@ def mirror_roots(datasets_dir: str | None) -> list[Path]:
     for d in (datasets_dir, config.datasets_dir()):
         if d:
             roots.append(Path(d).expanduser().resolve())
-    from evalparity.data import embedded
-
     emb = embedded.dataset_mirror(prepare=False)
     if emb is not None:
         roots.append(emb)
@@ -88,7 +87,7 @@ def _with_empty_missing_splits(dd):
     lm-eval touches the training split while building a task, for few-shot sampling. A missing split reads
     as an empty one with the same columns (``tasks.preflight`` refuses a few-shot run whose few-shot split is
     empty)."""
-    import datasets
+    import datasets  # heavy: datasets
 
     class MirrorDatasetDict(datasets.DatasetDict):
         def __getitem__(self, key):
@@ -101,7 +100,7 @@ def _with_empty_missing_splits(dd):
 
 def activate(roots: list[Path]) -> None:
     """Route ``datasets.load_dataset`` through the mirrors (idempotent)."""
-    import datasets
+    import datasets  # heavy: datasets
 
     original = getattr(datasets.load_dataset, "_evalparity_original", datasets.load_dataset)
 
