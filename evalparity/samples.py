@@ -319,7 +319,7 @@ REQUIRED_COLUMNS = ("cell", *KEY, *HASHES, "group", "output_type")
 def check_table(path: Path) -> None:
     """Read a parquet table's footer and schema (cheap): a one-line error if it is truncated or corrupt, or
     is not a per-sample table (it lacks a column the statistics read)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # heavy: pyarrow
 
     try:
         names = pq.read_schema(path).names

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats as sps
 
 from evalparity import samples as samples_mod
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
@@ -348,8 +349,6 @@ def attach_noise_floor(records: list[Comparison], pending: list[Pending], opts: 
         inf = inference.binary_inference(nf_only, x_only, n)  # Δ = cross rate − noise rate
         ci = inf.confidence_interval(1 - 2 * opts.alpha)  # its lower end is the one-sided (1 − α) bound
         k = x_only + nf_only
-        from scipy import stats as sps
-
         p_more = float(sps.binom.sf(x_only - 1, k, 0.5)) if k else 1.0
         rec.noise_floor_pair, rec.noise_discordance = pair, rate_nf
         rec.discordance_excess, rec.discordance_excess_ci = inf.estimate, [ci.low, ci.high]
