@@ -10,6 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from evalparity import config
+from evalparity import tasks as tasks_mod
+from evalparity.backends import compat
+from evalparity.data import embedded, mirrors
+from evalparity.devices import cpu_flags, resolve_device, unsupported_dtypes
+from evalparity.errors import EvalParityError
+from evalparity.spec import split_list
 
 
 def _check_import(name: str) -> tuple[bool, str]:
@@ -49,10 +55,6 @@ def _has(dist: str) -> bool:
 
 
 def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> int:
-    from evalparity.backends import compat
-    from evalparity.data import embedded, mirrors
-    from evalparity.devices import cpu_flags, resolve_device, unsupported_dtypes
-
     compat.apply()
     problems = 0
     t = Table(title="backends")
@@ -81,10 +83,6 @@ def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> i
     console.print("dataset mirrors searched: " + (", ".join(map(str, roots)) or "none"))
     console.print(f"hub reachable: {mirrors.hub_reachable()}")
     if tasks:
-        from evalparity import tasks as tasks_mod
-        from evalparity.errors import EvalParityError
-        from evalparity.spec import split_list
-
         tm = tasks_mod.task_manager()
         for typed in split_list(tasks):
             name = tasks_mod.split_suffixed(typed, tm) or typed
