@@ -31,7 +31,24 @@ from pathlib import Path
 
 from evalparity import __version__, backends, samples, tasks
 from evalparity.backends import compat, precision
-from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, TMP_PREFIX, kill_point, unit_location
+from evalparity.config import (
+    CELL_FILE,
+    CELLS,
+    COMPARE_FILE,
+    FAILED_SUFFIX,
+    LM_EVAL_DIR,
+    LM_EVAL_RESULTS,
+    LOG_FILE,
+    PLACEMENT_ENV,
+    PROGRESS_FILE,
+    REASON_FD_ENV,
+    SPEC_FILE,
+    TABLE_FILE,
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    kill_point,
+    unit_location,
+)
 from evalparity.data import mirrors
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.files import read_json, write_json
@@ -111,7 +128,7 @@ def check_cell_json(path: Path) -> dict:
     except (OSError, ValueError) as err:
         raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
     problem = _shape_problem(meta, CELL_FIELDS, required=("status",))
-    own = folder.name.removesuffix(".failed")
+    own = folder.name.removesuffix(FAILED_SUFFIX)
     if problem is None and meta["status"] not in (STATUS_OK, STATUS_FAILED):
         problem = f"'status' is {meta['status']!r}, not {STATUS_OK} or {STATUS_FAILED}"
     if problem is None and meta.get("cell", own) != own:
@@ -143,46 +160,46 @@ def check_readable(run_dir: Path) -> None:
     cell's ``samples.parquet`` is truncated, corrupt or of another shape, before any statistics: a traceback
     midway through would leave a half-written report. (A finished cell whose table is missing is the
     statistics' business.)"""
-    spec = run_dir / "spec.json"
+    spec = run_dir / SPEC_FILE
     if spec.exists():
         check_spec(spec)
-    if (run_dir / "compare.json").exists():
-        compared = check_compare_json(run_dir / "compare.json", "rerun the same `evalparity compare` into a new "
+    if (run_dir / COMPARE_FILE).exists():
+        compared = check_compare_json(run_dir / COMPARE_FILE, "rerun the same `evalparity compare` into a new "
                                       "--out")
         for name in compared["names"]:
-            if not (run_dir / "cells" / name / "cell.json").is_file():
+            if not (run_dir / CELLS / name / CELL_FILE).is_file():
                 raise EvalParityError(f"cell {name} of the comparison in {run_dir} is missing (an `evalparity compare` "
                                       "into it was interrupted): rerun the same `evalparity compare` to redo it",
                                       EXIT_CELL_FAILED)
-    cells_dir = run_dir / "cells"
+    cells_dir = run_dir / CELLS
     for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
-        if not d.is_dir() or d.name.startswith(".") or not (d / "cell.json").exists():
+        if not d.is_dir() or d.name.startswith(".") or not (d / CELL_FILE).exists():
             continue
-        meta = check_cell_json(d / "cell.json")
-        table = d / "samples.parquet"
+        meta = check_cell_json(d / CELL_FILE)
+        table = d / TABLE_FILE
         if meta.get("status") == STATUS_OK and table.exists():
             samples.check_table(table)
 
 
 def read_cell_json(cell_dir: Path) -> dict | None:
     """A cell's record, or None when it is missing, unreadable or not an object (never taken as finished)."""
-    return read_json(cell_dir / "cell.json")
+    return read_json(cell_dir / CELL_FILE)
 
 
-def is_done(run_dir: Path, name: str, folder: str = "cells", identity: str | None = None) -> bool:
+def is_done(run_dir: Path, name: str, folder: str = CELLS, identity: str | None = None) -> bool:
     """Whether the unit finished. With ``identity`` (``RunSpec.identity``), only if it finished under that
     spec and model: a cell of another spec or model is never taken for this one's."""
     meta = read_cell_json(run_dir / folder / name)
     if identity is not None and (meta or {}).get("spec_identity") != identity:
         return False
-    return bool(meta and meta.get("status") == STATUS_OK and (run_dir / folder / name / "samples.parquet").exists())
+    return bool(meta and meta.get("status") == STATUS_OK and (run_dir / folder / name / TABLE_FILE).exists())
 
 
-def tmp_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
+def tmp_dir(run_dir: Path, name: str, folder: str = CELLS) -> Path:
     return run_dir / folder / f"{TMP_PREFIX}{check_name(name)}"
 
 
-def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Path:
+def publish(run_dir: Path, name: str, status: str, folder: str = CELLS) -> Path:
     """Move the temp folder into place. A failed attempt never replaces a finished cell: it is kept
     beside it as ``<name>.failed``. Shards of a sharded cell live in ``shards/`` until they are merged."""
     src = tmp_dir(run_dir, name, folder)  # checks the name: the target below is replaced, so it must be ours
@@ -191,10 +208,10 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
         with contextlib.suppress(OSError):  # a full disk must not stop the attempt from being recorded
             archive_attempt(run_dir, name, folder)
     if status != STATUS_OK and is_done(run_dir, name, folder):
-        final = run_dir / folder / f"{name}.failed"
+        final = run_dir / folder / f"{name}{FAILED_SUFFIX}"
     trash = None
     if final.exists():
-        trash = final.with_name(f".trash-{final.name}-{os.getpid()}")
+        trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{os.getpid()}")
         final.replace(trash)
     kill_point(f"publish-cell:{name}")
     src.replace(final)
@@ -203,7 +220,7 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     return final
 
 
-def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
+def archive_attempt(run_dir: Path, name: str, folder: str = CELLS) -> None:
     """Keep a failed attempt's reason and log as ``attempts/<folder>/<name>/attempt-N.{json,log}``: the next
     attempt replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all
     of them."""
@@ -211,7 +228,7 @@ def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
     hist = attempts_dir(run_dir, name, folder)
     hist.mkdir(parents=True, exist_ok=True)
     n = 1 + len(list(hist.glob("attempt-*.json")))
-    log = src / "cell.log"
+    log = src / LOG_FILE
     if log.exists():
         shutil.copyfile(log, hist / f"attempt-{n}.log")
     meta = read_cell_json(src) or {}
@@ -219,7 +236,7 @@ def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
                                             "log": f"attempt-{n}.log" if log.exists() else None})
 
 
-def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dict]:
+def attempt_history(run_dir: Path, name: str, folder: str = CELLS) -> list[dict]:
     """Every recorded failed attempt of a unit, oldest first, with its log's path relative to the run."""
     hist = attempts_dir(run_dir, name, folder)
     out = []
@@ -493,7 +510,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     from lm_eval.loggers import EvaluationTracker
 
     progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
-    tracker = EvaluationTracker(output_path=str(out / "lm_eval"))
+    tracker = EvaluationTracker(output_path=str(out / LM_EVAL_DIR))
     t1, cpu1 = time.perf_counter(), cpu_usage()
     seed = spec.alignment.seed
     sharded = shard[1] > 1
@@ -517,11 +534,11 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     tracker.save_results_aggregated(results=results, samples=task_samples)
     for task_name in results["configs"]:
         tracker.save_results_samples(task_name=task_name, samples=task_samples[task_name])
-    lm_results, written = _saved(out / "lm_eval", task_samples)
+    lm_results, written = _saved(out / LM_EVAL_DIR, task_samples)
     table = samples.samples_to_table(written, lm_results, gen_ids)
     table.insert(0, "cell", cell.name)
-    samples.write_table(table, out / "samples.parquet")
-    write_json(out / "lm_eval_results.json", {k: lm_results.get(k) for k in
+    samples.write_table(table, out / TABLE_FILE)
+    write_json(out / LM_EVAL_RESULTS, {k: lm_results.get(k) for k in
                                                ("results", "groups", "group_subtasks", "configs", "versions",
                                                 "n-shot", "higher_is_better", "n-samples")})
     meta["write_s"] = time.perf_counter() - t2
@@ -591,19 +608,19 @@ def _main(argv: list[str] | None) -> int:
     if len(argv) > 4 and argv[3] == "--shard":
         k, n = argv[4].split("/")
         shard = (int(k), int(n))
-    spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))
+    spec = RunSpec.from_json(json.loads((run_dir / SPEC_FILE).read_text()))
     cell = next(c for c in spec.cells if c.name == name)
     folder, unit = unit_location(name, *shard)
     out = tmp_dir(run_dir, unit, folder)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    log = open(out / "cell.log", "a", buffering=1)
+    log = open(out / LOG_FILE, "a", buffering=1)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    progress = ProgressFile(out / "progress.json")
+    progress = ProgressFile(out / PROGRESS_FILE)
     progress.hook_tqdm()
     t0 = time.perf_counter()
     try:
@@ -617,12 +634,12 @@ def _main(argv: list[str] | None) -> int:
     meta["wall_s"] = time.perf_counter() - t0
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
-        write_json(out / "cell.json", meta)
+        write_json(out / CELL_FILE, meta)
     except OSError as err:  # not published: the parent records the failure, with this reason
         why = meta.get("error") or "it finished, but its results could not be kept"
         tell_parent(f"{why}; its cell.json could not be written ({err.strerror or err})")
         return 1
-    (out / "progress.json").unlink(missing_ok=True)
+    (out / PROGRESS_FILE).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         log.flush()
     if meta["status"] != STATUS_OK:

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from evalparity import cells, samples
-from evalparity.config import COMPARE_FILE
+from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, LM_EVAL_RESULTS, TABLE_FILE
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.rundir import check_name, contents, recover_outputs
@@ -53,7 +53,7 @@ def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
             raise EvalParityError(f"--out {run_dir} holds another comparison ({was}): use another --out, or remove "
                                   "that directory")
     recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
-    (run_dir / "cells").mkdir(parents=True, exist_ok=True)
+    (run_dir / CELLS).mkdir(parents=True, exist_ok=True)
     write_json(run_dir / COMPARE_FILE, ident)
 
 
@@ -88,10 +88,10 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
         tmp.mkdir(parents=True)
         t = tables[name].copy()
         t.insert(0, "cell", name)
-        samples.write_table(t, tmp / "samples.parquet")
+        samples.write_table(t, tmp / TABLE_FILE)
         cfg = results.get("config", {}) or {}
-        write_json(tmp / "lm_eval_results.json", {k: results.get(k) for k in ("results", "configs", "config")})
-        write_json(tmp / "cell.json", {
+        write_json(tmp / LM_EVAL_RESULTS, {k: results.get(k) for k in ("results", "configs", "config")})
+        write_json(tmp / CELL_FILE, {
             "cell": name, "status": cells.STATUS_OK, "source": str(Path(p).resolve()), "tag": "", "base_cell": name,
             "backend": cfg.get("model"), "model_args": cfg.get("model_args"), "batch_size": cfg.get("batch_size"),
             "versions": {"lm_eval": (results.get("lm_eval_version") or "?")},

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from evalparity import backends, cells, rundir, shards
 from evalparity import placement as pl
+from evalparity.config import CELL_FILE, CELLS, FAILED_SUFFIX, LOG_FILE, PROGRESS_FILE, SPEC_FILE
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.placement import Job
@@ -50,7 +51,7 @@ def _check_cell_settings(run_dir: Path, old: RunSpec, new: RunSpec, force: bool)
 
 def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
     """Create the run directory and its spec.json, or check that an existing one is the same spec."""
-    path = run_dir / "spec.json"
+    path = run_dir / SPEC_FILE
     if path.exists():
         try:
             old = json.loads(path.read_text())
@@ -80,7 +81,7 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
         return
     if rundir.contents(run_dir):
         raise EvalParityError(f"{run_dir} exists and is not an evalparity run directory: use another --out")
-    (run_dir / "cells").mkdir(parents=True, exist_ok=True)
+    (run_dir / CELLS).mkdir(parents=True, exist_ok=True)
     write_json(path, spec.to_json())
 
 
@@ -146,7 +147,7 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
     gpus = spec.tensor_parallel / cells_per_gpu if spec.device != "cpu" else 0.0
     for cell in spec.cells:
         if cells.is_done(run_dir, cell.name, identity=spec.identity()) and not force:
-            meta = cells.read_cell_json(run_dir / "cells" / cell.name) or {}
+            meta = cells.read_cell_json(run_dir / CELLS / cell.name) or {}
             done[cell.name] = CellOutcome(cell.name, "skipped", 0.0, meta)
             continue
         env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline)
@@ -212,7 +213,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                         outcomes[job.cell] = _cell_outcome(run_dir, by_name[job.cell], wall, unrecorded)
                         bar.update(overall, advance=1)
                 for job in executor.running():
-                    progress = cells.tmp_dir(run_dir, job.unit, job.location[0]) / "progress.json"
+                    progress = cells.tmp_dir(run_dir, job.unit, job.location[0]) / PROGRESS_FILE
                     if _show(bar, inner[job.unit], job.unit, progress):
                         started.setdefault(job.unit, time.perf_counter())
                 time.sleep(0.5)
@@ -243,7 +244,7 @@ def _cell_outcome(run_dir: Path, cell, wall: float, unrecorded: dict[str, dict] 
     """A cell whose jobs have all ended: its own outcome, or, for a sharded cell, the merge of its shards."""
     unrecorded = unrecorded or {}
     if cell.shards == 1:
-        meta = unrecorded.get(cell.name) or _final_meta(run_dir, cell.name, "cells")
+        meta = unrecorded.get(cell.name) or _final_meta(run_dir, cell.name, CELLS)
         return CellOutcome(cell.name, meta.get("status", "failed"), wall, meta)
     bad = shards.pending_shards(run_dir, cell, False)
     if bad:
@@ -266,7 +267,7 @@ def _merge(run_dir: Path, cell, wall: float) -> CellOutcome:
 def _final_meta(run_dir: Path, unit: str, folder: str) -> dict:
     """The newest outcome of a unit: its published folder, or the ``.failed`` one beside a finished cell."""
     meta = cells.read_cell_json(run_dir / folder / unit) or {}
-    failed_meta = cells.read_cell_json(run_dir / folder / f"{unit}.failed")
+    failed_meta = cells.read_cell_json(run_dir / folder / f"{unit}{FAILED_SUFFIX}")
     if failed_meta and failed_meta.get("finished", "") > meta.get("finished", ""):
         meta = failed_meta
     return meta
@@ -302,12 +303,12 @@ def _record_crash(run_dir: Path, cell, end, wall: float) -> dict | None:
     meta = cells.failed_meta(cell, why, wall_s=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                              placement=end.placement)
     try:
-        write_json(tmp / "cell.json", meta)
-        (tmp / "progress.json").unlink(missing_ok=True)
+        write_json(tmp / CELL_FILE, meta)
+        (tmp / PROGRESS_FILE).unlink(missing_ok=True)
         cells.publish(run_dir, unit, cells.STATUS_FAILED, folder)
         return None
     except OSError as err:
-        log = tmp / "cell.log"
+        log = tmp / LOG_FILE
         meta["error"] = (f"{why}; this failure could not be recorded in {run_dir} either ({err.strerror or err})"
                          + (f"; its log so far: {log}" if log.is_file() and log.stat().st_size else ""))
         meta["unrecorded"] = True

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalparity import config
-from evalparity.config import ATTEMPTS, COMMITTED, LOCK_NAME, STAGE_PREFIX, kill_point
+from evalparity.config import ATTEMPTS, CELLS, COMMITTED, LOCK_NAME, SHARDS, STAGE_PREFIX, TRASH_PREFIX, kill_point
 from evalparity.errors import EvalParityError
 from evalparity.files import read_json, write_json
 
@@ -71,7 +71,7 @@ def check_name_ok(name: str) -> bool:
         return False
 
 
-def attempts_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
+def attempts_dir(run_dir: Path, name: str, folder: str = CELLS) -> Path:
     """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
     statistics take every folder for a cell of the run."""
     return run_dir / ATTEMPTS / folder / check_name(name)
@@ -300,7 +300,7 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
         write_json(stage / COMMITTED, {"names": list(names)})  # from here on, a kill is finished, not undone
         for name in names:  # old ones out of the way first, so the swap is two renames back to back
             if (run_dir / name).exists():
-                trash.append(run_dir / f".trash-{name}-{os.getpid()}")
+                trash.append(run_dir / f"{TRASH_PREFIX}{name}-{os.getpid()}")
                 (run_dir / name).replace(trash[-1])
         for i, name in enumerate(names):
             if i:
@@ -310,7 +310,7 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
     except BaseException:
         for t in trash:  # put back what was moved aside
             with contextlib.suppress(OSError):
-                t.replace(run_dir / t.name.removeprefix(".trash-").rsplit("-", 1)[0])
+                t.replace(run_dir / t.name.removeprefix(TRASH_PREFIX).rsplit("-", 1)[0])
         raise
     finally:
         for t in trash:
@@ -335,12 +335,12 @@ def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
                 new = stage / name
                 if new.is_dir() and not new.is_symlink():
                     if (run_dir / name).exists():
-                        (run_dir / name).replace(run_dir / f".trash-{name}-{stage.name}")
+                        (run_dir / name).replace(run_dir / f"{TRASH_PREFIX}{name}-{stage.name}")
                     new.replace(run_dir / name)
             say(f"finished publishing the {' and '.join(names)} of an earlier command that was killed midway")
         shutil.rmtree(stage, ignore_errors=True)
-    for folder in (run_dir, run_dir / "cells", run_dir / "shards"):
-        for t in folder.glob(".trash-*") if folder.is_dir() else []:
+    for folder in (run_dir, run_dir / CELLS, run_dir / SHARDS):
+        for t in folder.glob(f"{TRASH_PREFIX}*") if folder.is_dir() else []:
             shutil.rmtree(t, ignore_errors=True)
     _move_old_attempts(run_dir)
 
@@ -348,7 +348,7 @@ def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
 def _move_old_attempts(run_dir: Path) -> None:
     """Attempt histories an earlier evalparity kept as ``cells/<name>.attempts`` (where the statistics took
     them for a cell that never finished) move to ``attempts/cells/<name>``."""
-    for folder in ("cells", "shards"):
+    for folder in (CELLS, SHARDS):
         for old in sorted((run_dir / folder).glob("*.attempts")) if (run_dir / folder).is_dir() else []:
             name = old.name.removesuffix(".attempts")
             if not old.is_dir() or not check_name_ok(name):
