@@ -14,7 +14,7 @@ def resolve_device(device: str) -> str:
         raise EvalParityError(f"unknown device {device!r}: use cpu, cuda or auto")
     if d == "cpu":
         return "cpu"
-    import torch
+    import torch  # heavy: torch
 
     has_cuda = torch.cuda.is_available()
     if d == "auto":
@@ -43,7 +43,7 @@ def unsupported_dtypes(device: str, dtypes: list[str], backends: list[str]) -> d
             for d in half:
                 bad[d] = "vLLM's CPU kernels need AVX2 for half-precision types, and this CPU lacks it"
     else:
-        import torch
+        import torch  # heavy: torch
 
         if "bfloat16" in dtypes and not torch.cuda.is_bf16_supported():
             bad["bfloat16"] = f"{torch.cuda.get_device_name(0)} has no bfloat16 support (needs compute capability 8.0+)"

@@ -17,11 +17,11 @@ from evalparity.errors import EvalParityError
 
 def get(name: str) -> ModuleType:
     if name == "hf":
-        from evalparity.backends import hf
+        from evalparity.backends import hf  # loaded when picked: hf and vllm import this package
 
         return hf
     if name == "vllm":
-        from evalparity.backends import vllm
+        from evalparity.backends import vllm  # loaded when picked: hf and vllm import this package
 
         return vllm
     raise EvalParityError(f"unknown backend {name!r}: use hf or vllm")
@@ -32,7 +32,7 @@ def parse_extra_args(text: str) -> dict:
     on lm-eval's command line)."""
     if not text:
         return {}
-    from lm_eval.utils import simple_parse_args_string
+    from lm_eval.utils import simple_parse_args_string  # heavy: lm_eval
 
     try:
         return simple_parse_args_string(text)

@@ -56,7 +56,7 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
 
 def create_lm(args: dict):
     """An HFLM that also keeps the generated token ids, keyed by the prompt text."""
-    from lm_eval.models.huggingface import HFLM
+    from lm_eval.models.huggingface import HFLM  # heavy: lm_eval, transformers, torch
 
     class RecordingHFLM(HFLM):
         def __init__(self, **kw):
