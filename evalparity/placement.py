@@ -17,22 +17,24 @@ was running. Each job is told where it runs through ``EVALPARITY_PLACEMENT``, an
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import importlib.util
 import json
+import logging
 import os
 import platform
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from evalparity.cells import unit_location
+from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, unit_location
 from evalparity.errors import EvalParityError
-
-PLACEMENT_ENV = "EVALPARITY_PLACEMENT"
-REASON_FD_ENV = "EVALPARITY_REASON_FD"  # a pipe the job's process writes its failure's reason to
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Job:
 
     @property
     def location(self) -> tuple[str, str]:
-        """(folder, name) the job publishes under (``cells.unit_location``)."""
+        """(folder, name) the job publishes under (``config.unit_location``)."""
         return unit_location(self.cell, self.shard, self.shards)
 
     @property
@@ -72,8 +74,6 @@ def _die_with_parent() -> None:
     """Run in the child before exec: when the process that supervises the job dies (a Ray worker killed,
     a host lost), the job dies too, instead of running on unsupervised and publishing late."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
@@ -136,7 +136,7 @@ def _visible_gpus(cheap: bool = False) -> list[str]:
         except OSError:
             return []
     try:
-        import torch
+        import torch  # heavy: torch (the cheap count above needs none)
 
         return [str(i) for i in range(torch.cuda.device_count())]
     except Exception:  # noqa: BLE001
@@ -205,7 +205,7 @@ def gpu_job_cpus(nodes: list[dict], gpus: float) -> int:
 
 def _ray_job(job: Job, run_dir: str, model_path: str) -> tuple[int, dict, str]:
     """The body of one Ray task, on whichever host Ray chose: say where it is, run the job's process."""
-    import ray
+    import ray  # heavy: ray (this runs in a Ray worker)
 
     ctx = ray.get_runtime_context()
     placement = {"executor": "ray", "host": platform.node(), "node_id": ctx.get_node_id(),
@@ -227,8 +227,6 @@ def check_reachable(address: str | None, timeout: float = 5.0) -> None:
     """A HOST:PORT address that nothing answers on is refused in seconds (Ray itself retries for minutes)."""
     if not _host_port(address):
         return
-    import socket
-
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise EvalParityError(f"--ray {address!r} is not HOST:PORT, auto or local: e.g. --ray 10.0.0.1:6379")
@@ -266,8 +264,6 @@ def _token_available() -> bool:
 
 
 def _is_this_host(address: str) -> bool:
-    import socket
-
     host = address.rpartition(":")[0].strip("[]")
     if host in ("localhost", platform.node()) or host.startswith("127.") or host == "::1":
         return True
@@ -295,8 +291,6 @@ def use_token_auth(address: str | None) -> bool:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -379,8 +373,6 @@ class LocalRayHead:
     def _stamped(self, text: str) -> float | None:
         """Seconds from the head's start to the log line saying it is up, by that line's time stamp (Ray's
         "2026-11-30 12:52:19,206 SUCC ..."); None if it cannot be read."""
-        from datetime import datetime
-
         line = next(ln for ln in text.splitlines() if self.READY in ln)
         try:
             at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
@@ -432,9 +424,6 @@ class RayExecutor:
     def __init__(self, run_dir: str, model_path: str, address: str | None, head: LocalRayHead | None = None):
         """Connect to Ray at ``address``, or to ``head`` (a new local instance started earlier), which this
         executor then stops with itself."""
-        import importlib.util
-        import logging
-
         if importlib.util.find_spec("ray") is None:
             raise EvalParityError("Ray is not installed: pip install 'ray>=2.40' (or the [ray] extra), "
                                   "or run without --ray")
@@ -443,7 +432,7 @@ class RayExecutor:
             address = head.wait()
         check_reachable(address)
         token = use_token_auth(address)  # read when Ray is first imported: nothing here imports it earlier
-        import ray
+        import ray  # heavy: ray; after use_token_auth, whose RAY_AUTH_MODE it reads at import
 
         self.ray = ray
         self.run_dir, self.model_path = run_dir, model_path

@@ -1,7 +1,8 @@
-"""What keeps a run directory one experiment's: safe names, an exclusive lock, the model's fingerprint.
+"""What keeps a run directory one experiment's: safe names, an exclusive lock, whole outputs after a kill, the
+model's fingerprint.
 
-A leaf module (it imports nothing of evalparity but ``errors``), so that ``cells``, ``matrix``, ``importer``
-and ``cli`` can all use it without an import cycle.
+It imports nothing of evalparity but the leaf modules (``errors``, ``config``, ``files``), so that ``cells``,
+``matrix``, ``importer`` and ``cli`` can all use it without an import cycle.
 
 - **Names.** Every name that becomes a path (cell names, ``compare --name``, repeat tags, shard units) is
   checked against one grammar, so that no name can point outside ``cells/`` (``../../victim``) or into a
@@ -11,6 +12,9 @@ and ``cli`` can all use it without an import cycle.
   a Ray cluster's shared run directory lives; ``flock``/``fcntl`` locks are not reliable there. It holds the
   holder's host, pid and start time, so a second run can name it, and a lock left by a dead process of
   this host (SIGKILL, OOM) is taken over. A lock from another host cannot be checked: it is reported.
+- **Kills.** ``stats/`` and ``report/`` are written into a staging folder and swapped in together
+  (``staged_outputs``); the next command that holds the lock finishes or removes what a killed one left
+  (``recover_outputs``): a half-done swap, folders moved aside, staging folders.
 - **Fingerprint.** What the cells' results depend on besides the spec: the model's resolved source and its
   files' contents. Hashing a 100 GB model takes minutes, so each file's hash is cached under the evalparity
   cache directory, keyed by its resolved path, size, mtime, ctime and inode: a file rewritten in place
@@ -26,29 +30,17 @@ import json
 import os
 import platform
 import re
-import signal
+import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evalparity import config
+from evalparity.config import ATTEMPTS, CELLS, COMMITTED, LOCK_NAME, SHARDS, STAGE_PREFIX, TRASH_PREFIX, kill_point
 from evalparity.errors import EvalParityError
-
-# ---------------------------------------------------------------- test hook: kill points
-KILL_ENV = "EVALPARITY_TEST_KILL_AT"
-
-
-def kill_point(point: str) -> None:
-    """A test hook, for ``tests/test_faults.py`` only: when ``EVALPARITY_TEST_KILL_AT`` (comma-separated)
-    names ``point``, SIGKILL this process here, so the suite can kill a command between two steps too close
-    together to hit by timing. Unset (always, in use), it does nothing. Points: ``write:<file name>`` (an
-    atomic write, just before its rename), ``publish-cell:<unit>`` (between moving a cell's old folder aside
-    and its new one in), ``publish-outputs`` (between the renames that swap in ``stats/`` and ``report/``)."""
-    wanted = os.environ.get(KILL_ENV)
-    if wanted and point in wanted.split(","):
-        os.kill(os.getpid(), signal.SIGKILL)
-
+from evalparity.files import read_json, write_json
 
 # ---------------------------------------------------------------- names
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
@@ -68,6 +60,21 @@ def check_name(name: str, what: str = "cell name") -> str:
 def child(root: Path, name: str, what: str = "cell name") -> Path:
     """``root / name`` for a checked ``name``; the result is always directly inside ``root``."""
     return root / check_name(name, what)
+
+
+def check_name_ok(name: str) -> bool:
+    """Whether ``name`` is a safe path component (``check_name``), without raising."""
+    try:
+        check_name(name)
+        return True
+    except Exception:  # noqa: BLE001 - EvalParityError: not a plain file name
+        return False
+
+
+def attempts_dir(run_dir: Path, name: str, folder: str = CELLS) -> Path:
+    """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
+    statistics take every folder for a cell of the run."""
+    return run_dir / ATTEMPTS / folder / check_name(name)
 
 
 # ---------------------------------------------------------------- the output directory
@@ -94,7 +101,6 @@ def check_out_path(path: Path, flag: str = "--out") -> None:
 
 
 # ---------------------------------------------------------------- lock
-LOCK_NAME = ".evalparity.lock"
 STALE_BREAK_S = 30.0
 
 
@@ -270,6 +276,95 @@ def acquire(run_dir: Path, *, create: bool = True, say: Callable[[str], None] = 
         raise
 
 
+# ---------------------------------------------------------------- what a killed command left
+@contextlib.contextmanager
+def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
+    """A staging folder that reads like ``run_dir`` (links to everything but ``names``), for code that
+    writes ``run_dir/<name>/``; when the block ends without error, each ``<name>`` replaces the run's own,
+    back to back, so readers see the old set or the new one. On error the run's own are untouched.
+
+    A kill during the block leaves the run's own untouched (the next command removes the staging folder).
+    A kill between the renames (``COMMITTED`` written, some names swapped in) is finished by the next
+    command on the run, which holds the lock: ``recover_outputs`` swaps in the rest from the whole staged
+    set, so no old ``report/`` stays beside a new ``stats/``. Call it with the run directory locked."""
+    recover_outputs(run_dir)
+    stage = run_dir / f"{STAGE_PREFIX}{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
+    trash: list[Path] = []
+    try:
+        for p in run_dir.iterdir():
+            if p.name not in names and not p.name.startswith("."):
+                (stage / p.name).symlink_to(p.resolve())
+        yield stage
+        write_json(stage / COMMITTED, {"names": list(names)})  # from here on, a kill is finished, not undone
+        for name in names:  # old ones out of the way first, so the swap is two renames back to back
+            if (run_dir / name).exists():
+                trash.append(run_dir / f"{TRASH_PREFIX}{name}-{os.getpid()}")
+                (run_dir / name).replace(trash[-1])
+        for i, name in enumerate(names):
+            if i:
+                kill_point("publish-outputs")
+            if (stage / name).exists():
+                (stage / name).replace(run_dir / name)
+    except BaseException:
+        for t in trash:  # put back what was moved aside
+            with contextlib.suppress(OSError):
+                t.replace(run_dir / t.name.removeprefix(TRASH_PREFIX).rsplit("-", 1)[0])
+        raise
+    finally:
+        for t in trash:
+            shutil.rmtree(t, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
+    """Finish or drop what a killed process left in ``run_dir`` (call it holding the run's lock, so that
+    every such folder is a dead process's): a staging folder whose publish had begun is swapped in (it is
+    whole), any other is removed; old folders moved aside (``.trash-*``, here and in ``cells/`` and
+    ``shards/``) are removed."""
+    for stage in sorted(run_dir.glob(f"{STAGE_PREFIX}*")):
+        if stage.name == f"{STAGE_PREFIX}{os.getpid()}":
+            continue
+        done = read_json(stage / COMMITTED)
+        names = done.get("names") if done else None
+        if isinstance(names, list):
+            for name in names:
+                if not isinstance(name, str) or name.startswith(".") or "/" in name:
+                    continue
+                new = stage / name
+                if new.is_dir() and not new.is_symlink():
+                    if (run_dir / name).exists():
+                        (run_dir / name).replace(run_dir / f"{TRASH_PREFIX}{name}-{stage.name}")
+                    new.replace(run_dir / name)
+            say(f"finished publishing the {' and '.join(names)} of an earlier command that was killed midway")
+        shutil.rmtree(stage, ignore_errors=True)
+    for folder in (run_dir, run_dir / CELLS, run_dir / SHARDS):
+        for t in folder.glob(f"{TRASH_PREFIX}*") if folder.is_dir() else []:
+            shutil.rmtree(t, ignore_errors=True)
+    _move_old_attempts(run_dir)
+
+
+def _move_old_attempts(run_dir: Path) -> None:
+    """Attempt histories an earlier evalparity kept as ``cells/<name>.attempts`` (where the statistics took
+    them for a cell that never finished) move to ``attempts/cells/<name>``."""
+    for folder in (CELLS, SHARDS):
+        for old in sorted((run_dir / folder).glob("*.attempts")) if (run_dir / folder).is_dir() else []:
+            name = old.name.removesuffix(".attempts")
+            if not old.is_dir() or not check_name_ok(name):
+                continue
+            new = attempts_dir(run_dir, name, folder)
+            new.parent.mkdir(parents=True, exist_ok=True)
+            if not new.exists():
+                old.replace(new)
+                continue
+            for f in sorted(old.iterdir()):
+                if not (new / f.name).exists():
+                    f.replace(new / f.name)
+            with contextlib.suppress(OSError):
+                old.rmdir()
+
+
 # ---------------------------------------------------------------- model fingerprint
 CONFIG_FILES = ("config.json", "generation_config.json", "preprocessor_config.json")
 TOKENIZER_RE = re.compile(r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|"
@@ -290,21 +385,16 @@ def _kind(name: str) -> str | None:
     return None
 
 
-def cache_file() -> Path:
-    root = Path(os.environ.get("EVALPARITY_CACHE", Path.home() / ".cache" / "evalparity")).expanduser()
-    return root / "fingerprints.json"
-
-
 def _load_cache() -> dict:
     try:
-        data = json.loads(cache_file().read_text())
+        data = json.loads(config.fingerprint_cache().read_text())
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
 def _save_cache(cache: dict) -> None:
-    path = cache_file()
+    path = config.fingerprint_cache()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:  # the cache only saves time: a failure to write it (read-only home) is not an error
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from evalparity.config import RUN_FILE
+from evalparity.files import write_json
+
 
 class RunLog:
     """Seconds per named stage, in the order they ran."""
@@ -38,13 +41,11 @@ class RunLog:
 
     def write(self) -> None:
         """Write run.json, if this invocation got as far as owning a run directory."""
-        from evalparity.cells import write_json
-
         if self.run_dir is None:
             return
         total = time.perf_counter() - self.t0
         try:
-            write_json(self.run_dir / "run.json", {
+            write_json(self.run_dir / RUN_FILE, {
                 "argv": sys.argv[1:], "started": self.started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "total_s": round(total, 3), "stages_s": self.stages,
                 "outside_stages_s": round(total - sum(self.stages.values()), 3), **self.facts})

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from evalparity.errors import EvalParityError
+from evalparity.files import atomic_target
 
 KEY = ["task", "filter", "doc_id", "choice"]
 HASHES = ["doc_hash", "prompt_hash", "target_hash"]
@@ -302,9 +303,7 @@ def metric_columns(df: pd.DataFrame) -> list[str]:
 
 
 def write_table(df: pd.DataFrame, path: Path) -> None:
-    """Parquet through pyarrow, published atomically (``cells.atomic_target``)."""
-    from evalparity.cells import atomic_target
-
+    """Parquet through pyarrow, published atomically (``files.atomic_target``)."""
     with atomic_target(Path(path)) as tmp:
         df.to_parquet(tmp, engine="pyarrow", index=False)
 
@@ -320,7 +319,7 @@ REQUIRED_COLUMNS = ("cell", *KEY, *HASHES, "group", "output_type")
 def check_table(path: Path) -> None:
     """Read a parquet table's footer and schema (cheap): a one-line error if it is truncated or corrupt, or
     is not a per-sample table (it lacks a column the statistics read)."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # heavy: pyarrow
 
     try:
         names = pq.read_schema(path).names

@@ -22,16 +22,18 @@ from pathlib import Path
 import pandas as pd
 
 from evalparity import cells, samples
+from evalparity.config import CELL_FILE, LM_EVAL_RESULTS, LOG_FILE, TABLE_FILE, unit_location
+from evalparity.files import write_json
 from evalparity.spec import CellSpec
 
 
 def shard_dirs(run_dir: Path, cell: CellSpec) -> list[Path]:
-    return [run_dir.joinpath(*cells.unit_location(cell.name, k, cell.shards)) for k in range(cell.shards)]
+    return [run_dir.joinpath(*unit_location(cell.name, k, cell.shards)) for k in range(cell.shards)]
 
 
 def pending_shards(run_dir: Path, cell: CellSpec, force: bool, identity: str | None = None) -> list[int]:
     def done(k: int) -> bool:
-        folder, name = cells.unit_location(cell.name, k, cell.shards)
+        folder, name = unit_location(cell.name, k, cell.shards)
         return cells.is_done(run_dir, name, folder, identity)
 
     return [k for k in range(cell.shards) if force or not done(k)]
@@ -63,13 +65,13 @@ def merge(run_dir: Path, cell: CellSpec) -> dict:
     """Write and publish ``cells/<cell>`` from its finished shards; return its cell.json."""
     dirs = shard_dirs(run_dir, cell)
     metas = [cells.read_cell_json(d) or {} for d in dirs]
-    table = merge_tables([samples.read_table(d / "samples.parquet") for d in dirs])
+    table = merge_tables([samples.read_table(d / TABLE_FILE) for d in dirs])
     out = cells.tmp_dir(run_dir, cell.name)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    samples.write_table(table, out / "samples.parquet")
-    (out / "cell.log").write_text("".join(f"shard {k}: {d.relative_to(run_dir)}/cell.log\n"
+    samples.write_table(table, out / TABLE_FILE)
+    (out / LOG_FILE).write_text("".join(f"shard {k}: {d.relative_to(run_dir)}/{LOG_FILE}\n"
                                           for k, d in enumerate(dirs)))
     first = metas[0]
     meta = {k: v for k, v in first.items() if k not in ("shard", "placement", "pid", "aggregate", "n_rows")}
@@ -90,7 +92,7 @@ def merge(run_dir: Path, cell: CellSpec) -> dict:
         "n_rows": int(len(table)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    cells.write_json(out / "cell.json", meta)
-    cells.write_json(out / "lm_eval_results.json", {"results": meta["aggregate"], "shards": cell.shards})
+    write_json(out / CELL_FILE, meta)
+    write_json(out / LM_EVAL_RESULTS, {"results": meta["aggregate"], "shards": cell.shards})
     cells.publish(run_dir, cell.name, cells.STATUS_OK)
     return meta

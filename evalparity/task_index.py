@@ -19,15 +19,10 @@ import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
-from evalparity.cells import write_atomic
+from evalparity import config
+from evalparity.files import write_atomic
 
 FILE_PREFIX = "lm-eval-tasks-"
-
-
-def _index_dir() -> Path:
-    from evalparity.data.embedded import cache_dir
-
-    return cache_dir() / "task-index"
 
 
 def _key(root: Path, files: list[Path], version: str) -> str:
@@ -41,7 +36,7 @@ def _key(root: Path, files: list[Path], version: str) -> str:
 @contextlib.contextmanager
 def cached() -> Iterator[None]:
     """While active, lm-eval's index of its own task tree comes from (or goes to) the cache."""
-    try:
+    try:  # heavy: lm_eval
         import lm_eval
         from lm_eval.tasks import _index
     except ImportError:
@@ -63,7 +58,7 @@ def cached() -> Iterator[None]:
             key = _key(own_root, list(iter_files(own_root)), version)
         except (OSError, ValueError):
             return original([root], resolve_includes=resolve_includes)
-        path = _index_dir() / f"{FILE_PREFIX}{key}.pkl"
+        path = config.task_index_dir() / f"{FILE_PREFIX}{key}.pkl"
         try:
             return pickle.loads(path.read_bytes())
         except Exception:  # noqa: BLE001 - absent, partial or from another version: rebuild

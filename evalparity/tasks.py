@@ -8,15 +8,14 @@ before any model is loaded, with one line that names every such problem at once.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import io
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from evalparity import task_index
 from evalparity.data import mirrors
 from evalparity.errors import EvalParityError
+from evalparity.quiet import quiet
 
 TASK_CONFIGS_DIR = Path(__file__).resolve().parent.parent / "task_configs"
 
@@ -30,23 +29,8 @@ def include_paths(extra: tuple[str, ...] | list[str]) -> list[str]:
     return paths
 
 
-@contextlib.contextmanager
-def quiet():
-    """lm-eval and datasets log a lot while building tasks; keep it off the user's terminal."""
-    buf = io.StringIO()
-    prev = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
-            yield buf
-    finally:
-        logging.disable(prev)
-
-
 def task_manager(extra_paths: tuple[str, ...] | list[str] = ()):
-    from lm_eval.tasks import TaskManager
-
-    from evalparity import task_index
+    from lm_eval.tasks import TaskManager  # heavy: lm_eval
 
     with quiet(), task_index.cached():  # lm-eval's own task tree is indexed once per tree state, not per process
         return TaskManager(include_path=include_paths(extra_paths))

@@ -436,11 +436,11 @@ def test_a_corrupt_compare_json(lm_dirs, tmp_path):
 def test_a_corrupt_fingerprint_cache_is_rebuilt(tiny_model, tmp_path, monkeypatch):
     """The fingerprint cache only saves time: garbage, another shape, wrong-typed entries or a folder in
     its place are ignored (the files are hashed again), never an error; a writable cache is rewritten."""
-    from evalparity import rundir
+    from evalparity import config, rundir
 
     monkeypatch.setenv("EVALPARITY_CACHE", str(tmp_path / "cache"))
     good = rundir.model_fingerprint(tiny_model, str(tiny_model))
-    cache = rundir.cache_file()
+    cache = config.fingerprint_cache()
     key = next(iter(json.loads(cache.read_text())))
     for data in (_random_bytes(), b"[1, 2]", json.dumps({key: {"stamp": "x", "sha256": 5}}).encode(),
                  json.dumps({key: [1, 2]}).encode(), json.dumps({key: {"stamp": None}}).encode()):
@@ -528,7 +528,7 @@ def test_infinite_values_print_no_runtime_warning(tmp_path):
 
 
 # ---------------------------------------------------------------- SIGKILL at several points
-KILL = "EVALPARITY_TEST_KILL_AT"  # the test hook (rundir.kill_point)
+KILL = "EVALPARITY_TEST_KILL_AT"  # the test hook (config.kill_point)
 
 
 def _margin_of(run: Path) -> dict[str, float | None]:
@@ -565,9 +565,9 @@ def test_report_killed_midway_leaves_the_previous_or_the_new_one_whole(reported_
     if point != "publish-outputs":
         assert {k: v for k, v in snapshot(run).items() if k.startswith(("stats/", "report/"))} == before
     else:  # killed between the renames: the next command on the run finishes the publish it began
-        from evalparity import cells
+        from evalparity import rundir
 
-        cells.recover_outputs(run)
+        rundir.recover_outputs(run)
         assert set(_margin_of(run).values()) == {0.02} and not _leftovers(run)
     again = evalparity("report", str(run), "--margin", "3pp", "--no-fail-on-inconclusive")
     assert again.returncode in (0, 3, 4), again.stderr[-2000:]

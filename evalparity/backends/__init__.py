@@ -21,7 +21,7 @@ def parse_extra_args(text: str) -> dict:
     on lm-eval's command line)."""
     if not text:
         return {}
-    from lm_eval.utils import simple_parse_args_string
+    from lm_eval.utils import simple_parse_args_string  # heavy: lm_eval
 
     try:
         return simple_parse_args_string(text)

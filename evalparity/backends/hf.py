@@ -62,7 +62,7 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
 
 def create_lm(args: dict):
     """An HFLM that also keeps the generated token ids, keyed by the prompt text."""
-    from lm_eval.api.registry import get_model
+    from lm_eval.api.registry import get_model  # heavy: lm_eval, transformers, torch
 
     from evalparity.backends.pretokenize import BatchedEncoding
 

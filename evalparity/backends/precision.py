@@ -26,7 +26,7 @@ def environment(dtype: str, true_fp32: bool) -> dict[str, str]:
 
 def apply(true_fp32: bool) -> None:
     """Set torch's own switches in this process (after import)."""
-    import torch
+    import torch  # heavy: torch
 
     torch.set_float32_matmul_precision("highest" if true_fp32 else "high")
     torch.backends.cuda.matmul.allow_tf32 = not true_fp32
@@ -35,7 +35,7 @@ def apply(true_fp32: bool) -> None:
 
 def probe() -> dict:
     """What this process will actually do, read back from torch and the environment."""
-    import torch
+    import torch  # heavy: torch
 
     out = {
         "float32_matmul_precision": torch.get_float32_matmul_precision(),

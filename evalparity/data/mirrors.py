@@ -16,9 +16,10 @@ import os
 import socket
 from pathlib import Path
 
+from evalparity import config
+from evalparity.data import embedded
 from evalparity.errors import EvalParityError
 
-ENV_VAR = "EVALPARITY_DATASETS_DIR"
 HUB_HOST = ("huggingface.co", 443)
 
 
@@ -30,17 +31,15 @@ class MissingDataset(EvalParityError):
         where = " or ".join(str(p) for p in looked) if looked else "(no mirror directory given)"
         super().__init__(
             f"dataset {self.dataset} is not reachable (no network to the hub) and has no mirror at {where}: "
-            f"put <split>.jsonl files there and pass --datasets-dir DIR (or set ${ENV_VAR})")
+            f"put <split>.jsonl files there and pass --datasets-dir DIR (or set ${config.DATASETS_DIR_ENV})")
         self.looked = looked
 
 
 def mirror_roots(datasets_dir: str | None) -> list[Path]:
     roots = []
-    for d in (datasets_dir, os.environ.get(ENV_VAR)):
+    for d in (datasets_dir, config.datasets_dir()):
         if d:
             roots.append(Path(d).expanduser().resolve())
-    from evalparity.data import embedded
-
     emb = embedded.dataset_mirror(prepare=False)
     if emb is not None:
         roots.append(emb)
@@ -88,7 +87,7 @@ def _with_empty_missing_splits(dd):
     lm-eval touches the training split while building a task, for few-shot sampling. A missing split reads
     as an empty one with the same columns (``tasks.preflight`` refuses a few-shot run whose few-shot split is
     empty)."""
-    import datasets
+    import datasets  # heavy: datasets
 
     class MirrorDatasetDict(datasets.DatasetDict):
         def __getitem__(self, key):
@@ -101,7 +100,7 @@ def _with_empty_missing_splits(dd):
 
 def activate(roots: list[Path]) -> None:
     """Route ``datasets.load_dataset`` through the mirrors (idempotent)."""
-    import datasets
+    import datasets  # heavy: datasets
 
     original = getattr(datasets.load_dataset, "_evalparity_original", datasets.load_dataset)
 

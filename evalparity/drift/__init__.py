@@ -19,8 +19,10 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from evalparity.cells import write_json
+from evalparity import backends
 from evalparity.errors import EvalParityError
+from evalparity.files import write_json
+from evalparity.matrix import cell_environment
 from evalparity.spec import CellSpec, RunSpec, parse_backend, parse_dtype
 
 
@@ -65,9 +67,6 @@ def parse_cell(name: str) -> tuple[str, str, bool]:
 def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, *, reference: str = "hf-fp32",
               device: str = "cpu", max_len: int = 2048, gen_tokens: int = 32, threshold: float = 1e-3,
               dump: bool = False, console: Console | None = None) -> dict[str, dict]:
-    from evalparity import backends
-    from evalparity.matrix import cell_environment
-
     console = console or Console(stderr=True)
     if not prompts:
         raise EvalParityError("no prompts to probe: pass --prompts FILE or a run directory with samples")

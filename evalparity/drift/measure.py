@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from evalparity.stats.generations import first_divergence
+
 BUCKETS = (128, 512, 2048, 8192, 32768)
 
 
@@ -85,8 +87,6 @@ class DriftAccumulator:
         self.n_prompts += 1
 
     def add_generation(self, prompt_len: int, a: list[int], b: list[int]) -> None:
-        from evalparity.stats.generations import first_divergence
-
         self.gen_first_div.append(first_divergence(a, b))
         self.gen_prompt_len.append(prompt_len)
         n = max(len(a), len(b), 1)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from evalparity.backends import compat
 from evalparity.errors import EvalParityError
 
 
@@ -48,7 +49,7 @@ def _decoder_parts(model: torch.nn.Module):
 
 class HFProbe:
     def __init__(self, path: str, dtype: torch.dtype, device: str):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers (this probe only)
 
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
@@ -77,10 +78,8 @@ _CAPTURE: dict[str, list] = {"embed": [], "layers": {}, "norm": []}
 
 class VLLMProbe:
     def __init__(self, path: str, dtype: str, max_len: int, device: str):
-        from evalparity.backends import compat
-
         compat.apply()
-        from vllm import LLM
+        from vllm import LLM  # optional: vllm (this probe only), after compat.apply
 
         kw = {"gpu_memory_utilization": 0.3} if device != "cpu" else {}
         self.llm = LLM(model=path, dtype=dtype, enforce_eager=True, enable_prefix_caching=False, seed=0,
@@ -89,7 +88,7 @@ class VLLMProbe:
         self.n_layers = self.llm.apply_model(_install_hooks)[0]
 
     def run(self, ids: list[int]) -> Probe:
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional: vllm (this probe only)
 
         _CAPTURE["embed"].clear()
         _CAPTURE["norm"].clear()
@@ -107,7 +106,7 @@ class VLLMProbe:
         return Probe(hidden, torch.tensor(lps, dtype=torch.float32))
 
     def generate(self, ids: list[int], n: int) -> list[int]:
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # optional: vllm (this probe only)
 
         o = self.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=n, temperature=0.0),
                               use_tqdm=False)[0]

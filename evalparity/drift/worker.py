@@ -7,11 +7,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from evalparity.cells import ProgressFile, write_json
+from evalparity import backends
+from evalparity.backends import precision
+from evalparity.cells import ProgressFile
 from evalparity.drift import parse_cell
 from evalparity.drift.measure import DriftAccumulator
+from evalparity.files import write_json
 
 
 class WithPrecision:
@@ -23,8 +27,6 @@ class WithPrecision:
         self.tokenizer = probe.tokenizer
 
     def _set(self) -> None:
-        from evalparity.backends import precision
-
         if self.true_fp32 is not None:
             precision.apply(self.true_fp32)
 
@@ -38,10 +40,6 @@ class WithPrecision:
 
 
 def make_probe(backend: str, dtype: str, tf32: bool, spec: dict) -> WithPrecision:
-    """The backend's own probe (``Backend.drift_probe``; one without a probe raises), in its precision mode."""
-    from evalparity import backends
-    from evalparity.backends import precision
-
     true_fp32 = (not tf32) if dtype == "float32" else None
     if true_fp32 is not None:
         precision.apply(true_fp32)
@@ -91,8 +89,6 @@ def probe_prompts(ref, other, prompts: list[str], max_len: int, gen_tokens: int,
         a, b = ref.run(ids), other.run(ids)
         acc.add_prompt(i, ids, a, b, decode)
         if dump is not None:
-            import numpy as np
-
             dump.mkdir(parents=True, exist_ok=True)
             np.savez_compressed(dump / f"{i}.npz", ids=np.asarray(ids), reference=torch.stack(a.hidden).numpy(),
                                 cell=torch.stack(b.hidden).numpy())

@@ -10,28 +10,29 @@ from pathlib import Path
 
 import pandas as pd
 
+from evalparity.config import CELL_FILE, CELLS, DRIFT, SPEC_FILE, STATS, VERDICTS_FILE
 from evalparity.report import figures, sections
 from evalparity.report.context import Drift, Figure, ReportContext
 
 
 def read_stats(run_dir: Path, name: str) -> pd.DataFrame:
     """``stats/<name>.parquet``, or an empty table when the statistics stage wrote none."""
-    p = run_dir / "stats" / f"{name}.parquet"
+    p = run_dir / STATS / f"{name}.parquet"
     return pd.read_parquet(p) if p.exists() else pd.DataFrame()
 
 
 def load_cells(run_dir: Path) -> dict[str, dict]:
     """Each cell's ``cell.json``, by cell name in sorted order (hidden folders are work in progress)."""
     metas = {}
-    for d in sorted((run_dir / "cells").iterdir()):
-        if (d / "cell.json").exists() and not d.name.startswith("."):
-            metas[d.name] = json.loads((d / "cell.json").read_text())
+    for d in sorted((run_dir / CELLS).iterdir()):
+        if (d / CELL_FILE).exists() and not d.name.startswith("."):
+            metas[d.name] = json.loads((d / CELL_FILE).read_text())
     return metas
 
 
 def load_drift(run_dir: Path) -> dict[str, dict]:
     """``evalparity drift``'s per-cell summaries (``drift/<cell>.json``), by cell; empty without a drift run."""
-    d = run_dir / "drift"
+    d = run_dir / DRIFT
     if not d.is_dir():
         return {}
     out = {}
@@ -79,10 +80,10 @@ def _drift(run_dir: Path, figdir: Path) -> Drift | None:
 
 def build_context(run_dir: Path, figdir: Path) -> ReportContext:
     """The report of ``run_dir``, figures drawn into ``figdir`` (``report/figures``)."""
-    verdicts = json.loads((run_dir / "stats" / "verdicts.json").read_text())
+    verdicts = json.loads((run_dir / STATS / VERDICTS_FILE).read_text())
     comp = read_stats(run_dir, "comparisons")
     flipped = read_stats(run_dir, "flipped_samples")
-    spec = json.loads((run_dir / "spec.json").read_text()) if (run_dir / "spec.json").exists() else {}
+    spec = json.loads((run_dir / SPEC_FILE).read_text()) if (run_dir / SPEC_FILE).exists() else {}
     return ReportContext(
         model=str(verdicts.get("model")),
         sign_off=sections.sign_off(verdicts),

@@ -7,9 +7,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from evalparity.files import atomic_target
+
 
 def _plt():
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -100,9 +102,7 @@ def first_divergence(divs: pd.DataFrame, out: Path) -> Path | None:
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    import matplotlib.pyplot as plt
-
-    from evalparity.cells import atomic_target
+    import matplotlib.pyplot as plt  # heavy: matplotlib (loaded by _plt by now)
 
     try:
         with atomic_target(path) as tmp:

@@ -23,10 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats as sps
 
 from evalparity import samples as samples_mod
-from evalparity.cells import read_cell_json, read_json, write_json
+from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, FAILED_SUFFIX, SPEC_FILE, STATS, TABLE_FILE, VERDICTS_FILE
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
+from evalparity.files import read_json, write_json
 from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, verdict
 from evalparity.stats.options import StatsOptions
 from evalparity.stats.record import SCHEMA, Comparison, columns
@@ -56,13 +58,13 @@ def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict],
     """The finished cells' tables and cell.json, and (cell, why) for each cell that cannot be used: every
     cell the spec names, and every cell folder present, must be finished and readable."""
     tables, metas, missing = {}, {}, []
-    cells_dir = run_dir / "cells"
+    cells_dir = run_dir / CELLS
     named = _spec_cells(run_dir)
     present = sorted(d.name for d in cells_dir.iterdir() if d.is_dir() and not d.name.startswith(".")
-                     and not d.name.endswith((".failed", ".attempts"))) if cells_dir.is_dir() else []
+                     and not d.name.endswith((FAILED_SUFFIX, ".attempts"))) if cells_dir.is_dir() else []
     for name in list(dict.fromkeys([*named, *present])):
         d = cells_dir / name
-        meta = read_cell_json(d)
+        meta = read_json(d / CELL_FILE)
         if not d.is_dir():
             missing.append((name, "its folder is missing"))
             continue
@@ -73,7 +75,7 @@ def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict],
             missing.append((name, f"it {meta.get('status', 'did not finish')}"))
             continue
         try:
-            tables[name] = samples_mod.read_table(d / "samples.parquet")
+            tables[name] = samples_mod.read_table(d / TABLE_FILE)
         except FileNotFoundError:
             missing.append((name, "samples.parquet is missing"))
             continue
@@ -88,7 +90,7 @@ def _spec_cells(run_dir: Path) -> list[str]:
     """The cells the run says it has: a run's ``spec.json``, or what ``evalparity compare`` recorded in
     ``compare.json`` (the CLI refuses unreadable ones first: ``cells.check_readable``)."""
     names: list[str] = []
-    for file, key in (("spec.json", "cells"), ("compare.json", "names")):
+    for file, key in ((SPEC_FILE, "cells"), (COMPARE_FILE, "names")):
         items = (read_json(run_dir / file) or {}).get(key, [])
         names += [c["name"] if isinstance(c, dict) else c for c in items
                   if (isinstance(c, dict) and isinstance(c.get("name"), str)) or isinstance(c, str)]
@@ -348,8 +350,6 @@ def attach_noise_floor(records: list[Comparison], pending: list[Pending], opts: 
         inf = inference.binary_inference(nf_only, x_only, n)  # Δ = cross rate − noise rate
         ci = inf.confidence_interval(1 - 2 * opts.alpha)  # its lower end is the one-sided (1 − α) bound
         k = x_only + nf_only
-        from scipy import stats as sps
-
         p_more = float(sps.binom.sf(x_only - 1, k, 0.5)) if k else 1.0
         rec.noise_floor_pair, rec.noise_discordance = pair, rate_nf
         rec.discordance_excess, rec.discordance_excess_ci = inf.estimate, [ci.low, ci.high]
@@ -412,7 +412,7 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
         status = verdict.INCOMPLETE
         reason = (f"{len(missing)} cell(s) of the run cannot be used ({'; '.join(f'{c}: {w}' for c, w in missing)}): "
                   f"rerun to finish them; the verdicts below are for the others only ({reason})")
-    out = run_dir / "stats"
+    out = run_dir / STATS
     out.mkdir(exist_ok=True)
     samples_mod.write_table(comp, out / "comparisons.parquet")
     for name, data in (("deltas", delta_rows), ("flips", flip_rows), ("generations", gen_rows),
@@ -422,7 +422,7 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
     samples_mod.write_table(pd.DataFrame(divs, columns=["kind", "reference", "cell", "task", "position"]),
                             out / "first_divergence.parquet")
     summary = StatsSummary(status, reason, comp, tuple(missing))
-    write_json(out / "verdicts.json", verdicts_document(run_dir, records, opts, summary, metas))
+    write_json(out / VERDICTS_FILE, verdicts_document(run_dir, records, opts, summary, metas))
     return summary
 
 
@@ -546,7 +546,7 @@ def _gating(pending: list[Pending], opts: StatsOptions) -> np.ndarray:
 def verdicts_document(run_dir: Path, records: list[Comparison], opts: StatsOptions, summary: StatsSummary,
                       metas: dict[str, dict]) -> dict:
     """The ``verdicts.json`` schema (documented in the README): one record per comparison + sign-off."""
-    spec = read_json(run_dir / "spec.json") or {}
+    spec = read_json(run_dir / SPEC_FILE) or {}
     return {
         "schema": SCHEMA,
         "model": spec.get("model"),

@@ -19,6 +19,8 @@ every statistic and counted on each side; the comparison treats both sides alike
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,9 +79,6 @@ def bootstrap_mean_ci(
     thread pool (numpy releases the GIL in the drawing, gathering and summing), so the result is the same
     whatever the number of cores.
     """
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
     x = np.ascontiguousarray(x, dtype=np.float64)
     n = x.size
     if n == 0:

@@ -31,6 +31,7 @@ from typing import Protocol
 
 import numpy as np
 from scipy import stats as sps
+from scipy.optimize import brentq
 
 from evalparity.stats.results import ConfidenceInterval
 
@@ -128,8 +129,6 @@ class ScoreInference:
 
     def confidence_interval(self, level: float) -> ConfidenceInterval:
         """The deltas the two-sided score test at 1 − level does not reject (brentq on the monotone z)."""
-        from scipy.optimize import brentq
-
         q = float(sps.norm.ppf(1 - (1 - level) / 2))
         est, eps = self.estimate, 1e-12
         low = -1.0 if self.z(-1 + eps) <= q else brentq(lambda d: self.z(d) - q, -1 + eps, est, xtol=1e-13)

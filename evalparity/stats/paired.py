@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as sps
 from statsmodels.stats.weightstats import DescrStatsW, ttost_paired
 
 from evalparity.stats.inference import (  # noqa: F401 - re-exported: the score statistic lives there
@@ -147,7 +148,7 @@ def paired_binary(
 
 def _cluster_robust_se(diff: np.ndarray, clusters: np.ndarray) -> float:
     """Cluster-robust SE of the mean difference via statsmodels OLS on a constant (reported, not tested)."""
-    import statsmodels.api as sm
+    import statsmodels.api as sm  # heavy: statsmodels.api (as much again as the rest), for --cluster only
 
     codes = np.unique(clusters, return_inverse=True)[1]
     if int(codes.max()) + 1 < 2:
@@ -172,8 +173,6 @@ def binary_tests(b, c, n, margin, *, direction: str = "both"):
     exact enumeration of the design (``calibration``) can evaluate on every possible table at once.
 
     Returns (p_equivalence, p_beyond, p_shift) arrays."""
-    from scipy import stats as sps
-
     b, c = np.asarray(b), np.asarray(c)
     k = b + c
     zero = k == 0

