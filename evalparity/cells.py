@@ -19,6 +19,7 @@ import contextlib
 import errno
 import gc
 import json
+import logging
 import os
 import platform
 import resource
@@ -31,6 +32,8 @@ from pathlib import Path
 
 from evalparity.rundir import check_name, kill_point
 from evalparity.spec import CellSpec, RunSpec
+
+logger = logging.getLogger(__name__)
 
 TMP_PREFIX = ".tmp-"
 STATUS_OK, STATUS_FAILED = "ok", "failed"
@@ -110,7 +113,7 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
+def recover_outputs(run_dir: Path) -> None:
     """Finish or drop what a killed process left in ``run_dir`` (call it holding the run's lock, so that
     every such folder is a dead process's): a staging folder whose publish had begun is swapped in (it is
     whole), any other is removed; old folders moved aside (``.trash-*``, here and in ``cells/`` and
@@ -129,7 +132,8 @@ def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
                     if (run_dir / name).exists():
                         (run_dir / name).replace(run_dir / f".trash-{name}-{stage.name}")
                     new.replace(run_dir / name)
-            say(f"finished publishing the {' and '.join(names)} of an earlier command that was killed midway")
+            logger.warning(f"finished publishing the {' and '.join(names)} of an earlier command that was killed "
+                           "midway")
         shutil.rmtree(stage, ignore_errors=True)
     for folder in (run_dir, run_dir / "cells", run_dir / "shards"):
         for t in folder.glob(".trash-*") if folder.is_dir() else []:

