@@ -20,6 +20,7 @@ import errno
 import gc
 import importlib.metadata as md
 import json
+import logging
 import os
 import platform
 import resource
@@ -55,6 +56,8 @@ from evalparity.files import read_json, write_json
 from evalparity.phases import PhaseClock, profiled
 from evalparity.rundir import attempts_dir, check_name, check_name_ok
 from evalparity.spec import CellSpec, RunSpec
+
+logger = logging.getLogger(__name__)
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 

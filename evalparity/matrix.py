@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from evalparity.files import write_json
 from evalparity.placement import Job
 from evalparity.runlog import RunLog
 from evalparity.spec import RunSpec
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,7 +129,7 @@ def early_ray_head(device: str, tensor_parallel: int, placement: Placement, n_jo
 
 
 def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: Path, model_path: str,
-                    console: Console, head=None):
+                    head=None):
     """Ray when asked, or when this host has room for more than one job at a time; else one at a time.
     ``head``: a local Ray instance already started for this run (``early_ray_head``), used instead of
     starting one here."""
@@ -134,8 +137,8 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
         return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
     if local_ray_wanted(spec.device, spec.tensor_parallel, placement, n_jobs, pl.gpu_count()):
         if placement.ray is None and importlib.util.find_spec("ray") is None:  # not imported: see RayExecutor
-            console.print(f"[yellow]{pl.gpu_count()} GPUs visible but Ray is not installed: running one "
-                          "cell at a time (pip install 'ray>=2.40' to use them all)[/yellow]")
+            logger.warning(f"{pl.gpu_count()} GPUs visible but Ray is not installed: running one cell at a time "
+                           "(pip install 'ray>=2.40' to use them all)")
             return pl.LocalExecutor(str(run_dir), model_path)
         return pl.RayExecutor(str(run_dir.resolve()), model_path, "local", head=head)
     return pl.LocalExecutor(str(run_dir), model_path)
@@ -165,7 +168,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                log: RunLog | None = None, ray_head=None) -> list[CellOutcome]:
     """Run every cell (or shard) not yet done; return one outcome per cell of the spec. ``log`` gets the
     time spent starting the executor, running the cells and stopping it. ``ray_head``: see
-    ``early_ray_head``."""
+    ``early_ray_head``. ``console`` shows the progress bars; messages go to this module's logger."""
     console = console or Console(stderr=True)
     placement = placement or Placement()
     log = log or RunLog()
@@ -173,13 +176,12 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     log.run_dir = run_dir
     outcomes, jobs, merge_only = plan_jobs(spec, run_dir, force, placement.cells_per_gpu, offline)
     if outcomes:
-        console.print(f"[dim]{len(outcomes)} cell(s) already done, skipped: {', '.join(outcomes)} "
-                      "(--force reruns them)[/dim]")
+        logger.info(f"{len(outcomes)} cell(s) already done, skipped: {', '.join(outcomes)} (--force reruns them)")
     by_name = {c.name: c for c in spec.cells}
     for cell in merge_only:
         outcomes[cell.name] = _merge(run_dir, cell, 0.0)
     with log.stage("executor_start"):
-        executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, console, ray_head) \
+        executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, ray_head) \
             if jobs else None
     log.facts.update(executor=executor.name if executor else None, jobs=len(jobs))
     if ray_head is not None:
@@ -189,8 +191,8 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
             ray_head.close()
     if executor is not None and executor.name == "ray":
         res = executor.resources()
-        console.print(f"[dim]Ray: {res.get('GPU', 0):g} GPU(s), {res.get('CPU', 0):g} CPU(s) in the cluster; "
-                      f"{len(jobs)} job(s) submitted[/dim]")
+        logger.info(f"Ray: {res.get('GPU', 0):g} GPU(s), {res.get('CPU', 0):g} CPU(s) in the cluster; "
+                    f"{len(jobs)} job(s) submitted")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as bar:
         overall = bar.add_task("cells", total=len(spec.cells), completed=len(outcomes))

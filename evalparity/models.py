@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 from evalparity.data import embedded
@@ -14,10 +13,10 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or model.count("/") != 1 or Path(model).exists()
 
 
-def resolve_model(model: str | None, max_length: int, say: Callable[[str], None]) -> tuple[str, Path | str, int]:
+def resolve_model(model: str | None, max_length: int) -> tuple[str, Path | str, int]:
     """(model id for the report, path or hub id to load, max length capped at the model's)."""
     if model is None:
-        path = embedded.model_path(say=say)
+        path = embedded.model_path()
         model_id = f"{embedded.MODEL_NAME} (embedded, from {embedded.MODEL_PIN})"
         return model_id, path, _cap(path, max_length)
     if _looks_like_path(model):

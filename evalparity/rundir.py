@@ -27,13 +27,14 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import platform
 import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +42,8 @@ from evalparity import config
 from evalparity.config import ATTEMPTS, CELLS, COMMITTED, LOCK_NAME, SHARDS, STAGE_PREFIX, TRASH_PREFIX, kill_point
 from evalparity.errors import EvalParityError
 from evalparity.files import read_json, write_json
+
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- names
 NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
@@ -216,8 +219,7 @@ def _break_stale(path: Path, stale: dict) -> bool:
         brk.unlink(missing_ok=True)
 
 
-def acquire(run_dir: Path, *, create: bool = True, say: Callable[[str], None] = lambda m: None,
-            flag: str = "--out") -> RunLock:
+def acquire(run_dir: Path, *, create: bool = True, flag: str = "--out") -> RunLock:
     """Take the run directory's lock, creating the directory when ``create``; a one-line error when
     another live process holds it, or when the directory cannot be written."""
     run_dir = Path(run_dir)
@@ -246,15 +248,15 @@ def acquire(run_dir: Path, *, create: bool = True, say: Callable[[str], None] = 
                 age = time.time() - path.stat().st_mtime
                 if age > STALE_BREAK_S:
                     if _break_stale(path, {}):
-                        say(f"took over a corrupt lock of {run_dir}, {age:.0f} s old")
+                        logger.warning(f"took over a corrupt lock of {run_dir}, {age:.0f} s old")
                     continue
                 raise EvalParityError(f"{path} is not a lock evalparity can read (corrupt): if no evalparity works "
                                       f"on {run_dir}, remove it (one older than {STALE_BREAK_S:.0f} s is taken over "
                                       f"by itself), or use another {flag}")
             if holder.get("host") == platform.node() and not _alive(holder["pid"], holder.get("pid_start")):
                 if _break_stale(path, holder):
-                    say(f"took over a stale lock of {run_dir} left by a process that is gone "
-                        f"({describe_holder(holder)})")
+                    logger.warning(f"took over a stale lock of {run_dir} left by a process that is gone "
+                                   f"({describe_holder(holder)})")
                 continue
             other = "" if holder.get("host") == platform.node() else \
                 f" (another host: if that process is gone, remove {path})"
@@ -318,7 +320,7 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
+def recover_outputs(run_dir: Path) -> None:
     """Finish or drop what a killed process left in ``run_dir`` (call it holding the run's lock, so that
     every such folder is a dead process's): a staging folder whose publish had begun is swapped in (it is
     whole), any other is removed; old folders moved aside (``.trash-*``, here and in ``cells/`` and
@@ -337,7 +339,8 @@ def recover_outputs(run_dir: Path, say=lambda m: None) -> None:
                     if (run_dir / name).exists():
                         (run_dir / name).replace(run_dir / f"{TRASH_PREFIX}{name}-{stage.name}")
                     new.replace(run_dir / name)
-            say(f"finished publishing the {' and '.join(names)} of an earlier command that was killed midway")
+            logger.warning(f"finished publishing the {' and '.join(names)} of an earlier command that was killed "
+                           "midway")
         shutil.rmtree(stage, ignore_errors=True)
     for folder in (run_dir, run_dir / CELLS, run_dir / SHARDS):
         for t in folder.glob(f"{TRASH_PREFIX}*") if folder.is_dir() else []:
@@ -426,8 +429,7 @@ class HashStats:
     seconds: float = 0.0
 
 
-def model_fingerprint(model_path: Path | str, source: str, say: Callable[[str], None] = lambda m: None,
-                      stats: HashStats | None = None) -> dict:
+def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | None = None) -> dict:
     """The fingerprint of the model folder ``model_path``: ``source`` (the resolved absolute path, or the
     hub id), the hub revision when the folder is a hub-cache snapshot, and size and sha256 of each config,
     tokenizer, weight and code file at the top level of the folder; ``digest`` hashes all of it."""
@@ -452,8 +454,8 @@ def model_fingerprint(model_path: Path | str, source: str, say: Callable[[str], 
     if todo:
         total = sum(st.st_size for *_, st, _ in todo)
         if total > 1 << 30:
-            say(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size and "
-                "mtime) ...")
+            logger.info(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size "
+                        "and mtime) ...")
         t0 = time.perf_counter()
         for p, real, st, stamp in todo:
             digest = _sha256(real)
@@ -463,7 +465,8 @@ def model_fingerprint(model_path: Path | str, source: str, say: Callable[[str], 
         stats.seconds += time.perf_counter() - t0
         _save_cache(cache)
     if not any(e["kind"] == "weights" for e in entries.values()):
-        say(f"no weight files found at the top of {folder}: the fingerprint holds its config and tokenizer only")
+        logger.warning(f"no weight files found at the top of {folder}: the fingerprint holds its config "
+                       "and tokenizer only")
     body = {"source": source, "revision": revision, "files": entries}
     body["digest"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
     return body

@@ -127,16 +127,17 @@ def test_tiny_model_fixture_is_planned(tiny_model):
 def test_plan_reaches_the_backends_and_the_record(tiny_model, monkeypatch):
     """Wiring without a GPU: the run's plan (a fake 8 GiB GPU) sets each cell's lm-eval arguments, is kept in
     spec.json outside the spec's identity, and is recorded in each cell's settings (cell.json)."""
-    from evalparity import backends, cli
+    from evalparity import backends
+    from evalparity.cli.run import plan_memory
     from evalparity.spec import RunSpec, build_cells
 
     monkeypatch.setattr(memplan, "gpus_here", lambda: [Gpu(total=8 * GiB, free=8 * GiB)])
     monkeypatch.setattr(memplan, "host_cpus", lambda: 16)
     cells = build_cells(["vllm", "hf"], ["fp32", "bf16"], "auto", [])
-    p = cli._memory_plan("cuda", None, tiny_model, cells, 1024, 1, None)
+    p = plan_memory("cuda", None, tiny_model, cells, 1024, 1, None)
     assert p.cells_per_gpu == 4
-    assert cli._memory_plan("cpu", None, tiny_model, cells, 1024, 1, None) is None
-    assert cli._memory_plan("cuda", "10.0.0.1:6379", tiny_model, cells, 1024, 1, None) is None
+    assert plan_memory("cpu", None, tiny_model, cells, 1024, 1, None) is None
+    assert plan_memory("cuda", "10.0.0.1:6379", tiny_model, cells, 1024, 1, None) is None
     spec = RunSpec(model="tiny", tasks=("t",), cells=cells, device="cuda", memory_plan=p.to_json())
     again = RunSpec.from_json(json.loads(json.dumps(spec.to_json())))
     assert again.memory_plan == spec.memory_plan

@@ -7,7 +7,6 @@ import shutil
 
 import pandas as pd
 import pytest
-from rich.console import Console
 
 from evalparity import matrix, placement, shards
 from evalparity.samples import KEY
@@ -29,7 +28,7 @@ def test_executor_choice(monkeypatch, tmp_path, device, gpus, tp, expected):
     monkeypatch.setattr(placement, "gpu_count", lambda cheap=False: gpus)
     fake_ray = type("FakeRayExecutor", (), {"name": "ray"})  # no Ray instance is started here
     monkeypatch.setattr(placement, "RayExecutor", lambda *a, **k: fake_ray())
-    ex = matrix.choose_executor(_spec(device, tp), matrix.Placement(), 4, tmp_path, "m", Console(quiet=True))
+    ex = matrix.choose_executor(_spec(device, tp), matrix.Placement(), 4, tmp_path, "m")
     assert ex.name == expected
 
 

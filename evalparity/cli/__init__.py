@@ -1,0 +1,76 @@
+"""The command line: one module per verb (``run``, ``report``, ``compare``, ``drift``, ``doctor``, ``models``),
+the options more than one verb takes (``options``), and where output goes (``output``). Each verb turns
+EvalParityError into one line on stderr and its exit code (``main``), and never shows a traceback for bad
+input.
+
+Importing this package loads typer and rich, and none of torch, lm-eval, vLLM, pandas or scipy: the verbs
+import what they need when they run, so ``--help`` and a bad option answer at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from evalparity.cli import compare, doctor, drift, models, report, run
+from evalparity.cli.output import configure_logging, console
+from evalparity.errors import EvalParityError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.")
+app.command("run")(run.run)
+app.command("report")(report.report)
+app.command("compare")(compare.compare)
+app.command("drift")(drift.drift)
+app.command("doctor")(doctor.doctor)
+app.add_typer(models.app, name="models")
+
+
+def main() -> None:
+    """The console script: runs the app without click's standalone mode, so that every way a command ends
+    (its exit code, EvalParityError, a usage error, Ctrl-C) is one line at most, and exits with its code."""
+    configure_logging()
+    try:
+        rc = app(standalone_mode=False)
+        if rc == 130:  # typer turns Ctrl-C inside a command into Exit(130), which this mode returns
+            _interrupted()
+        sys.exit(rc if isinstance(rc, int) else 0)
+    except EvalParityError as err:
+        console.print(f"[red]error:[/red] {err}", soft_wrap=True, highlight=False)
+        sys.exit(err.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        _interrupted()
+    except Exception as err:  # usage errors (a bad option value, an unknown command) and the like
+        if _is_click(err, "ClickException"):
+            ctx = getattr(err, "ctx", None)
+            where = ctx.command_path if ctx is not None else "evalparity"
+            if err.format_message():  # empty: a command group given no command, whose help is shown already
+                console.print(f"[red]error:[/red] {err.format_message()} (see `{where} --help`)", soft_wrap=True,
+                              highlight=False)
+            sys.exit(err.exit_code)
+        if _is_click(err, "Abort"):  # older typer (click) turns Ctrl-C inside a command into Abort
+            _interrupted()
+        raise
+
+
+def _interrupted() -> None:
+    console.print("[red]interrupted[/red]: finished cells are kept; rerun the same command to resume")
+    sys.exit(130)
+
+
+def _is_click(err: BaseException, name: str) -> bool:
+    """Is ``err`` click's exception ``name``? Recent typer vendors click as ``typer._click``, older typer
+    raises ``click``'s own classes; usage errors come from whichever is in use."""
+
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(err, cls):
+            return True
+    return False

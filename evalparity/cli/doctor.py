@@ -1,0 +1,20 @@
+"""``evalparity doctor``: what works on this machine (``evalparity.doctor``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from evalparity.cli.options import DatasetsDir
+from evalparity.cli.output import console
+
+
+def doctor(
+    tasks: Annotated[str | None, typer.Option(help="Tasks to check data for, comma-separated.")] = None,
+    datasets_dir: DatasetsDir = None,
+) -> None:
+    """What works here: backends, device and dtypes, caches, data for tasks, and known snags with fixes."""
+    from evalparity.doctor import diagnose  # a rare verb: its checks import the engines
+
+    raise typer.Exit(diagnose(console, tasks, datasets_dir))

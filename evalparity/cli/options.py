@@ -1,0 +1,52 @@
+"""Options that more than one verb takes, each declared once as a ``typing.Annotated`` type, with its default
+taken from the one place that owns it: a verb writes ``alpha: Alpha = STATS.alpha`` and gets the same flag,
+help text and default as every other verb.
+
+Checking. Ranges and choices are checked by the code that owns them (``StatsOptions``, ``spec``'s parsers,
+``devices.resolve_device``) and, for what only the command line knows, in each verb's ``check_arguments``;
+a bad value is an ``EvalParityError``, one line saying how to fix it, exit 2 (``cli.main``). typer's
+``min``/``max`` and enums are not used: they would add ``[x>=1]`` and choice lists to ``--help`` and answer a
+bad value with click's generic "Invalid value" instead (tests/test_cli_errors.py asserts the messages).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from evalparity.stats.options import MARGIN as MARGIN  # re-exported: --margin's default, as typed
+from evalparity.stats.options import StatsOptions
+
+STATS = StatsOptions()  # the statistics defaults (stats/options.py)
+
+# ------------------------------------------------------------------ statistics: run, report, compare
+Reference = Annotated[str, typer.Option(help="Reference cell every other cell is compared to.")]
+Margin = Annotated[str, typer.Option(help="Equivalence margin for proportion metrics: 1pp, 1% or 0.01 (one point); "
+                                          "per metric: acc=1pp,perplexity=0.05 (non-proportion metrics gate only "
+                                          "with a margin of their own).")]
+LlTolerance = Annotated[float, typer.Option(help="Tolerance for the mean |Δ loglikelihood| per request (nats).")]
+Alpha = Annotated[float, typer.Option(help="Level of every test: EQUIVALENT needs the (1-2α) CI inside the margin.")]
+Multiple = Annotated[str, typer.Option(help="Control of DIFFERENT (beyond-margin) claims over the gating comparisons: "
+                                            "holm (family-wise error rate), bh (false discovery rate: the expected "
+                                            "share of false DIFFERENT claims), none (each comparison at α).")]
+Direction = Annotated[str, typer.Option(help="both: a change beyond the margin either way fails; worse: only a drop "
+                                             "beyond it (non-inferiority).")]
+Cluster = Annotated[bool, typer.Option(help="A cluster score test over the member tasks of a group (docs of one "
+                                            "subject are not independent).")]
+GateLogprobs = Annotated[bool, typer.Option(help="Let loglikelihood-shift verdicts gate the sign-off too.")]
+FailOnInconclusive = Annotated[bool, typer.Option(help="Exit non-zero when the sign-off is INCONCLUSIVE.")]
+FAIL_ON_INCONCLUSIVE = True
+
+# ------------------------------------------------------------------ others shared by verbs
+Device = Annotated[str, typer.Option(help="cpu, cuda or auto.")]
+DatasetsDir = Annotated[str | None, typer.Option(envvar="EVALPARITY_DATASETS_DIR",
+                                                 help="Dataset mirror: DIR/<hub id>/<config>/<split>.jsonl.")]
+
+
+def stats_options(*, reference: str, margin: str, ll_tolerance: float, alpha: float, multiple: str,
+                  direction: str, cluster: bool, gate_logprobs: bool) -> StatsOptions:
+    """The statistics options, checked (one line, exit 2, for anything out of range) before a verb starts
+    anything: ``StatsOptions`` holds the rules, so ``run``, ``report`` and ``compare`` cannot disagree."""
+    return StatsOptions.from_cli(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
+                                 multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs, direction=direction)

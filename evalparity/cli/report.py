@@ -1,0 +1,86 @@
+"""``evalparity report``: the statistics and the report of a run directory, again; and the statistics-and-report
+step that ``run`` and ``compare`` end with too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from evalparity import rundir
+from evalparity.cli.options import (
+    FAIL_ON_INCONCLUSIVE,
+    MARGIN,
+    STATS,
+    Alpha,
+    Cluster,
+    Direction,
+    FailOnInconclusive,
+    GateLogprobs,
+    LlTolerance,
+    Margin,
+    Multiple,
+    Reference,
+    stats_options,
+)
+from evalparity.cli.output import console
+from evalparity.errors import EvalParityError
+from evalparity.runlog import RunLog
+
+
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by `evalparity run` or `compare`.")],
+    reference: Reference = STATS.reference,
+    margin: Margin = MARGIN,
+    ll_tolerance: LlTolerance = STATS.ll_tolerance,
+    alpha: Alpha = STATS.alpha,
+    multiple: Multiple = STATS.multiple,
+    direction: Direction = STATS.direction,
+    cluster: Cluster = STATS.cluster,
+    gate_logprobs: GateLogprobs = STATS.gate_logprobs,
+    fail_on_inconclusive: FailOnInconclusive = FAIL_ON_INCONCLUSIVE,
+) -> None:
+    """Recompute the statistics of a run directory and write report.md, report.html and verdicts.json."""
+
+    if not (run_dir / "cells").is_dir():
+        raise EvalParityError(f"{run_dir} is not a run directory (no cells/ folder): give the --out of a run")
+    opts = stats_options(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
+                         multiple=multiple, direction=direction, cluster=cluster, gate_logprobs=gate_logprobs)
+    with rundir.acquire(run_dir, create=False, flag="run directory"):
+        raise typer.Exit(stats_and_report(run_dir, opts, fail_on_inconclusive))
+
+
+def stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, timings: RunLog | None = None) -> int:
+    """Statistics and report, written into a staging folder and published together (``rundir.staged_outputs``):
+    a full disk or a kill midway leaves the previous ``stats/`` and ``report/`` as they were, never a new
+    ``report.md`` beside an old ``report.html``. A failed write is one line, exit 2. Returns the exit code
+    of the sign-off; its line goes to stdout, for scripts."""
+    # heavy: pandas, scipy, statsmodels, jinja2 (the statistics and the report)
+    from evalparity import cells
+    from evalparity.report import write_report
+    from evalparity.stats.compare import compute
+
+    timings = timings or RunLog()
+    rundir.recover_outputs(run_dir)  # a report whose publish a kill interrupted is finished first
+    cells.check_readable(run_dir)
+    try:
+        with rundir.staged_outputs(run_dir, ("stats", "report")) as stage:
+            console.print("statistics ...")
+            with timings.stage("statistics"):
+                result = compute(stage, opts)
+            console.print("report ...")
+            with timings.stage("report"):
+                paths = {k: run_dir / Path(v).relative_to(stage) for k, v in write_report(stage).items()}
+    except EvalParityError as err:  # messages name the run directory, not the staging folder
+        raise EvalParityError(str(err).replace(str(stage), str(run_dir)), err.exit_code) from None
+    except OSError as err:
+        raise EvalParityError(f"could not write the statistics and report into {run_dir} "
+                              f"({err.strerror or err}): free space or make it writable, then rerun "
+                              f"`evalparity report {run_dir}` (the previous report, if any, is unchanged)") from None
+    code = result.exit_code(fail_on_inconclusive)
+    style = {"PASS": "green", "FAIL": "red"}.get(result.sign_off, "yellow")
+    console.print(f"[bold {style}]sign-off: {result.sign_off}[/bold {style}] ({result.reason})")
+    console.print(f"report: {paths['html']}")
+    print(f"{result.sign_off}: {result.reason}")
+    return code

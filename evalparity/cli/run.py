@@ -1,0 +1,431 @@
+"""``evalparity run``: the backend x dtype matrix on lm-eval tasks, then drift (if asked), the statistics and
+the sign-off report.
+
+``run`` itself only composes the steps below, in the order that matters: everything the arguments alone can
+get wrong is refused before the run directory is locked; the lock comes before anything is started; the
+run's own Ray instance starts before the slow setup so the two overlap; every task's data is checked before
+any model loads; and the exit code says the worst of the cells and the sign-off.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from evalparity import memplan, rundir
+from evalparity import tasks as tasks_mod
+from evalparity.cli.options import (
+    FAIL_ON_INCONCLUSIVE,
+    MARGIN,
+    STATS,
+    Alpha,
+    Cluster,
+    DatasetsDir,
+    Device,
+    Direction,
+    FailOnInconclusive,
+    GateLogprobs,
+    LlTolerance,
+    Margin,
+    Multiple,
+    Reference,
+    stats_options,
+)
+from evalparity.cli.output import console
+from evalparity.cli.report import stats_and_report
+from evalparity.config import ATTEMPTS
+from evalparity.data import embedded, mirrors
+from evalparity.devices import check_dtypes, resolve_device
+from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+from evalparity.models import resolve_model
+from evalparity.runlog import RunLog
+from evalparity.spec import (
+    Alignment,
+    RunSpec,
+    build_cells,
+    check_limit,
+    model_label,
+    parse_batch_size,
+    parse_task_limits,
+    split_list,
+)
+
+EMBEDDED_LIMIT = 6
+
+
+def run(
+    model: Annotated[str | None, typer.Option(help="Local path or hub id. Default: the embedded SmolLM2-135M-Instruct.")] = None,
+    tasks: Annotated[str | None, typer.Option(help="lm-eval task/group names, comma-separated. Default: gpqa_diamond_zeroshot,gsm8k (embedded data).")] = None,
+    backends: Annotated[str, typer.Option(help="Backends, comma-separated: vllm, hf.")] = "vllm,hf",
+    dtypes: Annotated[str, typer.Option(help="fp32/float32, bf16/bfloat16, fp16/float16, comma-separated.")] = "fp32,bf16,fp16",
+    limit: Annotated[int | None, typer.Option(help="Documents per task. Default: all (6 for the embedded default run).")] = None,
+    num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples (default: the task's own; 0 for the embedded default run).")] = None,
+    device: Device = "auto",
+    batch_size: Annotated[str | None, typer.Option(help="Batch size of every main cell: a number or auto (default: 8 on CPU, auto on GPU).")] = None,
+    task_limit: Annotated[list[str] | None, typer.Option(help="Per-task document limit TASK=N, overriding --limit for that task. Repeatable.")] = None,
+    tf32: Annotated[str, typer.Option(help="Backends that get an extra fp32 cell in TF32 (e.g. vllm,hf), to measure TF32 as its own cell.")] = "",
+    repeat: Annotated[list[str] | None, typer.Option(help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None,
+    include_path: Annotated[list[str] | None, typer.Option(help="Folder of extra task YAMLs. Repeatable.")] = None,
+    datasets_dir: DatasetsDir = None,
+    out: Annotated[Path | None, typer.Option(help="Run directory. Default: results/<model>-<timestamp>.")] = None,
+    force: Annotated[bool, typer.Option(help="Rerun cells that already finished.")] = False,
+    max_length: Annotated[int, typer.Option(help="Context length on both backends (capped at the model's).")] = 2048,
+    add_bos_token: Annotated[bool | None, typer.Option("--add-bos-token/--no-add-bos-token", help="BOS policy on both backends (default: the tokenizer's).")] = None,
+    align_softmax: Annotated[bool, typer.Option(help="HF log-softmax in fp32, as vLLM does.")] = True,
+    prefix_caching: Annotated[bool, typer.Option(help="vLLM prefix caching (off: it can return stale prompt logprobs).")] = False,
+    true_fp32: Annotated[bool, typer.Option(help="fp32 cells without TF32 (torch, cuDNN, Triton).")] = True,
+    seed: Annotated[int, typer.Option(help="Seed for lm-eval, numpy, torch and few-shot sampling.")] = 1234,
+    max_gen_toks: Annotated[int | None, typer.Option(help="Cap on generated tokens, the same on both backends (default: each task's own; 64 for the embedded default run).")] = None,
+    hf_args: Annotated[str, typer.Option(help="Extra lm-eval hf model args, k=v,k=v.")] = "",
+    vllm_args: Annotated[str, typer.Option(help="Extra lm-eval vllm model args, k=v,k=v.")] = "",
+    reference: Reference = STATS.reference,
+    margin: Margin = MARGIN,
+    ll_tolerance: LlTolerance = STATS.ll_tolerance,
+    alpha: Alpha = STATS.alpha,
+    multiple: Multiple = STATS.multiple,
+    direction: Direction = STATS.direction,
+    cluster: Cluster = STATS.cluster,
+    gate_logprobs: GateLogprobs = STATS.gate_logprobs,
+    fail_on_inconclusive: FailOnInconclusive = FAIL_ON_INCONCLUSIVE,
+    drift: Annotated[int, typer.Option(help="Also localise the drift on this many prompts from the run's tasks (0: off).")] = 0,
+    ray: Annotated[str | None, typer.Option(help="Run the cells as Ray tasks: a cluster ADDRESS, auto (RAY_ADDRESS or a running local cluster) or local (a new instance on this host). Default: Ray on this host when several GPUs are visible, else one cell at a time.")] = None,
+    shards: Annotated[int, typer.Option(help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1,
+    tensor_parallel: Annotated[int, typer.Option(help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1,
+    single_cell: Annotated[bool, typer.Option(help="Allow a run of one cell (nothing to compare it with): e.g. to add it to a run directory later.")] = False,
+    cells_per_gpu: Annotated[int | None, typer.Option(help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None,
+) -> None:
+    """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
+    from evalparity.matrix import Placement  # heavy: pandas (matrix -> cells -> samples)
+
+    timings = RunLog()
+    opts = stats_options(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
+                         multiple=multiple, direction=direction, cluster=cluster, gate_logprobs=gate_logprobs)
+    task_list, limit, num_fewshot, max_gen_toks = embedded_default(model, tasks, limit, num_fewshot, max_gen_toks)
+    limit, task_limits, bs = check_arguments(tasks, task_list, limit, num_fewshot, max_gen_toks, tensor_parallel,
+                                             cells_per_gpu, task_limit, batch_size)
+    run_dir = out or default_out(model)
+    lock = rundir.acquire(run_dir)  # a directory this run created is removed again if it fails before writing
+    head = None
+    try:
+        check_resumed_spec(run_dir)
+        n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
+        head = start_ray_early(device, tensor_parallel, ray, cells_per_gpu, n_jobs)
+        dev = resolve_device(device)
+        cell_specs = plan_cells(run_dir, dev, backends, dtypes, bs, repeat, tf32, shards, tensor_parallel, single_cell)
+        offline = go_offline_without_hub()
+        model_id, model_path, max_len, fingerprint = identify_model(model, max_length)
+        memory_plan = plan_memory(dev, ray, model_path, cell_specs, max_len, tensor_parallel, cells_per_gpu)
+        placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
+        task_list, task_aliases, plan = preflight(task_list, tasks is None, include_path, datasets_dir, limit,
+                                                  num_fewshot, task_limits)
+        spec = build_spec(
+            model_id=model_id, task_list=task_list, cell_specs=cell_specs, limit=limit, num_fewshot=num_fewshot,
+            dev=dev, include_path=include_path, datasets_dir=datasets_dir, align_softmax=align_softmax,
+            add_bos_token=add_bos_token, max_len=max_len, prefix_caching=prefix_caching, seed=seed,
+            true_fp32=true_fp32, max_gen_toks=max_gen_toks, hf_args=hf_args, vllm_args=vllm_args,
+            task_limits=task_limits, plan=plan, tensor_parallel=tensor_parallel, fingerprint=fingerprint,
+            task_aliases=task_aliases, memory_plan=memory_plan)
+        report_documents(spec, plan, limit)
+        opts = choose_reference(opts, reference, cell_specs)
+        timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
+        outcomes = run_cells(spec, run_dir, model_path, force, offline, placement, timings, head)
+        failed = report_outcomes(run_dir, outcomes)
+        check_enough_cells(outcomes, opts, single_cell)
+        if drift:
+            localise_drift(run_dir, model_path, drift, cell_specs, opts, dev, max_len, timings)
+        code = stats_and_report(run_dir, opts, fail_on_inconclusive, timings)
+        if head is not None:
+            with timings.stage("ray_head_stop"):  # what is left of its stop, begun before the statistics
+                head.close()
+        raise typer.Exit(exit_code(failed, code))
+    finally:
+        timings.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
+        if head is not None:
+            head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
+        lock.release()
+
+
+# ------------------------------------------------------------------ before the lock: the arguments alone
+def embedded_default(model: str | None, tasks: str | None, limit: int | None, num_fewshot: int | None,
+                     max_gen_toks: int | None) -> tuple[list[str], int | None, int | None, int | None]:
+    """(tasks, limit, few-shot, generation cap), with the embedded default run's own where the user gave
+    none. A first run (no --model, no --tasks) should finish in minutes on 2 CPU cores: few docs, zero-shot
+    (the embedded mirror has no train split), and generations capped at 64 tokens; each of these is recorded
+    in the spec, so the report says so."""
+
+    task_list = split_list(tasks) if tasks is not None else list(embedded.DEFAULT_TASKS)
+    if model is None and tasks is None:
+        limit = EMBEDDED_LIMIT if limit is None else limit
+        num_fewshot = 0 if num_fewshot is None else num_fewshot
+        max_gen_toks = 64 if max_gen_toks is None else max_gen_toks
+    return task_list, limit, num_fewshot, max_gen_toks
+
+
+def check_arguments(tasks: str | None, task_list: list[str], limit: int | None, num_fewshot: int | None,
+                    max_gen_toks: int | None, tensor_parallel: int, cells_per_gpu: int | None,
+                    task_limit: list[str] | None, batch_size: str | None):
+    """Every check that needs nothing but the arguments, in one place and before anything is locked or
+    started, so that a typo costs nothing: one line, exit 2. Returns what the checks parsed: (limit, task
+    limits, batch size or None for the device's default). What needs more (the device, the run directory,
+    the tasks' data) is checked by the step that has it."""
+
+    if tasks is not None and not task_list:
+        raise EvalParityError("--tasks is empty: give lm-eval task or group names, e.g. --tasks hellaswag")
+    if max_gen_toks is not None and max_gen_toks < 1:
+        raise EvalParityError(f"--max-gen-toks {max_gen_toks} must be at least 1")
+    limit = check_limit(limit)
+    if num_fewshot is not None and num_fewshot < 0:
+        raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
+    if tensor_parallel < 1 or (cells_per_gpu is not None and cells_per_gpu < 1):
+        raise EvalParityError("--tensor-parallel and --cells-per-gpu must be at least 1")
+    task_limits = parse_task_limits(task_limit or [])
+    bs = parse_batch_size(batch_size) if batch_size is not None else None
+    return limit, task_limits, bs
+
+
+def default_out(model: str | None) -> Path:
+    """results/<model>-<timestamp>: a new directory per run unless --out names one to resume."""
+
+    label = model_label(model if model is not None else embedded.MODEL_NAME)
+    return Path("results") / f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+# ------------------------------------------------------------------ holding the lock: the setup
+def check_resumed_spec(run_dir: Path) -> None:
+    """A run directory to resume must have a readable spec at all, before Ray or a model starts; whether it
+    is the same spec is checked later, against the one this run builds (``matrix.prepare_run_dir``)."""
+    if (run_dir / "spec.json").exists():
+        from evalparity.cells import check_spec  # heavy: pandas (cells -> samples)
+
+        check_spec(run_dir / "spec.json")
+
+
+def start_ray_early(device: str, tensor_parallel: int, ray: str | None, cells_per_gpu: int | None, n_jobs: int):
+    """The run's own Ray instance, if it will likely want one, started now in its own process so that its
+    start overlaps the setup (torch's import, the task index, every task's data) instead of following it.
+    Without --cells-per-gpu the memory plan decides the packing later; the guess here is that every job may
+    share a GPU. A wrong guess costs nothing (``matrix.early_ray_head``)."""
+    from evalparity.matrix import Placement, early_ray_head  # heavy: pandas (matrix -> cells -> samples)
+
+    return early_ray_head(device, tensor_parallel, Placement(ray=ray, cells_per_gpu=cells_per_gpu or n_jobs), n_jobs)
+
+
+def plan_cells(run_dir: Path, dev: str, backends: str, dtypes: str, bs, repeat: list[str] | None, tf32: str,
+               shards: int, tensor_parallel: int, single_cell: bool):
+    """The cells, checked against the device: what it can run (tensor parallelism needs GPUs; vLLM's half
+    precision on CPU needs AVX2/AVX-512), the default batch size (8 on CPU, auto on GPU), and at least two
+    cells to compare, counting those the run directory holds already, unless --single-cell."""
+
+    bs = bs if bs is not None else (8 if dev == "cpu" else "auto")
+    if tensor_parallel > 1 and dev == "cpu":
+        raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
+    cell_specs = build_cells(split_list(backends), split_list(dtypes), bs, repeat or [], split_list(tf32), shards)
+    check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
+    if len(cell_specs) + len(other_cells(run_dir, cell_specs)) < 2 and not single_cell:
+        raise EvalParityError(f"this run has a single cell ({cell_specs[0].name}): there is nothing to compare it "
+                              "with; add a backend or dtype (e.g. --dtypes fp32,bf16), or pass --single-cell "
+                              "to run it alone")
+    return cell_specs
+
+
+def other_cells(run_dir: Path, cell_specs) -> list[str]:
+    """Cells an existing run directory's spec holds besides ``cell_specs`` (a run may add one cell to them)."""
+
+    try:
+        old = json.loads((run_dir / "spec.json").read_text())
+        return [c["name"] for c in old.get("cells", []) if c["name"] not in {x.name for x in cell_specs}]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def go_offline_without_hub() -> bool:
+    """Whether the hub is unreachable; if so, HF_HUB_OFFLINE and HF_DATASETS_OFFLINE are set for this process
+    and its cells, so that every library reads its caches and mirrors at once instead of timing out."""
+
+    offline = not mirrors.hub_reachable()
+    if offline:
+        os.environ.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    return offline
+
+
+def identify_model(model: str | None, max_length: int):
+    """(model id for the report, path both backends load, context length capped at the model's, fingerprint):
+    the fingerprint (the files' hashes) is what keeps a run directory to one model's cells."""
+
+    model_id, model_path, max_len = resolve_model(model, max_length)
+    return model_id, model_path, max_len, rundir.model_fingerprint(model_path, model_id)
+
+
+def plan_memory(dev: str, ray: str | None, model_path, cell_specs, max_len: int, tensor_parallel: int,
+                cells_per_gpu: int | None):
+    """The GPU memory plan of the run (``memplan``), printed; None on CPU, and for a Ray cluster named by
+    address, whose GPUs this host cannot see (its cells keep the fixed defaults)."""
+    if dev == "cpu":
+        return None
+    if ray not in (None, "local"):
+        console.print("[dim]memory plan: skipped, the cells run on the Ray cluster's GPUs, not this host's[/dim]")
+        return None
+
+    plan = memplan.plan([(c.name, c.backend, c.dtype, c.batch_size) for c in cell_specs],
+                        memplan.read_shape(model_path), memplan.gpus_here(), cpus=memplan.host_cpus(),
+                        max_length=max_len, n_jobs=sum(c.shards for c in cell_specs),
+                        tensor_parallel=tensor_parallel, cells_per_gpu=cells_per_gpu)
+    for line in plan.lines():
+        console.print(line, highlight=False)
+    return plan
+
+
+def preflight(task_list: list[str], embedded_tasks: bool, include_path: list[str] | None,
+              datasets_dir: str | None, limit: int | None, num_fewshot: int | None, task_limits):
+    """(tasks, the aliases resolved, the preflight plan): every task's name and data checked before any model
+    loads, so that a typo or a missing dataset fails in seconds, not after the first cell. The default tasks
+    read the embedded mirror, prepared (once) first."""
+
+    if embedded_tasks:
+        embedded.dataset_mirror()
+    roots = mirrors.mirror_roots(datasets_dir)
+    console.print(f"checking {len(task_list)} task(s) and their data ...")
+    tm = tasks_mod.task_manager(include_path or [])
+    task_list, task_aliases = tasks_mod.resolve_names(task_list, tm)
+    for typed, real in task_aliases.items():
+        console.print(f"task {typed!r} is lm-eval's group {real!r}: running {real}")
+    plan = tasks_mod.preflight(task_list, tm, roots, limit, num_fewshot)
+    unknown_limits = [t for t, _ in task_limits if t not in plan.leaves and t not in plan.groups]
+    if unknown_limits:
+        raise EvalParityError(f"--task-limit names {unknown_limits[0]}, which is not among the run's tasks: use one of "
+                              f"{', '.join(sorted(plan.leaves))}")
+    return task_list, task_aliases, plan
+
+
+def build_spec(*, model_id, task_list, cell_specs, limit, num_fewshot, dev, include_path, datasets_dir,
+               align_softmax, add_bos_token, max_len, prefix_caching, seed, true_fp32, max_gen_toks, hf_args,
+               vllm_args, task_limits, plan, tensor_parallel, fingerprint, task_aliases, memory_plan):
+    """The run's spec: everything its cells' results depend on, in one record (``spec.json``), which a
+    rerun into the same directory must match."""
+
+    return RunSpec(
+        model=model_id, tasks=tuple(task_list), cells=cell_specs, limit=limit, num_fewshot=num_fewshot,
+        device=dev, include_paths=tuple(str(Path(p).resolve()) for p in include_path or []),
+        datasets_dir=str(Path(datasets_dir).resolve()) if datasets_dir else None,
+        alignment=Alignment(softmax_fp32=align_softmax, add_bos_token=add_bos_token, max_length=max_len,
+                            prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32,
+                            max_gen_toks=max_gen_toks),
+        hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
+        leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
+        model_fingerprint=fingerprint,
+        task_aliases=tuple(task_aliases.items()),
+        memory_plan=memory_plan.to_json() if memory_plan else {},
+    )
+
+
+def report_documents(spec, plan, limit: int | None) -> None:
+    """The size of the run, before it starts. The document count comes from the same rule the cells use
+    (``spec.samples``), so the two cannot disagree."""
+    per_task = spec.samples()
+    n_docs = sum(len(ids) for ids in per_task.values()) if per_task else \
+        sum(min(n, limit or n) for n in plan.leaves.values())
+    console.print(f"tasks: {len(plan.leaves)} leaf task(s), {n_docs:,} documents per cell")
+
+
+def choose_reference(opts, reference: str, cell_specs):
+    """The statistics options with a reference that is a cell of this run: the default hf-fp32 falls back to
+    the first cell (a run without HF fp32 still compares); a --reference given and absent is an error,
+    before any cell runs."""
+    if opts.reference in {c.name for c in cell_specs}:
+        return opts
+    if reference == STATS.reference:
+        first = cell_specs[0].name
+        console.print(f"[yellow]{STATS.reference} is not in this run: comparing against {first}[/yellow]")
+        return opts.with_reference(first)
+    raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
+                          f"{', '.join(c.name for c in cell_specs)}")
+
+
+# ------------------------------------------------------------------ the matrix and after
+def run_cells(spec, run_dir: Path, model_path, force: bool, offline: bool, placement, timings: RunLog, head):
+    """Every cell not yet done, each in its own process (``matrix``), with progress on the console; the
+    outcomes, one per cell, and their summary table."""
+    from evalparity.matrix import run_matrix, summary_table  # heavy: pandas (matrix -> cells -> samples)
+
+    outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
+                          placement=placement, log=timings, ray_head=head)
+    console.print(summary_table(outcomes))
+    return outcomes
+
+
+def report_outcomes(run_dir: Path, outcomes) -> list[str]:
+    """The failed cells, printed with every attempt's reason and log, and what to do (rerun; free the disk
+    when it was full); returned by name."""
+    failed = [o.name for o in outcomes if o.status == "failed"]
+    if failed:
+        console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}. Rerun the same command to "
+                      "retry them.[/red]")
+        print_attempts(run_dir, failed, {o.name: o.meta for o in outcomes})
+        disk_full = [o.name for o in outcomes if o.status == "failed" and disk_is_full(o.meta.get("error"))]
+        if disk_full:
+            console.print(f"[red]{', '.join(disk_full)}: the disk holding {run_dir} is full (or over its quota): "
+                          "free space there, then rerun the same command[/red]", soft_wrap=True, highlight=False)
+    return failed
+
+
+def print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) -> None:
+    """Every failed attempt of each failed cell (or its shards), each with its reason and kept log, and this
+    run's own when it could not be recorded (a full disk): never a log path that does not exist."""
+    from evalparity import cells  # heavy: pandas (cells -> samples); loaded by the run already
+
+    for name in failed:
+        units = [("cells", name)] + [("shards", p.name) for p in
+                                     sorted((run_dir / ATTEMPTS / "shards").glob(f"{name}.*of*"))]
+        last = None
+        for folder, unit in units:
+            for a in cells.attempt_history(run_dir, unit, folder):
+                last = a.get("error")
+                console.print(f"  {unit} attempt {a.get('attempt')}: {a.get('error') or 'no reason recorded'}"
+                              f" (log: {a.get('log_path') or 'none written'})", soft_wrap=True, highlight=False)
+        now = metas.get(name, {}).get("error")
+        if last is None or (now and now != last and metas.get(name, {}).get("unrecorded")):
+            log = run_dir / "cells" / name / "cell.log"
+            where = f" (log: {log.relative_to(run_dir)})" if last is None and log.is_file() \
+                and not metas.get(name, {}).get("unrecorded") else ""
+            console.print(f"  {name}: {now or 'no reason recorded'}{where}", soft_wrap=True, highlight=False)
+
+
+def disk_is_full(error) -> bool:
+    """Whether a failure's reason is a full disk (or quota): the fix is the user's, not a rerun's."""
+
+    return isinstance(error, str) and any(os.strerror(e) in error for e in (errno.ENOSPC, errno.EDQUOT))
+
+
+def check_enough_cells(outcomes, opts, single_cell: bool) -> None:
+    """Stop before the statistics when there is nothing to compare: exit 0 for the one cell --single-cell
+    asked for, exit 5 when fewer than two cells (or not the reference) finished."""
+    ok = [o for o in outcomes if o.status != "failed"]
+    if single_cell and len(ok) == len(outcomes) == 1:
+        console.print(f"one cell, {ok[0].name}, finished: no comparison made (--single-cell)")
+        raise typer.Exit(0)
+    if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
+        console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
+        raise typer.Exit(EXIT_CELL_FAILED)
+
+
+def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, dev: str, max_len: int,
+                   timings: RunLog) -> None:
+    """--drift N: the drift of every main cell against the reference on N prompts of the run's own tasks,
+    into RUN_DIR/drift, before the report so that the report shows it."""
+    from evalparity.drift import prompts_from_run, run_drift  # heavy: torch; only with --drift
+
+    with timings.stage("drift"):
+        run_drift(str(model_path), prompts_from_run(run_dir, n_prompts), [c.name for c in cell_specs if not c.tag],
+                  run_dir / "drift", reference=opts.reference, device=dev, max_len=max_len, console=console)
+
+
+def exit_code(failed: list[str], code: int) -> int:
+    """The sign-off's code, unless it passed while some cell failed: then 5, so CI never reads a PASS over
+    cells that did not run."""
+    return EXIT_CELL_FAILED if failed and code == 0 else code
