@@ -30,7 +30,7 @@ import time
 import traceback
 from pathlib import Path
 
-from evalparity import __version__, backends, samples, tasks
+from evalparity import __version__, backends, lmeval_patches, samples, tasks
 from evalparity.backends import precision
 from evalparity.config import (
     CELL_FILE,
@@ -511,6 +511,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     import lm_eval  # heavy: lm_eval (and only after compat.apply)
     from lm_eval.loggers import EvaluationTracker
 
+    meta["settings"]["template_cache"] = lmeval_patches.cache_templates()
     clock = PhaseClock(lm)
     progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
     tracker = EvaluationTracker(output_path=str(out / LM_EVAL_DIR))
