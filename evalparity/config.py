@@ -18,6 +18,14 @@ DATASETS_DIR_ENV = "EVALPARITY_DATASETS_DIR"  # a dataset mirror, searched after
 PLACEMENT_ENV = "EVALPARITY_PLACEMENT"  # set by the parent for a job's process: where it runs, as JSON
 REASON_FD_ENV = "EVALPARITY_REASON_FD"  # set by the parent: a pipe the job's process writes its failure's reason to
 KILL_ENV = "EVALPARITY_TEST_KILL_AT"  # a test hook: see kill_point
+PORT_BASE_ENV = "EVALPARITY_PORT_BASE"  # set by the parent: the first of the TCP ports this job's engine may use
+PORT_BASE, PORTS_PER_JOB = 20000, 16  # below Linux's ephemeral range (32768-60999): no socket of Ray's lands there
+
+
+def job_port_base(ordinal: int) -> int:
+    """The first port of the ``ordinal``-th job of a run: jobs started together each probe their own range
+    (``PORTS_PER_JOB`` ports), so two engines cannot race for one port (backends/vllm.py)."""
+    return PORT_BASE + PORTS_PER_JOB * ordinal
 
 
 def datasets_dir() -> str | None:

@@ -20,7 +20,16 @@ from rich.table import Table
 
 from evalparity import backends, cells, rundir, shards
 from evalparity import placement as pl
-from evalparity.config import CELL_FILE, CELLS, FAILED_SUFFIX, LOG_FILE, PROGRESS_FILE, SPEC_FILE
+from evalparity.config import (
+    CELL_FILE,
+    CELLS,
+    FAILED_SUFFIX,
+    LOG_FILE,
+    PORT_BASE_ENV,
+    PROGRESS_FILE,
+    SPEC_FILE,
+    job_port_base,
+)
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.placement import Job
@@ -159,7 +168,9 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
         todo = shards.pending_shards(run_dir, cell, force, spec.identity()) if cell.shards > 1 else [0]
         if cell.shards > 1 and not todo:
             merge_only.append(cell)
-        jobs += [Job(cell.name, k, cell.shards, gpus=gpus, cpus=1.0, env=env) for k in todo]
+        for k in todo:  # each job its own port range: engines starting side by side must not race for one
+            jobs.append(Job(cell.name, k, cell.shards, gpus=gpus, cpus=1.0,
+                            env=env | {PORT_BASE_ENV: str(job_port_base(len(jobs)))}))
     return done, jobs, merge_only
 
 

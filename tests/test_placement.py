@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from evalparity import matrix, placement, shards
+from evalparity.config import PORT_BASE_ENV, PORTS_PER_JOB
 from evalparity.samples import KEY
 from evalparity.spec import RunSpec, build_cells
 
@@ -84,6 +85,23 @@ def test_jobs_ask_for_their_gpus_and_shards(tmp_path):
     assert {j.gpus for j in cpu_jobs} == {0.0} and cpu_jobs[0].argv("R", "M", "py")[-1] == "M"
     _, shared, _ = matrix.plan_jobs(_spec("cuda"), tmp_path, force=False, cells_per_gpu=2)
     assert {j.gpus for j in shared} == {0.5}
+    # every job (shards too) its own port range, below the ephemeral ports, none overlapping another's
+    bases = sorted(int(j.env[PORT_BASE_ENV]) for j in jobs)
+    assert len(set(bases)) == len(jobs) and bases[0] >= 1024 and bases[-1] + PORTS_PER_JOB <= 32768
+    assert all(b - a >= PORTS_PER_JOB for a, b in zip(bases, bases[1:]))
+
+
+def test_a_vllm_job_probes_its_own_ports(monkeypatch):
+    """backends/vllm.use_job_ports: the job's range becomes VLLM_PORT, unless the user chose VLLM_PORT."""
+    from evalparity.backends import vllm as backend
+
+    monkeypatch.delenv("VLLM_PORT", raising=False)
+    monkeypatch.delenv(PORT_BASE_ENV, raising=False)
+    assert backend.use_job_ports() is None  # not started by a run: vLLM's own choice
+    monkeypatch.setenv(PORT_BASE_ENV, "20032")
+    assert backend.use_job_ports() == "20032" and os.environ["VLLM_PORT"] == "20032"
+    monkeypatch.setenv("VLLM_PORT", "41000")
+    assert backend.use_job_ports() == "41000"
 
 
 def _node(cpus: float, gpus: float = 0, alive: bool = True) -> dict:
