@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import zlib
 from pathlib import Path
 
 # ---------------------------------------------------------------- environment variables
@@ -19,13 +20,17 @@ PLACEMENT_ENV = "EVALPARITY_PLACEMENT"  # set by the parent for a job's process:
 REASON_FD_ENV = "EVALPARITY_REASON_FD"  # set by the parent: a pipe the job's process writes its failure's reason to
 KILL_ENV = "EVALPARITY_TEST_KILL_AT"  # a test hook: see kill_point
 PORT_BASE_ENV = "EVALPARITY_PORT_BASE"  # set by the parent: the first of the TCP ports this job's engine may use
-PORT_BASE, PORTS_PER_JOB = 20000, 16  # below Linux's ephemeral range (32768-60999): no socket of Ray's lands there
+PORT_BASE, PORT_END, PORTS_PER_JOB = 20000, 32768, 16  # below Linux's ephemeral ports (32768-60999), where
+# Ray's and every client's sockets land
 
 
-def job_port_base(ordinal: int) -> int:
-    """The first port of the ``ordinal``-th job of a run: jobs started together each probe their own range
-    (``PORTS_PER_JOB`` ports), so two engines cannot race for one port (backends/vllm.py)."""
-    return PORT_BASE + PORTS_PER_JOB * ordinal
+def job_port_base(run_key: str, ordinal: int) -> int:
+    """The first port of the ``ordinal``-th job of the run ``run_key`` (its directory): jobs started together
+    each probe their own range of ``PORTS_PER_JOB`` (backends/vllm.py), and runs start at different slots (a
+    hash of ``run_key``) so that two runs on one host rarely probe the same ranges. Slots wrap around below
+    ``PORT_END``."""
+    slots = (PORT_END - PORT_BASE) // PORTS_PER_JOB
+    return PORT_BASE + PORTS_PER_JOB * ((zlib.crc32(run_key.encode()) + ordinal) % slots)
 
 
 def datasets_dir() -> str | None:

@@ -25,7 +25,21 @@ def cache_templates() -> bool:
     if env is None or not hasattr(env, "from_string"):
         return False
     if not getattr(env.from_string, "evalparity_cached", False):
-        cached = functools.lru_cache(maxsize=CACHE_SIZE)(env.from_string)
-        cached.evalparity_cached = True  # type: ignore[attr-defined]
-        env.from_string = cached  # an instance attribute: lm-eval's Environment class is untouched
+        env.from_string = _cached_from_string(env.from_string)  # on the instance: lm-eval's class is untouched
     return True
+
+
+def _cached_from_string(from_string):
+    """``from_string`` that compiles a source given alone once; a call with ``globals`` or a template class
+    (which lm-eval does not make) goes to Jinja as it is."""
+    compiled = functools.lru_cache(maxsize=CACHE_SIZE)(from_string)
+
+    @functools.wraps(from_string)
+    def cached(source, *args, **kwargs):
+        if args or kwargs or not isinstance(source, str):
+            return from_string(source, *args, **kwargs)
+        return compiled(source)
+
+    cached.evalparity_cached = True  # type: ignore[attr-defined]
+    cached.cache_info = compiled.cache_info  # type: ignore[attr-defined]
+    return cached

@@ -170,7 +170,7 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
             merge_only.append(cell)
         for k in todo:  # each job its own port range: engines starting side by side must not race for one
             jobs.append(Job(cell.name, k, cell.shards, gpus=gpus, cpus=1.0,
-                            env=env | {PORT_BASE_ENV: str(job_port_base(len(jobs)))}))
+                            env=env | {PORT_BASE_ENV: str(job_port_base(str(run_dir.resolve()), len(jobs)))}))
     return done, jobs, merge_only
 
 

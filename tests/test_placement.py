@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from evalparity import matrix, placement, shards
-from evalparity.config import PORT_BASE_ENV, PORTS_PER_JOB
+from evalparity.config import PORT_BASE_ENV, PORT_END, PORTS_PER_JOB, job_port_base
 from evalparity.samples import KEY
 from evalparity.spec import RunSpec, build_cells
 
@@ -87,8 +87,13 @@ def test_jobs_ask_for_their_gpus_and_shards(tmp_path):
     assert {j.gpus for j in shared} == {0.5}
     # every job (shards too) its own port range, below the ephemeral ports, none overlapping another's
     bases = sorted(int(j.env[PORT_BASE_ENV]) for j in jobs)
-    assert len(set(bases)) == len(jobs) and bases[0] >= 1024 and bases[-1] + PORTS_PER_JOB <= 32768
+    assert len(set(bases)) == len(jobs) and bases[0] >= 1024 and bases[-1] + PORTS_PER_JOB <= PORT_END
     assert all(b - a >= PORTS_PER_JOB for a, b in zip(bases, bases[1:]))
+    # another run directory starts elsewhere; any ordinal stays in the range
+    other = sorted(int(j.env[PORT_BASE_ENV]) for j in matrix.plan_jobs(
+        _spec("cuda", tp=2, shard_count=2), tmp_path / "other", force=False)[1])
+    assert other != bases
+    assert all(1024 <= job_port_base("r", k) <= PORT_END - PORTS_PER_JOB for k in range(0, 5000, 7))
 
 
 def test_a_vllm_job_probes_its_own_ports(monkeypatch):
@@ -102,6 +107,8 @@ def test_a_vllm_job_probes_its_own_ports(monkeypatch):
     assert backend.use_job_ports() == "20032" and os.environ["VLLM_PORT"] == "20032"
     monkeypatch.setenv("VLLM_PORT", "41000")
     assert backend.use_job_ports() == "41000"
+    monkeypatch.delenv("VLLM_PORT")
+    assert backend.use_job_ports({"data_parallel_size": 2}) is None  # replicas would share one port
 
 
 def _node(cpus: float, gpus: float = 0, alive: bool = True) -> dict:

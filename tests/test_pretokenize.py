@@ -18,7 +18,7 @@ import pytest
 from conftest import SHARED_DATA
 
 from evalparity.backends import hf, vllm
-from evalparity.backends.pretokenize import request_strings
+from evalparity.backends.pretokenize import checked_keys, request_strings
 from evalparity.matrix import cell_environment
 from evalparity.spec import RunSpec, build_cells
 
@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     from evalparity.backends import hf, vllm
 
-    backend, model, data, corrupt = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+    backend, model, data, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
     if backend == "hf":
         lm = hf.create_lm({"pretrained": model, "device": "cpu", "dtype": "float32", "batch_size": 8})
     else:
@@ -34,15 +34,19 @@ SCRIPT = textwrap.dedent("""
                              "enable_prefix_caching": False, "enforce_eager": True})
     pairs = json.loads(open(data).read())
     bos = lm.tokenizer.decode(lm.prefix_token_id)
-    pairs += [[bos + "the cat sat", " on the mat"], ["trailing spaces   ", "one"], ["", "empty context"],
-              ["the cat", ""], ["unicode é ü 你好", " 世界"]]
+    pairs += [[bos + "the cat sat", " on the mat"], ["trailing spaces   ", "one"], ["  ", "the cat"],
+              ["\\n", "dog"], ["", "empty context"], ["the cat", ""], ["unicode é ü 你好", " 世界"]]
 
     class Req:
         def __init__(self, args):
             self.args = tuple(args)
 
-    if corrupt:  # a batch encoder that disagrees with tok_encode: the memo must not be used
+    if mode == "corrupt":  # a batch encoder that disagrees with tok_encode: the memo must not be used
         lm.batch_encode = lambda strings: [[1] for _ in strings]
+    if mode == "raise":  # a batch encoder that fails: lm-eval's own path, not a failed cell
+        def fail(strings):
+            raise ValueError("this tokenizer takes no batches")
+        lm.batch_encode = fail
     seen = {}
     def score(reqs, **kw):
         seen["reqs"] = reqs
@@ -79,8 +83,8 @@ def _pairs(n_docs: int) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
-@pytest.mark.parametrize("corrupt", [False, True])
-def test_batched_tokenisation_matches_lm_eval(backend, corrupt, tiny_model, tmp_path):
+@pytest.mark.parametrize("mode", ["batched", "corrupt", "raise"])
+def test_batched_tokenisation_matches_lm_eval(backend, mode, tiny_model, tmp_path):
     pairs = _pairs(60)
     data = tmp_path / "pairs.json"
     data.write_text(json.dumps(pairs))
@@ -88,13 +92,13 @@ def test_batched_tokenisation_matches_lm_eval(backend, corrupt, tiny_model, tmp_
     spec = RunSpec(model="m", tasks=("t",), cells=build_cells([backend], ["fp32"], 8, []), device="cpu",
                    leaf_docs=(("t", 1),))
     env = dict(os.environ) | cell_environment(spec, module.environment(spec, spec.cells[0]), offline=True)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, backend, str(tiny_model), str(data), str(int(corrupt))],
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, backend, str(tiny_model), str(data), mode],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["memo_used"] is (not corrupt)
+    assert got["memo_used"] is (mode == "batched")
     n = len(got["theirs"])
-    assert len(got["ours"]) == n == len(pairs) + 5
+    assert len(got["ours"]) == n == len(pairs) + 7
     for i, (ours, theirs) in enumerate(zip(got["ours"], got["theirs"])):
         if theirs is not None:
             assert ours == theirs, f"request {i} tokenised differently: {ours} != {theirs}"
@@ -106,3 +110,16 @@ def test_request_strings_follow_encode_pair():
     got = request_strings([("ctx  ", "a"), ("ctx  ", "b"), ("", "c"), ("x", " y")])
     # trailing spaces move to the continuation; the shared context appears once; empty contexts are skipped
     assert got == ["ctx  a", "ctx", "ctx  b", "x y", "x"]
+
+
+def test_whitespace_contexts_are_left_to_lm_eval():
+    # "  " strips to "": lm-eval's vLLM model encodes "" as [] without the tokenizer, so it is never memoised
+    assert request_strings([("  ", "the cat"), ("\n", "dog")]) == ["  the cat", "\ndog"]
+
+
+def test_the_check_covers_every_kind_of_string():
+    memo = {f"<s>text {i}": [i] for i in range(5)} | {f"plain {i}" * (i + 1): [i] for i in range(200)} | {"x": [0]}
+    keys = checked_keys(memo, "<s>")
+    assert "<s>text 0" in keys and "<s>text 4" in keys  # both ends of the BOS group, encoded apart
+    assert "x" in keys and max(memo, key=len) in keys  # the shortest and the longest
+    assert len(keys) <= 32 + 6 and len(set(keys)) == len(keys)

@@ -27,7 +27,9 @@ CHECKED = 32  # memo entries compared with lm-eval's own tok_encode before the m
 def request_strings(pairs: list[tuple[str, str]]) -> list[str]:
     """The strings lm-eval's causal ``_encode_pair`` encodes for these (context, continuation) pairs, in
     order and without repeats: context + continuation and the context, after trailing spaces of the context
-    move to the continuation. Empty contexts are lm-eval's own special case and are left out."""
+    move to the continuation. Empty contexts are lm-eval's own special case and are left out, and so is a
+    context that is all whitespace: it becomes ``""``, which lm-eval's vLLM model encodes as ``[]`` without
+    asking the tokenizer (a batched call would give ``[BOS]``)."""
     out: dict[str, None] = {}
     for context, continuation in pairs:
         if not context:
@@ -37,8 +39,23 @@ def request_strings(pairs: list[tuple[str, str]]) -> list[str]:
             continuation = context[-n_spaces:] + continuation
             context = context[:-n_spaces]
         out[context + continuation] = None
-        out[context] = None
+        if context:
+            out[context] = None
     return list(out)
+
+
+def checked_keys(memo: dict[str, list[int]], bos: str | None) -> list[str]:
+    """The memo entries compared with lm-eval before the memo is used: a spread of ``CHECKED``, plus the
+    kinds a difference would hide in (the shortest and longest strings, and the first and last of those that
+    start with the BOS text and of those that do not, which backends encode in separate calls)."""
+    keys = list(memo)
+    if not keys:
+        return []
+    picked = keys[::max(1, len(keys) // CHECKED)]
+    picked += [min(keys, key=len), max(keys, key=len)]
+    for group in ([k for k in keys if bos and k.startswith(bos)], [k for k in keys if not (bos and k.startswith(bos))]):
+        picked += group[:1] + group[-1:]
+    return list(dict.fromkeys(picked))
 
 
 class BatchedEncoding:
@@ -50,7 +67,7 @@ class BatchedEncoding:
 
     _memo: dict[str, list[int]] | None = None
     tokenize_s: float = 0.0
-    memo_used: bool | None = None  # None: never asked; False: a check failed and lm-eval encoded alone
+    memo_used: bool | None = None  # None: never asked; False: lm-eval encoded each request itself
 
     def batch_encode(self, strings: list[str]) -> list[list[int]]:  # pragma: no cover - per backend
         raise NotImplementedError
@@ -60,29 +77,41 @@ class BatchedEncoding:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         t0 = time.perf_counter()
         strings = request_strings([tuple(r.args[:2]) for r in requests])
-        memo = dict(zip(strings, self.batch_encode(strings))) if strings else {}
-        self._memo = memo if self._memo_agrees(memo) else None
-        self.memo_used = self._memo is not None
+        if strings:
+            self._memo = self._checked_memo(strings)
+            self.memo_used = self._memo is not None
         self.tokenize_s += time.perf_counter() - t0
         try:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         finally:
             self._memo = None
 
-    def _memo_agrees(self, memo: dict[str, list[int]]) -> bool:
-        keys = list(memo)
-        step = max(1, len(keys) // CHECKED)
-        for key in keys[::step]:
-            if list(super().tok_encode(key)) != list(memo[key]):
-                print(f"evalparity: batched tokenisation differs from lm-eval's on {key[:80]!r}; "
-                      "lm-eval encodes each request itself", file=sys.stderr)
-                return False
-        return True
+    def _checked_memo(self, strings: list[str]) -> dict[str, list[int]] | None:
+        """The batched encodings, or None (lm-eval then encodes each request itself) when the batch call
+        fails or any checked entry differs from lm-eval's own ``tok_encode``: speed is lost, never results."""
+        try:
+            memo = dict(zip(strings, self.batch_encode(strings), strict=True))
+            bos = None
+            if getattr(self, "prefix_token_id", None) is not None:
+                bos = self.tokenizer.decode(self.prefix_token_id)
+            for key in checked_keys(memo, bos):
+                if list(super().tok_encode(key)) != list(memo[key]):
+                    print(f"evalparity: batched tokenisation differs from lm-eval's on {key[:80]!r}; "
+                          "lm-eval encodes each request itself", file=sys.stderr)
+                    return None
+            return memo
+        except Exception as err:  # noqa: BLE001 - any failure here only means lm-eval's own path
+            print(f"evalparity: batched tokenisation failed ({err!r}); lm-eval encodes each request itself",
+                  file=sys.stderr)
+            return None
 
-    def tok_encode(self, string, add_special_tokens=None, **kwargs):
+    def tok_encode(self, string, *args, **kwargs):
+        """From the memo only for what ``_encode_pair`` asks (one string, no other argument, or
+        ``add_special_tokens=None``); anything else is lm-eval's own call, arguments passed on as given."""
         memo = self._memo
-        if memo is not None and add_special_tokens is None and not kwargs and isinstance(string, str):
+        plain = not args and kwargs.get("add_special_tokens") is None and set(kwargs) <= {"add_special_tokens"}
+        if memo is not None and plain and isinstance(string, str):
             hit = memo.get(string)
             if hit is not None:
                 return list(hit)
-        return super().tok_encode(string, add_special_tokens=add_special_tokens, **kwargs)
+        return super().tok_encode(string, *args, **kwargs)

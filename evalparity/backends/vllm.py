@@ -98,14 +98,17 @@ def flat_scoring_params():
         return None
 
 
-def use_job_ports() -> str | None:
+def use_job_ports(args: dict | None = None) -> str | None:
     """Point vLLM at this job's own port range (``$EVALPARITY_PORT_BASE``, from ``config.job_port_base``)
     unless the user set ``VLLM_PORT``; returns the port vLLM will probe from (None: vLLM's own choice).
 
     Why: vLLM's engine listens on a port it finds by binding port 0 and letting it go; with several engines
     and Ray starting at once on one host, another socket can take that port before vLLM listens. An H200
     run of 6 packed cells lost a vLLM cell so ("DistNetworkError ... EADDRINUSE"). From ``VLLM_PORT`` vLLM
-    probes upward instead, and each job's range is its own."""
+    probes upward instead, and each job's range is its own. Not with lm-eval's ``data_parallel_size`` > 1:
+    its replicas would inherit one ``VLLM_PORT`` and each take its first free port, the same one."""
+    if int((args or {}).get("data_parallel_size", 1) or 1) > 1:
+        return os.environ.get("VLLM_PORT")
     if os.environ.get(PORT_BASE_ENV) and not os.environ.get("VLLM_PORT"):
         os.environ["VLLM_PORT"] = os.environ[PORT_BASE_ENV]
     return os.environ.get("VLLM_PORT")
@@ -115,7 +118,7 @@ def create_lm(args: dict):
     """A VLLM LM that also keeps the generated token ids, keyed by the prompt text, and scores with flat
     prompt logprobs (``flat_scoring_params``) where vLLM has them."""
     compat.apply()
-    use_job_ports()
+    use_job_ports(args)
     from lm_eval.api.registry import get_model  # heavy: lm_eval; optional: vllm
 
     from evalparity.backends.pretokenize import BatchedEncoding
