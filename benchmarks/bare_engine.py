@@ -58,15 +58,14 @@ def build_requests(tasks: list[str], limit: int | None, datasets_dir: str | None
         task.build_all_requests(limit=limit, rank=0, world_size=1)
         for inst in task.instances:
             if inst.request_type == "loglikelihood":
-                out.append((getattr(name, "task_name", str(name)) if not isinstance(name, str) else name,
-                            inst.doc_id, inst.idx, inst.args[0], inst.args[1]))
+                out.append((str(name), inst.doc_id, inst.idx, inst.args[0], inst.args[1]))
     return out
 
 
 def encode(tokenizer, requests, add_bos: bool | None) -> list[tuple[list[int], list[int]]]:
     """lm-eval's causal ``_encode_pair`` for every request, with one batched tokenizer call (``add_bos``
     None: the tokenizer's own default, as evalparity's default ``--add-bos-token`` is)."""
-    from evalparity.backends.pretokenize import request_strings
+    from evalparity.backends.pretokenize import request_strings, shift_spaces
 
     pairs = [(c, x) for _, _, _, c, x in requests]
     strings = request_strings(pairs)
@@ -74,10 +73,9 @@ def encode(tokenizer, requests, add_bos: bool | None) -> list[tuple[list[int], l
     ids = dict(zip(strings, tokenizer(strings, **kw).input_ids))
     out = []
     for c, x in pairs:
-        n = len(c) - len(c.rstrip())
-        if n:
-            x, c = c[-n:] + x, c[:-n]
-        whole, ctx = ids[c + x], ids[c]
+        c, x = shift_spaces(c, x)
+        whole = ids[c + x]
+        ctx = ids[c] if c else tokenizer([c], **kw).input_ids[0]  # all-whitespace context: not in the batch
         out.append((ctx, whole[len(ctx):]))
     return out
 

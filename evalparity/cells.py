@@ -515,7 +515,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     clock = PhaseClock(lm)
     progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
     tracker = EvaluationTracker(output_path=str(out / LM_EVAL_DIR))
-    t1, cpu1 = time.perf_counter(), cpu_usage()
+    cpu1 = cpu_usage()
     seed = spec.alignment.seed
     sharded = shard[1] > 1
     clock.start()
@@ -529,7 +529,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
         gen_kwargs={"max_gen_toks": spec.alignment.max_gen_toks} if spec.alignment.max_gen_toks else None,
     )
     clock.stop()
-    meta["eval_s"] = time.perf_counter() - t1
+    meta["eval_s"] = clock.elapsed
     meta["eval_cpu"] = usage_since(cpu1)
 
     progress.update(force=True, phase="writing")

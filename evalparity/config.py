@@ -19,6 +19,7 @@ DATASETS_DIR_ENV = "EVALPARITY_DATASETS_DIR"  # a dataset mirror, searched after
 PLACEMENT_ENV = "EVALPARITY_PLACEMENT"  # set by the parent for a job's process: where it runs, as JSON
 REASON_FD_ENV = "EVALPARITY_REASON_FD"  # set by the parent: a pipe the job's process writes its failure's reason to
 KILL_ENV = "EVALPARITY_TEST_KILL_AT"  # a test hook: see kill_point
+PROFILE_ENV = "EVALPARITY_PROFILE"  # set (to 1): each cell runs under cProfile (phases.profiled)
 PORT_BASE_ENV = "EVALPARITY_PORT_BASE"  # set by the parent: the first of the TCP ports this job's engine may use
 PORT_BASE, PORT_END, PORTS_PER_JOB = 20000, 32768, 16  # below Linux's ephemeral ports (32768-60999), where
 # Ray's and every client's sockets land

@@ -17,7 +17,10 @@ The writing of the cell's own files is timed apart (``write_s`` in ``cell.json``
 
 from __future__ import annotations
 
+import os
 import time
+
+from evalparity.config import PROFILE_ENV
 
 REQUEST_METHODS = ("loglikelihood", "loglikelihood_rolling", "generate_until")
 
@@ -32,13 +35,12 @@ class PhaseClock:
         self.first_call: float | None = None
         self.last_return: float | None = None
         self.in_calls = 0.0
-        self.calls: dict[str, int] = {}
         for name in REQUEST_METHODS:
             method = getattr(lm, name, None)
             if method is not None:
-                setattr(lm, name, self._timed(name, method))
+                setattr(lm, name, self._timed(method))
 
-    def _timed(self, name: str, method):
+    def _timed(self, method):
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
             if self.first_call is None:
@@ -49,7 +51,6 @@ class PhaseClock:
                 t1 = time.perf_counter()
                 self.in_calls += t1 - t0
                 self.last_return = t1
-                self.calls[name] = self.calls.get(name, 0) + 1
 
         timed.__wrapped__ = method  # type: ignore[attr-defined]
         return timed
@@ -60,9 +61,14 @@ class PhaseClock:
     def stop(self) -> None:
         self.t_stop = time.perf_counter()
 
+    @property
+    def elapsed(self) -> float:
+        """The evaluation's wall time, from ``start()`` to ``stop()``."""
+        return self.t_stop - self.t_start
+
     def phases(self) -> dict[str, float]:
         """Seconds per phase (module docstring); they add up to the evaluation's wall time."""
-        total = self.t_stop - self.t_start
+        total = self.elapsed
         if self.first_call is None:  # no request at all (every task empty)
             return {"requests_s": total, "tokenize_s": 0.0, "engine_s": 0.0, "postprocess_s": 0.0}
         tokenize = float(getattr(self.lm, "tokenize_s", 0.0) or 0.0)
@@ -73,16 +79,11 @@ class PhaseClock:
                 "engine_s": self.in_calls - tokenize, "postprocess_s": postprocess}
 
 
-PROFILE_ENV = "EVALPARITY_PROFILE"  # set to 1: each cell runs under cProfile (profile.pstats, profile.txt)
-
-
 def profiled(fn, out_dir, *args, **kwargs):
     """``fn(*args, **kwargs)``, under cProfile when ``$EVALPARITY_PROFILE`` is set: the cell folder then gets
     ``profile.pstats`` and ``profile.txt`` (the top 40 functions by cumulative and by own time). For
-    diagnosing where a cell's time goes (``benchmarks/cell_phases.py``); cProfile slows Python-heavy code,
-    so a profiled cell's timings are not its real ones."""
-    import os
-
+    diagnosing where a cell's time goes (``scripts/gpu/issue19_run.sh``, ``MODE=profile``); cProfile slows
+    Python-heavy code, so a profiled cell's timings are not its real ones."""
     if not os.environ.get(PROFILE_ENV):
         return fn(*args, **kwargs)
     import cProfile

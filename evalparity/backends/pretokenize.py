@@ -24,6 +24,15 @@ import time
 CHECKED = 32  # memo entries compared with lm-eval's own tok_encode before the memo is trusted
 
 
+def shift_spaces(context: str, continuation: str) -> tuple[str, str]:
+    """lm-eval's ``_encode_pair`` first step: the context's trailing whitespace moves to the continuation,
+    so that word boundaries tokenise as they do in running text."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        return context[:-n_spaces], context[-n_spaces:] + continuation
+    return context, continuation
+
+
 def request_strings(pairs: list[tuple[str, str]]) -> list[str]:
     """The strings lm-eval's causal ``_encode_pair`` encodes for these (context, continuation) pairs, in
     order and without repeats: context + continuation and the context, after trailing spaces of the context
@@ -34,10 +43,7 @@ def request_strings(pairs: list[tuple[str, str]]) -> list[str]:
     for context, continuation in pairs:
         if not context:
             continue
-        n_spaces = len(context) - len(context.rstrip())
-        if n_spaces:
-            continuation = context[-n_spaces:] + continuation
-            context = context[:-n_spaces]
+        context, continuation = shift_spaces(context, continuation)
         out[context + continuation] = None
         if context:
             out[context] = None
