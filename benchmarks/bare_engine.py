@@ -210,7 +210,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for backend in args.backends.split(","):
-        env = dict(os.environ)
+        # the precision switches a true-fp32 cell sets (Triton's IEEE dots; vLLM's matmul precision), so
+        # that bare and cell score at the same precision
+        from evalparity.backends import precision
+
+        env = dict(os.environ) | precision.environment(DTYPES[args.dtype], True)
         if backend == "vllm":
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             if args.device == "cpu":

@@ -551,6 +551,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     meta["phases"] = {"load_s": meta["load_s"]} | clock.phases() | {"write_s": meta["write_s"]}
     if getattr(lm, "memo_used", None) is not None:  # backends/pretokenize.py
         meta["settings"]["batched_tokenization"] = lm.memo_used
+    meta["settings"] |= backend.loaded_settings(lm)  # again: what the engine decided while evaluating
     meta["aggregate"] = {t: {k: v for k, v in r.items() if isinstance(v, (int, float)) and "stderr" not in k}
                          for t, r in (lm_results.get("results") or {}).items()}
     meta["n_rows"] = int(len(table))

@@ -189,6 +189,11 @@ class CellPlan:
     gpu_memory_utilization: float | None  # vLLM
     max_batch_size: int | None            # HF with batch_size auto
     cpus: int                             # its share of the host's cores
+    # HF with batch_size auto: tokens of batch rows the share holds (rows x padded length). lm-eval's probe
+    # finds the batch size at the longest request's length, so the row cap is taken there, in the cell
+    # (``max_batch_size`` above is the cap at full ``max_length``, where a generation probes). On one H200 a
+    # cap at full length gave HellaSwag (at most 200 tokens) 23 rows for a share that 64 rows used 10 % of.
+    batch_tokens: int | None = None
     # vLLM cells that share a GPU: a fixed KV cache instead of vLLM's profiling. vLLM sizes its KV cache from
     # the device's used memory during its start-up profiling, so the other cells starting beside it count as
     # its own use: on one H200, six SmolLM2 cells packed at 0.16 each left vllm-fp32 "No available memory
@@ -222,6 +227,9 @@ class MemoryPlan:
                 knob = f"gpu_memory_utilization={c.gpu_memory_utilization}"
                 if c.kv_cache_memory_bytes:
                     knob += f", KV cache {c.kv_cache_memory_bytes / GiB:.1f} GiB fixed (shared GPU)"
+            elif c.batch_tokens is not None:
+                knob = (f"batches of at most {c.batch_tokens:,} tokens (max_batch_size={c.max_batch_size} at "
+                        f"full length)")
             elif c.max_batch_size is not None:
                 knob = f"max_batch_size={c.max_batch_size}"
             rows.append(f"  {name}: {c.budget_gib:.1f} GiB per GPU (weights {c.weights_gib:.1f}, needs at least "
@@ -274,7 +282,7 @@ def plan(cells: list[tuple[str, str, str, int | str]], shape: ModelShape, gpus: 
                                                    shared=cells_per_gpu > 1)
         out[name] = CellPlan(round(budget / GiB, 2), round(need.weights / GiB, 2), round(need.minimum / GiB, 2),
                              knobs.get("gpu_memory_utilization"), knobs.get("max_batch_size"), per_cell_cpus,
-                             knobs.get("kv_cache_memory_bytes"))
+                             knobs.get("batch_tokens"), knobs.get("kv_cache_memory_bytes"))
     free = min(g.free for g in gpus)
     return MemoryPlan(cells_per_gpu, len(gpus), tensor_parallel, round(total / GiB, 1), round(free / GiB, 1),
                       cpus, why, out)

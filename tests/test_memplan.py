@@ -47,6 +47,11 @@ def test_small_model_six_cells_pack_onto_one_h200():
     assert vllm.budget_gib * GiB - base - vllm.kv_cache_memory_bytes < (1 << 20) + 0.01 * GiB
     assert hf.kv_cache_memory_bytes is None
     assert p.cells["hf-bfloat16"].max_batch_size >= hf.max_batch_size  # half the bytes per logit
+    # The HF cap is a token budget, divided in the cell by the length lm-eval probes at (its longest
+    # request): HellaSwag's (at most about 200 tokens) gets lm-eval's own 64 rows from the same share that
+    # holds 23 rows of 2,048 tokens. On the H200 that cap of 23 peaked at 2.5 GiB of a 22.6 GiB share.
+    assert hf.max_batch_size < hf_backend.LM_EVAL_MAX_BATCH <= hf.batch_tokens // 200
+    assert hf.batch_tokens // 2048 == hf.max_batch_size
     assert all(c.cpus == 2 for c in p.cells.values())
 
 
@@ -148,7 +153,8 @@ def test_plan_reaches_the_backends_and_the_record(tiny_model, monkeypatch):
     assert vargs["kv_cache_memory_bytes"] == p.cells[v.name].kv_cache_memory_bytes > 0  # packed: fixed KV cache
     assert backends.get("vllm").settings(again, v, vargs)["kv_cache_memory_bytes"] == vargs["kv_cache_memory_bytes"]
     hargs = backends.get("hf").model_args(again, h, str(tiny_model))
-    assert hargs["max_batch_size"] == p.cells[h.name].max_batch_size
+    assert hargs["batch_tokens"] == p.cells[h.name].batch_tokens > 0  # the cap, taken at the probed length
+    assert "max_batch_size" not in hargs  # lm-eval's own ceiling (64) stays above it
     rec = backends.get("hf").settings(again, h, hargs)["memory_plan"]
     assert rec["budget_gib"] == p.cells[h.name].budget_gib
     # A user's own setting wins over the plan; on CPU there is no plan and no GPU setting.
@@ -158,3 +164,10 @@ def test_plan_reaches_the_backends_and_the_record(tiny_model, monkeypatch):
     cpu = RunSpec(model="tiny", tasks=("t",), cells=cells)
     assert "gpu_memory_utilization" not in backends.get("vllm").model_args(cpu, v, "m")
     assert "max_batch_size" not in backends.get("hf").model_args(cpu, h, "m")
+    assert "batch_tokens" not in backends.get("hf").model_args(cpu, h, "m")
+    # A spec planned before batch_tokens existed keeps its cap at full length (runs resume as planned).
+    old_plan = p.to_json()
+    for c in old_plan["cells"].values():
+        c.pop("batch_tokens")
+    old_spec = RunSpec(model="tiny", tasks=("t",), cells=cells, device="cuda", memory_plan=old_plan)
+    assert backends.get("hf").model_args(old_spec, h, "m")["max_batch_size"] == p.cells[h.name].max_batch_size

@@ -60,8 +60,9 @@ class Backend(Protocol):
         ...
 
     def loaded_settings(self, lm: Any) -> dict:
-        """Further settings read back from the loaded LM, added to the cell's settings record (empty when
-        there are none)."""
+        """Further settings read back from the LM, added to the cell's settings record (empty when there
+        are none). Asked once the model has loaded and again after the evaluation, so that what the engine
+        decided while evaluating (the batch sizes lm-eval's probe found, say) is recorded too."""
         ...
 
     # ---- what this machine has

@@ -27,11 +27,13 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
         args["softmax_dtype"] = "float32"
     if a.add_bos_token is not None:
         args["add_bos_token"] = a.add_bos_token
-    cap = spec.cell_memory(cell.name).get("max_batch_size")
-    if cap and cell.batch_size == "auto":
+    plan = spec.cell_memory(cell.name)
+    if cell.batch_size == "auto" and plan.get("batch_tokens"):
         # the ceiling of lm-eval's batch-size probe, so that the batch it finds stays within the cell's
-        # share of a GPU that other cells fill later (memplan)
-        args["max_batch_size"] = cap
+        # share of a GPU that other cells fill later (memplan): rows x the probed length, taken in the cell
+        args["batch_tokens"] = plan["batch_tokens"]
+    elif cell.batch_size == "auto" and plan.get("max_batch_size"):  # a spec planned before batch_tokens
+        args["max_batch_size"] = plan["max_batch_size"]
     if spec.tensor_parallel > 1:
         # HF has no tensor parallelism in lm-eval; it splits the layers over the cell's GPUs instead.
         args["parallelize"] = True
@@ -56,6 +58,7 @@ def settings(spec: RunSpec, cell: CellSpec, args: dict) -> dict:
         "parallelize": args.get("parallelize", False),
         "max_batch_size": args.get("max_batch_size",
                                    f"lm-eval default ({LM_EVAL_MAX_BATCH})" if cell.batch_size == "auto" else None),
+        "batch_tokens": args.get("batch_tokens", "no cap" if cell.batch_size == "auto" else None),
         "memory_plan": spec.cell_memory(cell.name) or None,
     }
 
@@ -64,13 +67,38 @@ def create_lm(args: dict):
     """An HFLM that also keeps the generated token ids, keyed by the prompt text."""
     from lm_eval.api.registry import get_model  # heavy: lm_eval, transformers, torch
 
+    from evalparity.backends.hf_scoring import DeferredScoring
     from evalparity.backends.pretokenize import BatchedEncoding
 
-    class RecordingHFLM(BatchedEncoding, get_model(lm_eval_model)):
-        def __init__(self, **kw):
+    class RecordingHFLM(DeferredScoring, BatchedEncoding, get_model(lm_eval_model)):
+        def __init__(self, batch_tokens: int | None = None, **kw):
             super().__init__(**kw)
             self.generated_ids: dict[str, list[int]] = {}
             self._batch_contexts: list[str] = []
+            self.batch_tokens = batch_tokens
+            self.batch_probes: list[dict] = []
+
+        def _detect_batch_size(self, requests=None, pos: int = 0):
+            """lm-eval's probe, its ceiling lowered to the rows of this probe's length that the cell's
+            memory share holds (``batch_tokens``), so that short requests get the batch they fit."""
+            if not self.batch_tokens:
+                return super()._detect_batch_size(requests, pos)
+            if requests:  # the length lm-eval's probe uses
+                _, ctx, cont = requests[pos]
+                length = len((ctx + cont)[-(self.max_length + 1):][:-1])
+            else:
+                length = self.max_length
+            ceiling = self.max_batch_size
+            cap = max(1, min(ceiling, self.batch_tokens // max(1, length)))
+            self.max_batch_size = cap
+            try:
+                found = super()._detect_batch_size(requests, pos)
+            finally:
+                self.max_batch_size = ceiling
+            probe = {"length": length, "cap": cap, "found": found}
+            if probe not in self.batch_probes:
+                self.batch_probes.append(probe)
+            return found
 
         def batch_encode(self, strings: list[str]) -> list[list[int]]:
             """``HFLM.tok_encode`` for many strings in one tokenizer call: the same special-token rule
@@ -109,7 +137,14 @@ def attention_backend(lm) -> str:
 
 
 def loaded_settings(lm) -> dict:
-    return {}
+    """After the evaluation: the batch sizes lm-eval's probes found under the memory plan's cap, and
+    whether the scoring ran batched (``hf_scoring``)."""
+    out: dict = {}
+    if getattr(lm, "batch_probes", None):
+        out["batch_probes"] = list(lm.batch_probes)
+    if getattr(lm, "deferred_scoring", None) is not None:
+        out["deferred_scoring"] = lm.deferred_scoring
+    return out
 
 
 # ---------------------------------------------------------------- what this machine has
@@ -157,13 +192,17 @@ def memory_need(shape: ModelShape, dtype: str, max_length: int, tensor_parallel:
 
 def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape, *, batch_size: int | str,
                  max_length: int, tensor_parallel: int, shared: bool) -> dict:
-    """lm-eval's ``max_batch_size`` (the ceiling of its automatic batch size) for ``batch_size=auto``, so
-    that the batch size its probe finds cannot outgrow the share once the other cells have grown into
-    theirs; a fixed batch size is the user's."""
+    """For ``batch_size=auto``, the ceiling of lm-eval's automatic batch size, so that the batch size its
+    probe finds cannot outgrow the share once the other cells have grown into theirs: ``batch_tokens``, the
+    tokens of batch rows the share holds, which the cell divides by the length lm-eval probes at, and
+    ``max_batch_size``, that cap at full ``max_length``, for the plan's printout. A fixed batch size is the
+    user's."""
     if batch_size != "auto":
         return {}
-    rows = (budget - need.weights - CUDA_CONTEXT) // row_bytes(shape, need.dtype, max_length, tensor_parallel)
-    return {"max_batch_size": int(max(1, min(LM_EVAL_MAX_BATCH, rows)))}
+    room = budget - need.weights - CUDA_CONTEXT
+    rows = room // row_bytes(shape, need.dtype, max_length, tensor_parallel)
+    tokens = room // row_bytes(shape, need.dtype, 1, tensor_parallel)
+    return {"max_batch_size": int(max(1, min(LM_EVAL_MAX_BATCH, rows))), "batch_tokens": int(max(max_length, tokens))}
 
 
 # ---------------------------------------------------------------- drift localisation

@@ -13,13 +13,17 @@
 #   MODE=profile  SmolLM2-135M, HellaSwag (LIMIT docs, default 2500), hf-fp32 and vllm-fp32 one at a time with
 #                 EVALPARITY_PROFILE=1: each cell's profile.txt
 #   MODE=identity the packed run's fp32 tables against the cells run alone by MODE=bare (same requests)
+#   MODE=prepare  `evalparity models prepare`: the embedded model's one-time GGUF conversion, timed apart
+#   MODE=mps      MODE=packed with a CUDA MPS control daemon of this job's own (pipe and log dirs under /tmp,
+#                 stopped at the end), so that the six processes' kernels may run at once: a measurement
+#                 of what time-slicing costs, not something evalparity starts
 # Steps leave $OUT/<mode>.tgz (spec, cell.json files, verdicts, report.md) and print a per-cell table.
 set -uo pipefail
 source .gpu/bin/env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
 mkdir -p "$EVALPARITY_CACHE/wheels"
 cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
-MODE=${MODE:?MODE=packed, model, big or graphs}
+MODE=${MODE:?MODE=packed, mps, prepare, model, big, graphs, bare, profile or identity}
 BUDGET=${BUDGET:-560}
 T0=$(date +%s)
 EP=(python3 -m evalparity.cli)
@@ -34,7 +38,8 @@ for f in sorted(pathlib.Path(sys.argv[1], "cells").glob("*/cell.json")):
     t = {k: round(m[k], 1) for k in ("load_s", "eval_s", "wall_s") if k in m}
     print(f"{f.parent.name}: {m.get('status')} {t} peak_gpu={m.get('peak_gpu_gib')} "
           f"util={s.get('gpu_memory_utilization')} max_batch={plan.get('max_batch_size')} "
-          f"batch={m.get('batch_size')} eager={s.get('enforce_eager')} {m.get('error', '')[:200]}")
+          f"batch={m.get('batch_size')} eager={s.get('enforce_eager')} probes={s.get('batch_probes')} "
+          f"deferred={s.get('deferred_scoring')} {m.get('error', '')[:200]}")
     if m.get("phases"):
         print("   phases:", {k: round(v, 1) for k, v in m["phases"].items()})
 PY
@@ -70,6 +75,8 @@ for cell, alone in (("hf-fp32", "/tmp/i19-bare/cell-hf"), ("vllm-fp32", "/tmp/i1
     except OSError as err:
         print(cell, "missing:", err); continue
     ma, mb = (json.load(open(f"{d}/cells/{cell}/cell.json")) for d in (alone, "/tmp/i19-packed"))
+    print(cell, "batch probes alone", ma["settings"].get("batch_probes"), "packed", mb["settings"].get("batch_probes"),
+          "deferred scoring", ma["settings"].get("deferred_scoring"), mb["settings"].get("deferred_scoring"))
     j = a.merge(b, on=["task", "filter", "doc_id", "choice"], suffixes=("_alone", "_packed"))
     d = (j.loglikelihood_alone - j.loglikelihood_packed).abs()
     docs = j.groupby("doc_id").first()
@@ -79,11 +86,23 @@ for cell, alone in (("hf-fp32", "/tmp/i19-bare/cell-hf"), ("vllm-fp32", "/tmp/i1
           f"packed {mb['settings'].get('memory_plan', {}).get('max_batch_size')}")
 PY
     ;;
-  packed)
-    RUN=/tmp/i19-packed
+  prepare)
+    "${EP[@]}" models prepare; echo "prepare: exit $? after $(( $(date +%s) - T0 )) s" ;;
+  packed|mps)
+    RUN=/tmp/i19-$MODE
+    if [[ $MODE == mps ]]; then
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+      mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+      nvidia-cuda-mps-control -d && echo "MPS daemon started" || { echo "no MPS here"; exit 1; }
+    fi
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 \
+      > "${OUT:-/tmp}/gpu-util-$MODE.csv" 2>/dev/null & SMI=$!
+    T1=$(date +%s)
     timeout "$BUDGET" "${EP[@]}" run --device cuda --tasks hellaswag --num-fewshot 0 --datasets-dir .gpudata \
       --no-fail-on-inconclusive --out "$RUN"
-    echo "packed: exit $? after $(( $(date +%s) - T0 )) s"; table "$RUN"; pack "$RUN" packed ;;
+    echo "$MODE: exit $? after $(( $(date +%s) - T1 )) s"; kill $SMI 2>/dev/null
+    [[ $MODE == mps ]] && { echo quit | nvidia-cuda-mps-control; echo "MPS daemon stopped"; }
+    table "$RUN"; pack "$RUN" "$MODE" ;;
   model)
     python3 scripts/gpu/make_model.py /tmp/m14b --shape qwen2.5-14b
     du -sh /tmp/m14b; df -h /tmp | tail -1 ;;
