@@ -55,7 +55,7 @@ case $MODE in
     python3 benchmarks/bare_engine.py --model "$(python3 -c 'from evalparity.data import embedded; print(embedded.model_path())')" \
       --tasks hellaswag --datasets-dir .gpudata --device cuda --dtype fp32 --backends "${BACKENDS:-hf}" \
       --out /tmp/i19-bare 2>&1 | grep -v "it/s]" | tail -8
-    [[ -n ${OUT:-} ]] && (cd /tmp && tar czf "$OUT/bare-${BACKENDS:-hf}.tgz" i19-bare/bare_engine.json i19-bare/cell-*/cells/*/cell.json) ;;
+    [[ -n ${OUT:-} ]] && (cd /tmp && tar czf "$OUT/bare-$(echo "${BACKENDS:-hf}" | tr , -).tgz" i19-bare/bare_engine.json i19-bare/cell-*/cells/*/cell.json) ;;
   profile)
     for b in hf vllm; do
       RUN=/tmp/i19-profile-$b
