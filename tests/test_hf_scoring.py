@@ -49,15 +49,16 @@ def test_same_answers_as_lm_eval_bit_for_bit(tiny_model, batch_size, monkeypatch
         return one_by_one(self, items)
 
     monkeypatch.setattr(hf_scoring.DeferredScoring, "_one_by_one", counted)
-    reqs = requests()
-    got = ours._loglikelihood_tokens(reqs, disable_tqdm=True)
-    want = theirs._loglikelihood_tokens(reqs, disable_tqdm=True)
-    assert len(got) == len(reqs)
-    for r, g, w in zip(reqs, got, want, strict=True):
-        assert g == w, f"request {r[0]}: {g} here, {w} from lm-eval"
+    for seed in (0, 5):  # two calls, as lm-eval makes one per request type (and per rolling window batch)
+        reqs = requests(seed)
+        got = ours._loglikelihood_tokens(reqs, disable_tqdm=True)
+        want = theirs._loglikelihood_tokens(reqs, disable_tqdm=True)
+        assert len(got) == len(reqs)
+        for r, g, w in zip(reqs, got, want, strict=True):
+            assert g == w, f"request {r[0]}: {g} here, {w} from lm-eval"
+        assert sum(w[0] for w in want) < 0
     assert ours.deferred_scoring is True
-    assert calls["one_by_one"] == 1  # the first batch is checked; the rest were read back per batch
-    assert sum(w[0] for w in want) < 0
+    assert calls["one_by_one"] == 1  # the LM's first batch is checked; everything else was read back per batch
 
 
 def test_a_disagreeing_batch_falls_back_to_lm_eval(tiny_model, monkeypatch):
@@ -72,6 +73,35 @@ def test_a_disagreeing_batch_falls_back_to_lm_eval(tiny_model, monkeypatch):
     reqs = requests(1)
     assert ours._loglikelihood_tokens(reqs, disable_tqdm=True) == theirs._loglikelihood_tokens(reqs, disable_tqdm=True)
     assert ours.deferred_scoring.startswith("off: a request scored")
+    seen = []  # a later call stays with lm-eval's method without checking again
+    monkeypatch.setattr(hf_scoring.DeferredScoring, "_batch_answers", lambda self, items: seen.append(1))
+    assert ours._loglikelihood_tokens(reqs, disable_tqdm=True) == theirs._loglikelihood_tokens(reqs, disable_tqdm=True)
+    assert seen == [] and ours.deferred_scoring.startswith("off: a request scored")
+
+
+def test_nan_scores_are_not_a_disagreement(tiny_model):
+    """A model that overflows gives NaN both ways; that is no reason to leave the batched path."""
+    import math
+
+    import torch
+
+    ours, theirs = lms(tiny_model, 4)
+    for lm in (ours, theirs):
+        call = lm._model_call
+
+        def poisoned(inps, *a, _call=call, **kw):
+            out = _call(inps, *a, **kw)
+            out[..., 7] = float("nan")
+            return out
+
+        lm._model_call = poisoned
+    reqs = requests(4)
+    got = ours._loglikelihood_tokens(reqs, disable_tqdm=True)
+    want = theirs._loglikelihood_tokens(reqs, disable_tqdm=True)
+    assert all(math.isnan(g[0]) for g in got) and all(math.isnan(w[0]) for w in want)
+    assert [g[1] for g in got] == [w[1] for w in want]
+    assert ours.deferred_scoring is True
+    assert torch.isnan(torch.tensor([g[0] for g in got])).all()
 
 
 def test_another_lm_eval_gets_its_own_method(tiny_model, monkeypatch):
@@ -109,3 +139,9 @@ def test_the_plan_caps_the_batch_probe_by_tokens(tiny_model):
                                  "batch_size": "auto", "max_length": 64})
     free._loglikelihood_tokens(reqs[:5], disable_tqdm=True)
     assert free.batch_probes == [] and free.batch_sizes[0] == hf_backend.LM_EVAL_MAX_BATCH
+    # A schedule of several probes (auto:N) sizes part-filled batches padded to an earlier, longer request:
+    # its probes take the cap at full length
+    sched = hf_backend.create_lm({"pretrained": str(tiny_model), "device": "cpu", "dtype": "float32",
+                                  "batch_size": "auto:2", "max_length": 64, "batch_tokens": 640})
+    sched._loglikelihood_tokens(reqs, disable_tqdm=True)
+    assert sched.batch_probes and all(p == {"length": 64, "cap": 10, "found": 10} for p in sched.batch_probes)

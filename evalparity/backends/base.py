@@ -97,7 +97,7 @@ class Backend(Protocol):
     def memory_knobs(self, need: CellNeed, budget: int, gpu_total: int, shape: ModelShape, *,
                      batch_size: int | str, max_length: int, tensor_parallel: int, shared: bool) -> dict:
         """How a budget of ``budget`` bytes on a GPU of ``gpu_total`` becomes this backend's engine settings,
-        as ``memplan.CellPlan`` fields (``gpu_memory_utilization``, ``max_batch_size``,
+        as ``memplan.CellPlan`` fields (``gpu_memory_utilization``, ``max_batch_size``, ``batch_tokens``,
         ``kv_cache_memory_bytes``); ``model_args`` reads them back from the spec. ``shared``: other cells
         run on the same GPU at the same time. Fields not returned are None."""
         ...

@@ -19,9 +19,10 @@ its ``_loglikelihood_tokens`` is lm-eval 0.4.13's, step for step, with two chang
 So the answers are bit-identical: the same kernels reduce the same values. Two guards keep it so. The
 method runs only where lm-eval's own is the version it was written from (the SHA-256 of its source, below;
 ``pyproject.toml`` pins lm-eval, and ``tests/test_hf_scoring.py`` fails when the pin moves without this
-being re-checked). And in every call, the first batch's answers are also computed lm-eval's way, request by
-request; any difference drops this path for the whole call (lm-eval's own method then runs, and the cell
-records why). Anything else (seq2seq models) is lm-eval's own method.
+being re-checked). And the LM's first batch is also computed lm-eval's way, request by request (once per
+LM, not per call: lm-eval's rolling loglikelihood calls this once per window batch); any difference sends
+this call and every later one to lm-eval's own method, and the cell records why. Anything else (seq2seq
+models) is lm-eval's own method.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import functools
 import hashlib
 import inspect
 import logging
+import math
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +45,10 @@ def upstream_matches() -> bool:
     """Whether the installed lm-eval's ``HFLM._loglikelihood_tokens`` is the one followed here."""
     from lm_eval.models.huggingface import HFLM  # heavy: lm_eval, torch
 
-    src = inspect.getsource(HFLM._loglikelihood_tokens)
+    try:
+        src = inspect.getsource(HFLM._loglikelihood_tokens)
+    except (OSError, TypeError):  # no source shipped (a zipped or compiled install): cannot tell
+        return False
     return hashlib.sha256(src.encode()).hexdigest() == UPSTREAM_SHA256
 
 
@@ -54,6 +59,7 @@ class DeferredScoring:
     call scored this way), or a string saying why lm-eval's own method ran instead."""
 
     deferred_scoring: bool | str | None = None
+    _checked = False  # whether a first batch was checked against lm-eval's way (once per LM)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs: int | None = None):
         if getattr(self, "backend", None) != "causal":
@@ -61,6 +67,8 @@ class DeferredScoring:
         if not upstream_matches():
             return self._upstream(requests, disable_tqdm, override_bs,
                                   "lm-eval's _loglikelihood_tokens is not the version this path follows")
+        if isinstance(self.deferred_scoring, str):  # an earlier call fell back: stay with lm-eval's
+            return self._upstream(requests, disable_tqdm, override_bs, self.deferred_scoring[len("off: "):])
         try:
             out = self._deferred(requests, disable_tqdm, override_bs)
         except _Mismatch as err:
@@ -70,7 +78,8 @@ class DeferredScoring:
         return out
 
     def _upstream(self, requests, disable_tqdm, override_bs, why: str):
-        logger.warning("scoring through lm-eval's own HF loop: %s", why)
+        if self.deferred_scoring != f"off: {why}":
+            logger.warning("scoring through lm-eval's own HF loop: %s", why)
         self.deferred_scoring = f"off: {why}"
         return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm,  # type: ignore[misc]
                                              override_bs=override_bs)
@@ -103,7 +112,6 @@ class DeferredScoring:
         chunks = re_ord.get_batched(n=batch_size, batch_fn=batch_fn)
         pbar = tqdm(total=len(requests), disable=(disable_tqdm or (self.rank != 0)),
                     desc="Running loglikelihood requests")
-        first = True
         for chunk in chunks:
             inps, cont_toks_list, inplens = [], [], []
             padding_len_inp = None
@@ -142,13 +150,13 @@ class DeferredScoring:
                                                           cont_toks=cont_toks, logits=logits):
                     items.append((req_str, toks, lg, greedy_tokens))
             answers = self._batch_answers(items)
-            if first:  # the first batch also lm-eval's way: one request at a time, each read back at once
-                first = False
+            if not self._checked:  # the LM's first batch also lm-eval's way: one request at a time
                 want = self._one_by_one(items)
-                if want != answers:
+                bad = [i for i, (a, b) in enumerate(zip(answers, want, strict=True)) if not _same(a, b)]
+                if bad:
                     pbar.close()
-                    i = next(i for i, (a, b) in enumerate(zip(answers, want)) if a != b)
-                    raise _Mismatch(f"a request scored {answers[i]} batched but {want[i]} one at a time")
+                    raise _Mismatch(f"a request scored {answers[bad[0]]} batched but {want[bad[0]]} one at a time")
+                self._checked = True
             for (req_str, _, _, _), answer in zip(items, answers, strict=True):
                 res.append(answer)
                 if req_str is not None:
@@ -184,6 +192,11 @@ class DeferredScoring:
             max_equal = (greedy_tokens[:, -cont.shape[1]:] == cont).all()
             out.append((float(torch.gather(logits, 2, cont.unsqueeze(-1)).squeeze(-1).sum()), bool(max_equal)))
         return out
+
+
+def _same(a: tuple[float, bool], b: tuple[float, bool]) -> bool:
+    """Equal answers, a NaN equal to a NaN (a model that overflows gives NaN either way)."""
+    return a[1] == b[1] and (a[0] == b[0] or (math.isnan(a[0]) and math.isnan(b[0])))
 
 
 class _Mismatch(Exception):

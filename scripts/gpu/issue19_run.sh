@@ -37,7 +37,7 @@ for f in sorted(pathlib.Path(sys.argv[1], "cells").glob("*/cell.json")):
     plan = s.get("memory_plan") or {}
     t = {k: round(m[k], 1) for k in ("load_s", "eval_s", "wall_s") if k in m}
     print(f"{f.parent.name}: {m.get('status')} {t} peak_gpu={m.get('peak_gpu_gib')} "
-          f"util={s.get('gpu_memory_utilization')} max_batch={plan.get('max_batch_size')} "
+          f"util={s.get('gpu_memory_utilization')} batch_tokens={plan.get('batch_tokens')} "
           f"batch={m.get('batch_size')} eager={s.get('enforce_eager')} probes={s.get('batch_probes')} "
           f"deferred={s.get('deferred_scoring')} {m.get('error', '')[:200]}")
     if m.get("phases"):
