@@ -20,7 +20,7 @@ ALPHA, M = 0.05, 0.01
 @pytest.mark.parametrize("psi,n", [(0.01, 3000), (0.05, 1000), (0.05, 6000), (0.20, 300), (0.005, 1000)])
 def test_exact_error_rates_on_a_grid_subset(psi, n):
     """P(FAIL) ≤ α wherever |Δ| ≤ m and P(PASS) ≤ α wherever |Δ| ≥ m, by exact enumeration (the whole grid is
-    benchmarks/verdict_calibration.py; results/verdict-calibration.txt)."""
+    benchmarks/verdict_calibration.py; results/verdict-calibration/)."""
     for ratio in (0.0, 0.5, 0.9, 1.0, 1.5, 2.0):
         delta = ratio * M
         if delta > psi:
