@@ -13,6 +13,9 @@
 #   MODE=profile  SmolLM2-135M, HellaSwag (LIMIT docs, default 2500), hf-fp32 and vllm-fp32 one at a time with
 #                 EVALPARITY_PROFILE=1: each cell's profile.txt
 #   MODE=identity the packed run's fp32 tables against the cells run alone by MODE=bare (same requests)
+#   MODE=graphs-real  the embedded SmolLM2 (real weights), vllm-bf16 on gsm8k (200 docs, greedy, 256 tokens):
+#                 eager, CUDA graphs, eager again; generated token ids of each pair compared (eager against
+#                 eager is the noise floor)
 #   MODE=prepare  `evalparity models prepare`: the embedded model's one-time GGUF conversion, timed apart
 #   MODE=mps      MODE=packed with a CUDA MPS control daemon of this job's own (pipe and log dirs under /tmp,
 #                 stopped at the end), so that the six processes' kernels may run at once: a measurement
@@ -86,6 +89,35 @@ for cell, alone in (("hf-fp32", "/tmp/i19-bare/cell-hf"), ("vllm-fp32", "/tmp/i1
           f"packed {mb['settings'].get('memory_plan', {}).get('max_batch_size')}")
 PY
     ;;
+  graphs-real)
+    for name in eager graphs eager2; do
+      eager=True; [[ $name == graphs ]] && eager=False
+      T1=$(date +%s)
+      timeout 150 "${EP[@]}" run --device cuda --tasks gsm8k --limit 200 --max-gen-toks 256 --num-fewshot 0 \
+        --backends vllm --dtypes bf16 --single-cell --datasets-dir .gpudata --vllm-args "enforce_eager=$eager" \
+        --no-fail-on-inconclusive --out "/tmp/i19-gr-$name" > /dev/null 2>&1
+      echo "graphs-real $name (enforce_eager=$eager): exit $? after $(( $(date +%s) - T1 )) s"; table "/tmp/i19-gr-$name"
+    done
+    python3 - <<'PY'
+import pandas as pd
+runs = {}
+for n in ("eager", "graphs", "eager2"):
+    try:
+        runs[n] = pd.read_parquet(f"/tmp/i19-gr-{n}/cells/vllm-bf16/samples.parquet")
+    except OSError:
+        print(n, "missing")
+for a, b in (("eager", "eager2"), ("eager", "graphs")):
+    if a not in runs or b not in runs:
+        continue
+    j = runs[a].merge(runs[b], on=["task", "filter", "doc_id", "choice"], suffixes=("_a", "_b"))
+    same = [x is not None and y is not None and list(x) == list(y)
+            for x, y in zip(j["generated_ids_a"], j["generated_ids_b"])]
+    em = [c for c in j.columns if c.startswith("m:exact_match") and c.endswith("_a")]
+    diff = {c[:-2]: int((j[c] != j[c[:-2] + "_b"]).sum()) for c in em}
+    print(f"{a} vs {b}: {sum(same)} of {len(same)} rows identical token ids; exact_match differs on {diff}; "
+          f"mean length {j['generated_ids_a'].dropna().map(len).mean():.0f} tokens")
+PY
+    [[ -n ${OUT:-} ]] && (cd /tmp && tar czf "$OUT/graphs-real.tgz" i19-gr-*/cells/*/cell.json i19-gr-*/run.json) ;;
   prepare)
     "${EP[@]}" models prepare; echo "prepare: exit $? after $(( $(date +%s) - T0 )) s" ;;
   packed|mps)
