@@ -97,6 +97,8 @@ PY
         --backends vllm --dtypes bf16 --single-cell --datasets-dir .gpudata --vllm-args "enforce_eager=$eager" \
         --no-fail-on-inconclusive --out "/tmp/i19-gr-$name" > /dev/null 2>&1
       echo "graphs-real $name (enforce_eager=$eager): exit $? after $(( $(date +%s) - T1 )) s"; table "/tmp/i19-gr-$name"
+      [[ -n ${OUT:-} ]] && (cd /tmp && tar czf "$OUT/graphs-real-$name.tgz" "i19-gr-$name/run.json" \
+        i19-gr-$name/cells/*/cell.json i19-gr-$name/cells/*/samples.parquet 2>/dev/null)
     done
     python3 - <<'PY'
 import pandas as pd
@@ -117,7 +119,7 @@ for a, b in (("eager", "eager2"), ("eager", "graphs")):
     print(f"{a} vs {b}: {sum(same)} of {len(same)} rows identical token ids; exact_match differs on {diff}; "
           f"mean length {j['generated_ids_a'].dropna().map(len).mean():.0f} tokens")
 PY
-    [[ -n ${OUT:-} ]] && (cd /tmp && tar czf "$OUT/graphs-real.tgz" i19-gr-*/cells/*/cell.json i19-gr-*/run.json) ;;
+    ;;
   prepare)
     "${EP[@]}" models prepare; echo "prepare: exit $? after $(( $(date +%s) - T0 )) s" ;;
   packed|mps)
