@@ -8,7 +8,9 @@ once per request type between building the requests and scoring them:
 
 - ``requests_s``: from ``simple_evaluate``'s start to the first request call (task loading, few-shot
   sampling, prompt templates: lm-eval's ``build_all_requests``);
-- ``tokenize_s``: the batched pre-tokenisation of loglikelihood requests (``backends/pretokenize.py``);
+- ``tokenize_s``: the batched pre-tokenisation of loglikelihood requests (``backends/pretokenize.py``),
+  also when its check discards it (``settings.batched_tokenization`` false: lm-eval then tokenises each
+  request itself, inside ``engine_s``);
 - ``engine_s``: the rest of the request calls (lm-eval's own per-request code around the model included);
 - ``postprocess_s``: from the last request call's return to ``simple_evaluate``'s end (metrics,
   aggregation, lm-eval's sample logging).
