@@ -48,6 +48,8 @@ def test_every_cell_finished_with_its_files(run_dir):
         assert meta["settings"]["batched_tokenization"] is True  # test_pretokenize.py
         if meta["backend"] == "vllm":  # scored with flat prompt logprobs (test_vllm_scoring.py)
             assert meta["settings"]["flat_logprobs"] is True
+        else:  # scores read back once per batch, checked against lm-eval's own loop (test_hf_scoring.py)
+            assert meta["settings"]["deferred_scoring"] is True
         assert meta["versions"]["lm_eval"] and meta["versions"]["vllm"] != "not installed"
     assert not list((out / "cells").glob(".tmp-*"))
 
