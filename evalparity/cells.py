@@ -508,7 +508,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     meta["settings"]["bos_added"] = _bos_added(lm)
     meta["settings"] |= backend.loaded_settings(lm)
 
-    import lm_eval  # heavy: lm_eval (and only after compat.apply)
+    import lm_eval  # heavy: lm_eval (already imported by the backend's create_lm, after its own set-up)
     from lm_eval.loggers import EvaluationTracker
 
     meta["settings"]["template_cache"] = lmeval_patches.cache_templates()

@@ -23,6 +23,7 @@ import os
 import time
 
 from evalparity.config import PROFILE_ENV
+from evalparity.files import atomic_target, write_atomic
 
 REQUEST_METHODS = ("loglikelihood", "loglikelihood_rolling", "generate_until")
 
@@ -96,8 +97,9 @@ def profiled(fn, out_dir, *args, **kwargs):
     try:
         return prof.runcall(fn, *args, **kwargs)
     finally:
-        prof.dump_stats(str(out_dir / "profile.pstats"))
+        with atomic_target(out_dir / "profile.pstats") as tmp:
+            prof.dump_stats(str(tmp))
         text = io.StringIO()
         for key in ("cumulative", "tottime"):
             pstats.Stats(prof, stream=text).sort_stats(key).print_stats(40)
-        (out_dir / "profile.txt").write_text(text.getvalue(), encoding="utf-8")
+        write_atomic(out_dir / "profile.txt", text.getvalue())

@@ -211,9 +211,8 @@ def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape,
     user's."""
     if batch_size != "auto":
         return {}
-    room = budget - need.weights - CUDA_CONTEXT
-    rows = room // row_bytes(shape, need.dtype, max_length, tensor_parallel)
-    tokens = room // row_bytes(shape, need.dtype, 1, tensor_parallel)
+    tokens = (budget - need.weights - CUDA_CONTEXT) // row_bytes(shape, need.dtype, 1, tensor_parallel)
+    rows = tokens // max_length  # a row's bytes are its tokens' (row_bytes), so this is the cap at full length
     return {"max_batch_size": int(max(1, min(LM_EVAL_MAX_BATCH, rows))), "batch_tokens": int(max(max_length, tokens))}
 
 

