@@ -36,8 +36,6 @@ def snags() -> list[tuple[str, str]]:
         if "+cpu" in torch_v and "+cpu" not in v:
             found.append((f"{pkg} {v} is a CUDA build beside CPU torch {torch_v}; it breaks `import transformers`",
                           "pip uninstall -y torchvision torchaudio torchcodec"))
-    from evalparity import backends
-
     for name in backends.names():  # each backend's own (Backend.snags)
         found += backends.get(name).snags()
     return found
