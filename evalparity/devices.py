@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evalparity.backends import registry
 from evalparity.errors import EvalParityError
 
 
@@ -37,8 +38,6 @@ def cpu_flags() -> set[str]:
 def unsupported_dtypes(device: str, dtypes: list[str], backends: list[str]) -> dict[str, str]:
     """dtype -> why this device cannot run it (empty when all can run): each backend's own limits
     (``Backend.unsupported_dtypes``, e.g. vLLM's CPU kernels and AVX2), then the GPU's."""
-    from evalparity.backends import registry
-
     bad: dict[str, str] = {}
     for b in backends:
         for d, why in registry.get(b).unsupported_dtypes(device, dtypes).items():

@@ -11,7 +11,8 @@ how many cells share a GPU.
 The plan gives every cell an equal share of what is free on a GPU (less a reserve), so that cells that
 start at the same time on one GPU cannot take each other's memory. The arithmetic that is a backend's own
 is asked of it (``backends.base.Backend``): ``memory_need``, what one cell needs, and ``memory_knobs``, how
-its share becomes engine settings:
+its share becomes engine settings (both sides work on ``shapes.ModelShape`` and ``shapes.CellNeed``, a leaf
+module, so that the backends need not import the plan that asks them):
 
 - vLLM: ``gpu_memory_utilization`` = share / total memory, because vLLM reads it as the fraction of the
   GPU's TOTAL memory its instance may use (weights, activations, KV cache), and refuses to start when that
@@ -33,40 +34,14 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from evalparity.backends import registry
 from evalparity.errors import EvalParityError
+from evalparity.shapes import CellNeed, GiB, ModelShape
 
-GiB = 1024**3
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-CUDA_CONTEXT = int(0.6 * GiB)   # a process's CUDA context and library workspaces, outside PyTorch's allocator
 RESERVE_FRACTION = 0.03         # of each GPU's total memory, left out of every plan (fragmentation, NCCL, others)
 RESERVE_MIN = 1 * GiB
 MIN_CPUS_PER_CELL = 2           # lm-eval's request building and our recording are CPU-bound, per cell
 MAX_TENSOR_PARALLEL = 8         # the most GPUs of one host a refusal suggests splitting over
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What memory depends on, read from the model folder without loading weights."""
-
-    params: int
-    layers: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    kv_heads: int
-    head_dim: int
-
-    def weight_bytes(self, dtype: str, tensor_parallel: int = 1) -> int:
-        """Bytes of weights per GPU at ``dtype`` (the cell's dtype, whatever the checkpoint's)."""
-        return math.ceil(self.params * DTYPE_BYTES[dtype] / tensor_parallel)
-
-    def kv_bytes_per_token(self, dtype: str, tensor_parallel: int = 1) -> int:
-        """K and V of every layer for one token, per GPU (KV heads are split over tensor-parallel ranks)."""
-        heads = max(1, math.ceil(self.kv_heads / tensor_parallel))
-        return 2 * self.layers * heads * self.head_dim * DTYPE_BYTES[dtype]
 
 
 def read_shape(model_path: str | Path) -> ModelShape:
@@ -128,7 +103,7 @@ def gpus_here() -> list[Gpu]:
         try:  # optional, and only on GPU hosts: pynvml, else vLLM's copy of it
             import pynvml
         except ImportError:
-            from vllm.third_party import pynvml  # type: ignore[no-redef]
+            from vllm.third_party import pynvml  # type: ignore[no-redef]  # optional: vllm
         pynvml.nvmlInit()
         try:
             ids = [g.strip() for g in vis.split(",") if g.strip()] if vis is not None else \
@@ -156,24 +131,10 @@ def host_cpus() -> int:
         return os.cpu_count() or 1
 
 
-@dataclass(frozen=True)
-class CellNeed:
-    """A cell's memory per GPU: ``minimum`` to run at all, ``comfortable`` to run well."""
-
-    name: str
-    backend: str
-    dtype: str
-    weights: int
-    minimum: int
-    comfortable: int
-
-
 def cell_need(name: str, backend: str, dtype: str, shape: ModelShape, max_length: int,
               tensor_parallel: int = 1) -> CellNeed:
     """Bytes per GPU one cell needs, as its backend estimates them (``Backend.memory_need``)."""
-    from evalparity import backends
-
-    minimum, comfortable = backends.get(backend).memory_need(shape, dtype, max_length, tensor_parallel)
+    minimum, comfortable = registry.get(backend).memory_need(shape, dtype, max_length, tensor_parallel)
     return CellNeed(name, backend, dtype, shape.weight_bytes(dtype, tensor_parallel), minimum, comfortable)
 
 
@@ -274,11 +235,9 @@ def plan(cells: list[tuple[str, str, str, int | str]], shape: ModelShape, gpus: 
     total = min(g.total for g in gpus)
     running = min(n_jobs, cells_per_gpu * slots)
     per_cell_cpus = max(1, cpus // max(1, running))
-    from evalparity import backends
-
     out = {}
     for need, (name, backend, _, batch) in zip(needs, cells):
-        knobs = backends.get(backend).memory_knobs(need, budget, total, shape, batch_size=batch,
+        knobs = registry.get(backend).memory_knobs(need, budget, total, shape, batch_size=batch,
                                                    max_length=max_length, tensor_parallel=tensor_parallel,
                                                    shared=cells_per_gpu > 1)
         out[name] = CellPlan(round(budget / GiB, 2), round(need.weights / GiB, 2), round(need.minimum / GiB, 2),

@@ -12,7 +12,8 @@ import pytest
 from evalparity import memplan
 from evalparity.backends import hf as hf_backend
 from evalparity.errors import EvalParityError
-from evalparity.memplan import GiB, Gpu, ModelShape, plan
+from evalparity.memplan import Gpu, plan
+from evalparity.shapes import GiB, ModelShape
 
 SMOL = ModelShape(params=134_515_008, layers=30, hidden=576, intermediate=1536, vocab=49152, kv_heads=3,
                   head_dim=64)

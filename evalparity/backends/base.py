@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from evalparity.memplan import CellNeed, ModelShape
+if TYPE_CHECKING:  # annotations only: the registry imports this contract, and spec imports the registry
+    from evalparity.shapes import CellNeed, ModelShape
     from evalparity.spec import CellSpec, RunSpec
 
 
@@ -105,7 +105,7 @@ class Backend(Protocol):
     # ---- drift localisation
 
     def drift_probe(self, model_path: str, dtype: str, max_len: int, device: str) -> Any:
-        """A drift probe (``drift/probes.py``): ``tokenizer``, ``run(ids) -> Probe`` (hidden states per layer
+        """A drift probe (``backends/probes.py``): ``tokenizer``, ``run(ids) -> Probe`` (hidden states per layer
         and prompt logprobs) and ``generate(ids, n)``, computed by this backend's own engine. A backend
         without one raises EvalParityError: it must not be measured with another backend's engine."""
         ...

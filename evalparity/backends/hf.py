@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from evalparity.backends import parse_extra_args, precision
-from evalparity.memplan import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
+from evalparity.backends.hf_scoring import DeferredScoring
+from evalparity.backends.pretokenize import BatchedEncoding
+from evalparity.shapes import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import CellSpec, RunSpec
 
 name = "hf"
@@ -70,9 +72,6 @@ def create_lm(args: dict):
     """An HFLM that also keeps the generated token ids, keyed by the prompt text."""
     from lm_eval.api.registry import get_model  # heavy: lm_eval, transformers, torch
 
-    from evalparity.backends.hf_scoring import DeferredScoring
-    from evalparity.backends.pretokenize import BatchedEncoding
-
     class RecordingHFLM(DeferredScoring, BatchedEncoding, get_model(lm_eval_model)):
         def __init__(self, batch_tokens: int | None = None, **kw):
             super().__init__(**kw)
@@ -108,7 +107,7 @@ def create_lm(args: dict):
         def batch_encode(self, strings: list[str]) -> list[list[int]]:
             """``HFLM.tok_encode`` for many strings in one tokenizer call: the same special-token rule
             (lm-eval's ``add_bos_token``, none where the text already starts with BOS)."""
-            from lm_eval.models.utils import _add_special_kwargs, has_bos_prefix
+            from lm_eval.models.utils import _add_special_kwargs, has_bos_prefix  # heavy: lm_eval (loaded by now)
 
             bos = self.tokenizer.decode(self.prefix_token_id)
             kwargs = _add_special_kwargs(None, self.add_bos_token)
@@ -159,7 +158,7 @@ def versions() -> dict[str, str]:
 
 def installed() -> tuple[bool, str]:
     try:
-        import transformers
+        import transformers  # heavy: transformers, lm_eval (doctor only)
         from lm_eval.api.registry import get_model
 
         get_model(lm_eval_model)
@@ -218,8 +217,8 @@ def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape,
 
 # ---------------------------------------------------------------- drift localisation
 def drift_probe(model_path: str, dtype: str, max_len: int, device: str):
-    import torch
+    import torch  # heavy: torch
 
-    from evalparity.drift.probes import HFProbe
+    from evalparity.backends.probes import HFProbe  # heavy: torch, transformers (evalparity drift only)
 
     return HFProbe(model_path, getattr(torch, dtype), device)

@@ -88,7 +88,7 @@ class DeferredScoring:
         """lm-eval 0.4.13's ``HFLM._loglikelihood_tokens``, causal branch, answers read back per batch."""
         import torch  # heavy: torch
         import torch.nn.functional as F  # noqa: N812 - lm-eval's own name for it
-        from lm_eval.models.huggingface import Collator, eval_logger, pad_and_concat, tqdm  # its globals
+        from lm_eval.models.huggingface import Collator, eval_logger, pad_and_concat, tqdm  # heavy: lm_eval
 
         res: list[tuple[float, bool]] = []
 

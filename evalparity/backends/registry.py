@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING
 
+from evalparity.backends.base import Backend
 from evalparity.errors import EvalParityError
-
-if TYPE_CHECKING:
-    from evalparity.backends.base import Backend
 
 PLUGINS_ENV = "EVALPARITY_PLUGINS"
 
@@ -90,8 +87,6 @@ def get(name: str) -> Backend:
         target = importlib.import_module(module)
         if attr:
             target = getattr(target, attr)
-    from evalparity.backends.base import Backend
-
     missing = [m for m in _members(Backend) if not hasattr(target, m)]
     if missing:
         raise EvalParityError(f"backend {key!r} ({_TARGETS[key]}) does not implement {', '.join(missing)} of "

