@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import evalparity
 
+from evalparity.backends.probes import Probe
 from evalparity.drift.measure import DriftAccumulator
-from evalparity.drift.probes import Probe
 from evalparity.drift.worker import probe_prompts
 
 PROMPTS = ["the cat sat on the mat and ran far away to the big red house",

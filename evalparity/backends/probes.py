@@ -10,7 +10,9 @@
   norm's output, like HF's last entry. Like with like.
 
 Each backend builds its own probe (``Backend.drift_probe``): one of these, or one of its own with the same
-``tokenizer``, ``run`` and ``generate``.
+``tokenizer``, ``run`` and ``generate``. That is why they live with the backends rather than in ``drift/``,
+which only compares what they return: a backend that imported ``drift/`` would import a later stage of the
+pipeline (docs/architecture.md, "Imports").
 
 Prompts go through vLLM one at a time, so the hooks see exactly one sequence (chunked prefill may split
 it into several calls, which are concatenated).
