@@ -4,17 +4,27 @@ them, and a CLI that starts without the heavy libraries.
 
 The graph is read from the source with ``ast``: an edge A -> B for every ``import evalparity.B`` or ``from
 evalparity[.X] import ...`` that runs when A is imported (at module level, in a class body, under a
-module-level ``if`` or ``try``), not for one inside a function. A submodule's implicit import of its own
+module-level ``if`` or ``try``). Imports inside functions are read too, as a second set of edges: they run
+later, but an import of a later stage there is the same cycle in disguise, so they follow the same order.
+What sits under ``if TYPE_CHECKING`` never runs and is no edge. A submodule's implicit import of its own
 package (importing ``report.build`` first runs ``report/__init__``) is not an edge: Python initialises the
 package first, so a package that imports its submodules is no cycle.
+
+An import inside a function is there to defer a heavy library (or for a rare path); one of a heavy
+library says so in a comment that names it (``# heavy: torch``, ``# optional: vllm``), on its line or the
+line above, or on an earlier import of the same function (one comment for a group).
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
+import re
 import subprocess
 import sys
+import tokenize
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,7 +35,9 @@ PACKAGE = ROOT / "evalparity"
 # a package above it.
 STAGES: list[tuple[str, ...]] = [
     ("evalparity", "evalparity.errors", "evalparity.config", "evalparity.files", "evalparity.quiet",  # leaves
-     "evalparity.backends.registry"),  # backend names only: spec checks them; the modules load when picked
+     "evalparity.shapes",  # what the memory plan and the backends share: model shapes, dtype sizes
+     "evalparity.backends.registry",  # backend names only: spec checks them; the modules load when picked
+     "evalparity.backends.base"),  # the contract the registry checks: a Protocol, typing only at run time
     ("evalparity.spec", "evalparity.rundir", "evalparity.runlog", "evalparity.stats.options"),
     ("evalparity.data", "evalparity.task_index", "evalparity.tasks", "evalparity.models", "evalparity.devices",
      "evalparity.memplan"),
@@ -40,7 +52,7 @@ STAGES: list[tuple[str, ...]] = [
 ]
 # Leaf modules: what the whole package shares, importing nothing of it but these.
 LEAVES = {"evalparity.errors": set(), "evalparity.config": set(), "evalparity.quiet": set(),
-          "evalparity.files": {"evalparity.config"}}
+          "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set()}
 # What `import evalparity.cli` must not load (seconds of start-up each; the verbs load them when they run).
 HEAVY = ("torch", "lm_eval", "vllm", "pandas", "scipy", "numpy", "transformers", "datasets", "pyarrow",
          "statsmodels", "matplotlib", "ray", "jinja2", "huggingface_hub")
@@ -78,27 +90,70 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, known: dict[str, Pa
     return {t for t in out if t and t != module}
 
 
-def top_level_imports(module: str, known: dict[str, Path]) -> set[str]:
-    """The evalparity modules that importing ``module`` imports."""
-    out: set[str] = set()
+def _imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, ast.AST | None]]:
+    """Every import statement that can run, with the innermost function around it (None: it runs when the
+    module is imported). Those under ``if TYPE_CHECKING`` never run and are left out."""
 
-    def visit(node: ast.AST) -> None:
+    def visit(node: ast.AST, function: ast.AST | None) -> Iterator[tuple[ast.Import | ast.ImportFrom, ast.AST | None]]:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-                continue
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                out.update(_targets(child, module, known))
-            visit(child)
+                yield child, function
+            inner = child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else function
+            yield from visit(child, inner)
 
-    visit(ast.parse(known[module].read_text(encoding="utf-8")))
-    return out
+    yield from visit(tree, None)
 
 
-def import_graph() -> dict[str, set[str]]:
+def _parse(module: str, known: dict[str, Path]) -> ast.Module:
+    return ast.parse(known[module].read_text(encoding="utf-8"))
+
+
+def top_level_imports(module: str, known: dict[str, Path]) -> set[str]:
+    """The evalparity modules that importing ``module`` imports."""
+    return {t for node, function in _imports(_parse(module, known)) if function is None
+            for t in _targets(node, module, known)}
+
+
+def function_imports(module: str, known: dict[str, Path]) -> set[str]:
+    """The evalparity modules that ``module``'s functions import when they run."""
+    return {t for node, function in _imports(_parse(module, known)) if function is not None
+            for t in _targets(node, module, known)}
+
+
+def import_graph(inside_functions: bool = False) -> dict[str, set[str]]:
+    """Module -> the evalparity modules it imports when imported, and with ``inside_functions`` also those
+    its functions import."""
     known = modules()
-    return {m: top_level_imports(m, known) for m in known}
+    graph = {m: top_level_imports(m, known) for m in known}
+    if inside_functions:
+        for m in known:
+            graph[m] |= function_imports(m, known)
+    return graph
+
+
+def unexplained_heavy_imports(source: str) -> list[tuple[int, str]]:
+    """(line, library) for each import of a heavy library inside a function that no comment names as the
+    reason (one that says ``heavy`` or ``optional``) on its lines, on the line above, or on an earlier
+    import of the same function."""
+    comments = {tok.start[0]: tok.string.lower() for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                if tok.type == tokenize.COMMENT}
+    said: dict[int, str] = {}  # id of a function -> the reasons its imports have given so far
+    out = []
+    for node, function in _imports(ast.parse(source)):
+        if function is None:
+            continue
+        lines = range(node.lineno - 1, (node.end_lineno or node.lineno) + 1)
+        reasons = [c for i in lines if (c := comments.get(i)) and re.search(r"\b(heavy|optional)\b", c)]
+        said[id(function)] = " ".join([said.get(id(function), ""), *reasons])
+        if isinstance(node, ast.Import):
+            libraries = {a.name.split(".")[0] for a in node.names}
+        else:
+            libraries = {node.module.split(".")[0]} if node.module and not node.level else set()
+        out += [(node.lineno, lib) for lib in sorted(libraries & set(HEAVY))
+                if not re.search(rf"\b{lib}\b", said[id(function)])]
+    return out
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -145,10 +200,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def stage_of(module: str) -> int | None:
+    """The stage of the longest name in ``STAGES`` that is ``module`` or a package above it; None when there
+    is none. ``evalparity`` names the package's ``__init__`` only, so that a new module is reported as placed
+    nowhere instead of passing for a leaf."""
     best = None
     for i, names in enumerate(STAGES):
         for name in names:
-            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > len(best[1])):
+            inside = module.startswith(name + ".") and name != "evalparity"
+            if (module == name or inside) and (best is None or len(name) > len(best[1])):
                 best = (i, name)
     return best[0] if best else None
 
@@ -159,18 +218,67 @@ def test_the_finder_names_a_cycle():
     assert cycles({"x": {"y"}, "y": {"x"}, "z": set()}) == [["x", "y", "x"]]
 
 
+def test_the_reader_finds_imports_inside_functions_and_their_reasons():
+    source = """
+import torch
+
+def f():
+    import pandas as pd  # heavy: pandas
+    import pandas.api
+    from evalparity import memplan
+
+def g():
+    try:  # optional: vllm
+        import vllm
+    except ImportError:
+        import torch
+    if TYPE_CHECKING:
+        import scipy
+
+    def inner():
+        import ray  # noqa: F401 - not a reason
+        # heavy: jinja2 (the report only)
+        import jinja2
+"""
+    found = {(n.lineno, f.name if f else None) for n, f in _imports(ast.parse(source))}
+    assert found == {(2, None), (5, "f"), (6, "f"), (7, "f"), (11, "g"), (13, "g"), (18, "inner"), (20, "inner")}
+    assert unexplained_heavy_imports(source) == [(13, "torch"), (18, "ray")]
+
+
 def test_no_import_cycle():
     found = cycles(import_graph())
     assert not found, "import cycles among top-level imports: " + "; ".join(" -> ".join(c) for c in found)
+    found = cycles(import_graph(inside_functions=True))
+    assert not found, "import cycles through imports inside functions: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def _against_the_stages(graph: dict[str, set[str]]) -> list[str]:
+    """An import of a later stage, for each one (modules in no stage are reported on their own)."""
+    return [f"{m} (stage {stage_of(m)}) imports {t} (stage {stage_of(t)})"
+            for m, targets in sorted(graph.items()) for t in sorted(targets)
+            if stage_of(m) is not None and stage_of(t) is not None and stage_of(t) > stage_of(m)]
 
 
 def test_imports_flow_one_way_through_the_stages():
     graph = import_graph()
     unplaced = sorted(m for m in graph if stage_of(m) is None)
     assert not unplaced, f"modules in no stage: {unplaced}: add each to STAGES here and to docs/architecture.md"
-    upstream = [f"{m} (stage {stage_of(m)}) imports {t} (stage {stage_of(t)})"
-                for m, targets in sorted(graph.items()) for t in sorted(targets) if stage_of(t) > stage_of(m)]
+    upstream = _against_the_stages(graph)
     assert not upstream, "imports against the pipeline's direction: " + "; ".join(upstream)
+
+
+def test_imports_inside_functions_flow_one_way_too():
+    known = modules()
+    upstream = _against_the_stages({m: function_imports(m, known) for m in known})
+    assert not upstream, ("imports inside functions against the pipeline's direction (a cycle in disguise: "
+                          "move what both sides need into an earlier stage): " + "; ".join(upstream))
+
+
+def test_heavy_imports_inside_functions_say_why():
+    missing = [f"{path.relative_to(ROOT)}:{line} ({lib})" for path in modules().values()
+               for line, lib in unexplained_heavy_imports(path.read_text(encoding="utf-8"))]
+    assert not missing, ("imports of a heavy library inside a function without a comment naming it "
+                         "(add '# heavy: <library>' or '# optional: <library>'): " + ", ".join(missing))
 
 
 def test_leaf_modules_import_only_leaves():
