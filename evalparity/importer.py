@@ -7,7 +7,9 @@ that follow are the same code.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -18,6 +20,9 @@ from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.rundir import check_name, contents, recover_outputs
 from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE
+
+logger = logging.getLogger(__name__)
+MISSING_TASKS = "tasks_not_in_every_input"  # compare.json: [{"task", "missing_from": [cell names]}]
 
 
 def cell_name_for(results: dict, fallback: str) -> str:
@@ -38,11 +43,17 @@ def cell_name_for(results: dict, fallback: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", fallback) or "cell"
 
 
-def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
+def input_id(folder: Path, stamp: str | None) -> str:
+    """How compare.json names an input: the resolved folder, plus ``@STAMP`` when one run in it was picked."""
+    return str(Path(folder).resolve()) + (f"{samples.PICK}{stamp}" if stamp else "")
+
+
+def claim_out(run_dir: Path, inputs: list[str], names: list[str], record: dict | None = None) -> None:
     """Make ``run_dir`` this comparison's: an empty (or new) directory, or one that holds the same
     comparison (same inputs, same names), whose cells are then replaced. Anything else is refused, so that
-    no stale cell of another comparison is read into this one's statistics."""
-    ident = {"schema": "evalparity.compare/1", "inputs": [str(Path(p).resolve()) for p in paths], "names": names}
+    no stale cell of another comparison is read into this one's statistics. ``inputs``: ``input_id``s;
+    ``record``: more to keep in compare.json (not part of the comparison's identity)."""
+    ident = {"schema": "evalparity.compare/1", "inputs": inputs, "names": names}
     if contents(run_dir):
         if not (run_dir / COMPARE_FILE).is_file():
             raise EvalParityError(f"--out {run_dir} exists and does not hold an evalparity comparison: use another "
@@ -54,34 +65,86 @@ def claim_out(run_dir: Path, paths: list[Path], names: list[str]) -> None:
                                   "that directory")
     recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
     (run_dir / CELLS).mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / COMPARE_FILE, ident)
+    write_json(run_dir / COMPARE_FILE, ident | (record or {}))
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def refuse_same_input(inputs: list[tuple[Path, str | None]], args: list[Path]) -> None:
+    """The same folder (and run) given twice compares a run with itself: a PASS that says nothing."""
+    seen: dict[str, int] = {}
+    for i, (folder, stamp) in enumerate(inputs):
+        key = input_id(folder, stamp)
+        if key in seen:
+            raise EvalParityError(f"{args[seen[key]]} and {args[i]} are the same lm-eval output ({key}): compare "
+                                  "two different runs")
+        seen[key] = i
+
+
+def refuse_identical_samples(files: list[dict[str, Path]], args: list[Path], tasks: set[str]) -> None:
+    """Two inputs whose samples files of the ``tasks`` compared are byte-identical (a copied folder) are one
+    run given twice: every difference would be zero and the verdict a PASS for nothing."""
+    digests = [{t: sha256_file(f[t]) for t in sorted(tasks) if t in f} for f in files]
+    for j in range(len(files)):
+        for i in range(j):
+            if digests[i] and digests[i] == digests[j]:
+                raise EvalParityError(f"{args[i]} and {args[j]} hold byte-identical samples for "
+                                      f"{', '.join(sorted(digests[i]))} (one run, copied?): compare two different "
+                                      "runs; identical samples agree exactly and need no statistics")
+
+
+def missing_tasks(tasks: dict[str, set[str]]) -> list[dict]:
+    """Per task that some inputs lack, the cells (inputs) it is missing from: compared on the others it
+    would silently drop out, so it is named on the terminal and in compare.json (``MISSING_TASKS``)."""
+    every = set.union(*tasks.values())
+    return [{"task": t, "missing_from": [n for n, have in tasks.items() if t not in have]}
+            for t in sorted(every) if any(t not in have for have in tasks.values())]
 
 
 def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> list[str]:
+    """Read every lm-eval output folder (``DIR`` or ``DIR@STAMP``), check that they can be paired honestly
+    (different runs, aligned docs, tasks in common), and publish each as a cell of ``run_dir``."""
     if names and len(names) != len(paths):
         raise EvalParityError(f"--name was given {len(names)} times for {len(paths)} paths: give one per path")
     for n in names:  # before anything is read or written: a name becomes cells/<name>
         check_name(n, "--name")
+    inputs = [samples.split_pick(p) for p in paths]
+    refuse_same_input(inputs, paths)
     loaded = []
-    for i, p in enumerate(paths):
-        results, task_samples = samples.read_lm_eval_dir(Path(p))
+    for i, (folder, stamp) in enumerate(inputs):
+        results, task_samples = samples.read_lm_eval_dir(folder, stamp)
         table = samples.samples_to_table(task_samples, results)
-        name = names[i] if names else cell_name_for(results, Path(p).name)
-        loaded.append((name, p, results, table))
+        name = names[i] if names else cell_name_for(results, folder.name)
+        files = {t: f.path for t, f in task_samples.items() if f.path is not None}
+        loaded.append((name, folder, results, table, files))
     used: dict[str, int] = {}
     final = []
     for name, *_ in loaded:
         used[name] = used.get(name, 0) + 1
         final.append(check_name(name if used[name] == 1 else f"{name}-{used[name]}",
                                 "cell name (from the lm-eval config; set it with --name)"))
-    tasks = [set(t["task"]) for *_, t in loaded]
-    common = set.intersection(*tasks)
+    tasks = {n: set(t["task"]) for n, (_, _, _, t, _) in zip(final, loaded)}
+    common = set.intersection(*tasks.values())
     if not common:
         raise EvalParityError("the lm-eval outputs have no task in common: compare runs of the same tasks")
-    tables = {n: t[t["task"].isin(common)].reset_index(drop=True) for n, (*_, t) in zip(final, loaded)}
+    files = [f for *_, f in loaded]
+    refuse_identical_samples(files, paths, set.intersection(*(set(f) for f in files)))
+    missing = missing_tasks(tasks)
+    if missing:
+        logger.warning("not in every input, so not compared: " + "; ".join(
+            f"{m['task']} (missing from {', '.join(m['missing_from'])})" for m in missing)
+            + f"; compared: {', '.join(sorted(common))}")
+    tables = {n: t[t["task"].isin(common)].reset_index(drop=True) for n, (_, _, _, t, _) in zip(final, loaded)}
     samples.check_alignment(tables)
-    claim_out(run_dir, paths, final)
-    for name, (_, p, results, _) in zip(final, loaded):
+    sources = [input_id(*i) for i in inputs]
+    claim_out(run_dir, sources, final, {MISSING_TASKS: missing})
+    for name, source, (_, _, results, _, _) in zip(final, sources, loaded):
         tmp = cells.tmp_dir(run_dir, name)
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -92,7 +155,7 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
         cfg = results.get("config", {}) or {}
         write_json(tmp / LM_EVAL_RESULTS, {k: results.get(k) for k in ("results", "configs", "config")})
         write_json(tmp / CELL_FILE, {
-            "cell": name, "status": cells.STATUS_OK, "source": str(Path(p).resolve()), "tag": "", "base_cell": name,
+            "cell": name, "status": cells.STATUS_OK, "source": source, "tag": "", "base_cell": name,
             "backend": cfg.get("model"), "model_args": cfg.get("model_args"), "batch_size": cfg.get("batch_size"),
             "versions": {"lm_eval": (results.get("lm_eval_version") or "?")},
             "finished": json.dumps(results.get("date")),

@@ -31,8 +31,38 @@ METRIC_PREFIX = "m:"
 
 
 # ---------------------------------------------------------------- reading lm-eval output directories
-def find_lm_eval_files(path: Path) -> tuple[Path, dict[str, Path]]:
-    """The newest ``results_*.json`` under ``path`` and, per task, the newest ``samples_<task>_*.jsonl``."""
+# lm-eval names a run's files by the moment it started (``EvaluationTracker.date_id``, an ISO time with
+# ':' replaced by '-'): ``results_<stamp>.json`` and ``samples_<task>_<stamp>.jsonl``, the same stamp for both.
+STAMP = r"\d{4}-\d{2}-\d{2}T[\d\-\.]+"
+RESULTS_RE = re.compile(rf"results_({STAMP})\.json$")
+SAMPLES_RE = re.compile(rf"samples_(.+)_({STAMP})\.jsonl$")
+PICK = "@"  # DIR@STAMP picks one of several runs in DIR
+
+
+def split_pick(arg: str | Path) -> tuple[Path, str | None]:
+    """``DIR@STAMP`` -> (DIR, STAMP); a plain DIR (or a DIR whose own name has an '@' and exists) -> (DIR, None)."""
+    text = str(arg)
+    if PICK not in text or Path(text).exists():
+        return Path(text), None
+    folder, _, stamp = text.rpartition(PICK)
+    return Path(folder), stamp
+
+
+def _stamp_of(p: Path) -> tuple[str, str]:
+    """(task or '', stamp) of a results or samples file; a file without lm-eval's stamp has stamp ''."""
+    if m := RESULTS_RE.match(p.name):
+        return "", m.group(1)
+    if m := SAMPLES_RE.match(p.name):
+        return m.group(1), m.group(2)
+    return (p.stem[len("samples_"):] if p.name.startswith("samples_") else ""), ""
+
+
+def find_lm_eval_files(path: Path, stamp: str | None = None) -> tuple[Path, dict[str, Path]]:
+    """The ``results_*.json`` under ``path`` and, per task, its ``samples_<task>_*.jsonl``: of the one lm-eval
+    run there, or of the run started at ``stamp`` (``DIR@STAMP``).
+
+    Two runs into one ``--output_path`` (fp32 on two tasks, then bf16 on one) leave two stamps side by side:
+    taking the newest file per task would mix the runs into one cell, so that is refused, naming the stamps."""
     path = Path(path)
     if not path.exists():
         raise EvalParityError(f"{path} does not exist: give a directory that lm-eval wrote with --log_samples")
@@ -51,11 +81,22 @@ def find_lm_eval_files(path: Path) -> tuple[Path, dict[str, Path]]:
         shown = ", ".join(str(r.relative_to(path)) if r != path else "." for r in runs[:5])
         raise EvalParityError(f"{path} holds {len(runs)} lm-eval runs ({shown}{', ...' if len(runs) > 5 else ''}): "
                               f"point at one of them, e.g. {runs[0]}")
-    by_task: dict[str, Path] = {}
-    for p in samples:
-        m = re.match(r"samples_(.+)_(\d{4}-\d{2}-\d{2}T[\d\-\.]+)\.jsonl$", p.name)
-        task = m.group(1) if m else p.stem[len("samples_"):]
-        by_task[task] = p  # sorted by name, so the newest date wins
+    stamps = sorted({_stamp_of(p)[1] for p in results + samples})
+    if stamp is None and len(stamps) > 1:
+        raise EvalParityError(f"{path} holds {len(stamps)} lm-eval runs (started {', '.join(stamps)}), "
+                              f"written into one --output_path: pick one as {path}{PICK}<start>, "
+                              f"e.g. {path}{PICK}{stamps[-1]}")
+    if stamp is not None:
+        if stamp not in stamps:
+            raise EvalParityError(f"{path} holds no lm-eval run started {stamp} (it holds {', '.join(stamps)}): "
+                                  f"pick one of those as {path}{PICK}<start>")
+        results = [p for p in results if _stamp_of(p)[1] == stamp]
+        samples = [p for p in samples if _stamp_of(p)[1] == stamp]
+        if not results or not samples:
+            raise EvalParityError(f"the lm-eval run started {stamp} in {path} has no "
+                                  f"{'results_' + stamp + '.json' if not results else 'samples_*_' + stamp + '.jsonl'}"
+                                  f" (it did not finish): pick another run, or rerun it")
+    by_task = {_stamp_of(p)[0]: p for p in samples}
     return results[-1], by_task
 
 
@@ -94,9 +135,10 @@ def read_jsonl(path: Path) -> SampleFile:
     return SampleFile(out, Path(path), lines)
 
 
-def read_lm_eval_dir(path: Path) -> tuple[dict, dict[str, SampleFile]]:
-    """lm-eval's results and, per task, its samples (each a ``SampleFile``, which knows its file)."""
-    results_path, by_task = find_lm_eval_files(path)
+def read_lm_eval_dir(path: Path, stamp: str | None = None) -> tuple[dict, dict[str, SampleFile]]:
+    """lm-eval's results and, per task, its samples (each a ``SampleFile``, which knows its file), of the one
+    run in ``path`` or of the run started at ``stamp`` (see ``find_lm_eval_files``)."""
+    results_path, by_task = find_lm_eval_files(path, stamp)
     try:
         results = json.loads(results_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import evalparity, one_line_error
+from synthetic import make_lm_eval_dir
 
 
 def plain_lm_eval(model: Path, tasks: Path, dtype: str, out: Path) -> Path:
@@ -94,3 +95,68 @@ def test_compare_refuses_bad_inputs(both, tmp_path):
         p.rename(p.with_name(p.name.replace("tiny_", "other_")))
     assert "no task in common" in one_line_error(
         evalparity("compare", str(a), str(other), "--out", str(tmp_path / "o4")))
+
+
+# ---------------------------------------------------------------- what compare cannot pair honestly (issue 25)
+# Synthetic lm-eval folders (tests/synthetic.py): no model, a few seconds each.
+D1, D2 = "2025-01-01T00-00-00.000000", "2025-01-02T09-30-00.000000"
+
+
+def test_two_runs_in_one_output_folder_are_listed_and_one_can_be_picked(tmp_path):
+    """lm_eval run twice into one --output_path (fp32 on two tasks, then bf16 on one): the folder holds two
+    runs side by side, and reading the newest file per task made a cell 'hf-bf16' of fp32 samples."""
+    mixed = tmp_path / "mixed"
+    make_lm_eval_dir(mixed, dtype="float32", task="syn_a", date=D1)
+    make_lm_eval_dir(mixed, dtype="float32", task="syn_b", date=D1, seed=3)
+    make_lm_eval_dir(mixed, dtype="bfloat16", task="syn_a", date=D2, seed=1, flip=2)
+    other = make_lm_eval_dir(tmp_path / "other", dtype="float16", task="syn_a", seed=2)
+    out = tmp_path / "o"
+    line = one_line_error(evalparity("compare", str(other), str(mixed), "--out", str(out)))
+    assert "2 lm-eval runs" in line and D1 in line and D2 in line and f"{mixed}@{D2}" in line, line
+    assert not out.exists()
+    bad = one_line_error(evalparity("compare", str(other), f"{mixed}@2024-12-31T00-00-00.000000", "--out", str(out)))
+    assert "no lm-eval run started 2024-12-31" in bad and D1 in bad and D2 in bad, bad
+    for stamp, cell, tasks in ((D1, "hf-fp32", {"syn_a"}), (D2, "hf-bf16", {"syn_a"})):
+        o = tmp_path / f"o-{cell}"
+        proc = evalparity("compare", str(other), f"{mixed}@{stamp}", "--out", str(o), "--no-fail-on-inconclusive")
+        assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
+        meta = json.loads((o / "cells" / cell / "cell.json").read_text())
+        assert meta["source"] == f"{mixed.resolve()}@{stamp}"
+        assert json.loads((o / "compare.json").read_text())["inputs"][1] == f"{mixed.resolve()}@{stamp}"
+        import pandas as pd
+
+        table = pd.read_parquet(o / "cells" / cell / "samples.parquet")
+        assert set(table["task"]) == tasks  # syn_b: only in the fp32 run, and not in `other`
+
+
+def test_the_same_input_twice_is_refused(tmp_path):
+    a = make_lm_eval_dir(tmp_path / "a", dtype="float32")
+    copy = tmp_path / "copy"
+    shutil.copytree(a, copy)
+    out = tmp_path / "o"
+    line = one_line_error(evalparity("compare", str(a), str(a), "--out", str(out)))
+    assert "same lm-eval output" in line and str(a) in line, line
+    line = one_line_error(evalparity("compare", str(a), str(tmp_path / "x" / ".." / "a"), "--out", str(out)))
+    assert "same lm-eval output" in line, line
+    line = one_line_error(evalparity("compare", str(a), str(copy), "--out", str(out)))
+    assert "byte-identical samples" in line and str(a) in line and str(copy) in line, line
+    line = one_line_error(evalparity("compare", str(a), f"{a}@{D1}", "--out", str(out)))  # the one run, picked
+    assert "byte-identical samples" in line, line
+    assert not out.exists()
+
+
+def test_tasks_missing_from_some_inputs_are_named_and_recorded(tmp_path):
+    a = make_lm_eval_dir(tmp_path / "a", dtype="float32", task="syn_a")
+    make_lm_eval_dir(a, dtype="float32", task="syn_b", seed=5)
+    b = make_lm_eval_dir(tmp_path / "b", dtype="bfloat16", task="syn_a", seed=1)
+    out = tmp_path / "o"
+    proc = evalparity("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
+    assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
+    warned = [ln for ln in proc.stderr.splitlines() if "not in every input" in ln]
+    assert len(warned) == 1 and "syn_b (missing from hf-bf16)" in warned[0], proc.stderr
+    record = json.loads((out / "compare.json").read_text())
+    assert record["tasks_not_in_every_input"] == [{"task": "syn_b", "missing_from": ["hf-bf16"]}]
+    full = make_lm_eval_dir(tmp_path / "c", dtype="float16", task="syn_a", seed=2)
+    proc = evalparity("compare", str(b), str(full), "--out", str(tmp_path / "o2"), "--no-fail-on-inconclusive")
+    assert "not in every input" not in proc.stderr
+    assert json.loads((tmp_path / "o2" / "compare.json").read_text())["tasks_not_in_every_input"] == []

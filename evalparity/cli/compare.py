@@ -29,7 +29,7 @@ from evalparity.errors import EvalParityError
 
 
 def compare(
-    paths: Annotated[list[Path], typer.Argument(help="lm-eval output directories (--log_samples), one per cell.")],
+    paths: Annotated[list[Path], typer.Argument(help="lm-eval output directories (--log_samples), one per cell; DIR@START picks one run where lm-eval wrote several into DIR (START: the stamp in its results_<START>.json).")],
     name: Annotated[list[str] | None, typer.Option(help="Cell names, one per PATH, in order.")] = None,
     out: Annotated[Path | None, typer.Option(help="Run directory to write. Default: results/compare-<timestamp>.")] = None,
     reference: Annotated[str | None, typer.Option(help="Reference cell (default: the first PATH).")] = None,
