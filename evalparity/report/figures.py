@@ -8,12 +8,14 @@ import numpy as np
 import pandas as pd
 
 from evalparity.files import atomic_target
+from evalparity.printable import visible
 
 
 def _plt():
     import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False  # a '$' in a task name is text, not TeX to parse (or fail on)
     import matplotlib.pyplot as plt
 
     return plt
@@ -64,7 +66,7 @@ def score_differences(comp: pd.DataFrame, out: Path) -> Path | None:
         return None
     plt = _plt()
     c = c.head(40)
-    labels = [f"{r.task} {r.metric} · {r.cell}" for r in c.itertuples()]
+    labels = [visible(f"{r.task} {r.metric} · {r.cell}") for r in c.itertuples()]
     fig, ax = plt.subplots(figsize=(7.5, 0.35 * len(c) + 1.4))
     y = np.arange(len(c))
     colors = c["verdict"].map({"EQUIVALENT": "#1a7f37", "DIFFERENT": "#cf222e", "INCONCLUSIVE": "#bf8700",

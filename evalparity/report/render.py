@@ -2,8 +2,10 @@
 
 Two environments, one per format: HTML autoescapes every value; markdown has no autoescape, so its template
 passes every value through the ``md`` filter (``markdown.md_escape``) and preformatted text through
-``fence`` (``markdown.md_fence``). Undefined names raise (``StrictUndefined``): a misspelt context field is
-an error, not an empty cell.
+``fence`` (``markdown.md_fence``). In both, every printed value has its control characters written out
+first (``shown``, Jinja2's ``finalize``): HTML escaping leaves an ANSI escape or a bidirectional override in a
+task name as it is. Undefined names raise (``StrictUndefined``): a misspelt context field is an error, not an
+empty cell.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import html
 from functools import cache
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup
 
+from evalparity.printable import visible
 from evalparity.report.context import ReportContext
 from evalparity.report.formatting import COLORS
 from evalparity.report.markdown import md_escape, md_fence
@@ -23,11 +27,21 @@ def verdict_color(text: str) -> str | None:
     return COLORS.get(text.split(" ")[0]) if text else None
 
 
+def shown(value):
+    """A value as the templates print it: text with its control characters written out (its lines kept, for
+    prompts), anything else as it is. Markup (already escaped, e.g. a macro's output) stays Markup, so it is
+    not escaped twice."""
+    if isinstance(value, Markup):
+        return Markup(visible(value, keep_newlines=True))
+    return visible(value, keep_newlines=True) if isinstance(value, str) else value
+
+
 @cache
 def environment(fmt: str) -> Environment:
     """The Jinja2 environment for ``fmt`` ("md" or "html"), loading the templates shipped in the package."""
     env = Environment(loader=PackageLoader("evalparity.report", "templates"), autoescape=fmt == "html",
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                      finalize=shown)
     if fmt == "md":
         env.filters.update(md=md_escape, fence=md_fence, html=html.escape)
     else:
