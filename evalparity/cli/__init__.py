@@ -10,12 +10,13 @@ import what they need when they run, so ``--help`` and a bad option answer at on
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 import typer
 
 from evalparity.cli import compare, doctor, drift, models, report, run
-from evalparity.cli.output import configure_logging, console
+from evalparity.cli.output import configure_logging, console, safe, signed_off
 from evalparity.errors import EvalParityError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -30,18 +31,23 @@ app.add_typer(models.app, name="models")
 
 def main() -> None:
     """The console script: runs the app without click's standalone mode, so that every way a command ends
-    (its exit code, EvalParityError, a usage error, Ctrl-C) is one line at most, and exits with its code."""
+    (its exit code, EvalParityError, a usage error, Ctrl-C) is one line at most, and exits with its code.
+
+    Exit codes (README "Gating CI"): the sign-off's (0, 3, 4) or an error's (2 bad input, 5 cells failed);
+    130 for Ctrl-C before the sign-off; 1 for an internal error (a bug: its traceback is shown, to be
+    reported). Once the sign-off line is printed its code stands, whatever follows: an error, an internal
+    one or Ctrl-C (``output.sign_off``); only ``run``'s 5, for cells that failed under a PASS, replaces it."""
     configure_logging()
     try:
         rc = app(standalone_mode=False)
         if rc == 130:  # typer turns Ctrl-C inside a command into Exit(130), which this mode returns
             _interrupted()
-        sys.exit(rc if isinstance(rc, int) else 0)
+        _exit(rc if isinstance(rc, int) else 0)
     except EvalParityError as err:
-        console.print(f"[red]error:[/red] {err}", soft_wrap=True, highlight=False)
-        sys.exit(err.exit_code)
+        console.print(f"[red]error:[/red] {safe(err)}", soft_wrap=True, highlight=False)
+        _exit(err.exit_code if signed_off() is None else signed_off())  # after the sign-off, its code stands
     except typer.Exit as e:
-        sys.exit(e.exit_code)
+        _exit(e.exit_code)
     except KeyboardInterrupt:
         _interrupted()
     except Exception as err:  # usage errors (a bad option value, an unknown command) and the like
@@ -49,15 +55,32 @@ def main() -> None:
             ctx = getattr(err, "ctx", None)
             where = ctx.command_path if ctx is not None else "evalparity"
             if err.format_message():  # empty: a command group given no command, whose help is shown already
-                console.print(f"[red]error:[/red] {err.format_message()} (see `{where} --help`)", soft_wrap=True,
-                              highlight=False)
-            sys.exit(err.exit_code)
+                console.print(f"[red]error:[/red] {safe(err.format_message())} (see `{safe(where)} --help`)",
+                              soft_wrap=True, highlight=False)
+            _exit(err.exit_code)
         if _is_click(err, "Abort"):  # older typer (click) turns Ctrl-C inside a command into Abort
             _interrupted()
+        if signed_off() is not None:  # a failure after the verdict was printed cannot take it back
+            console.print(f"[red]internal error after the sign-off[/red]: {safe(type(err).__name__)}: "
+                          f"{safe(err)}", soft_wrap=True, highlight=False)
+            _exit(signed_off())
         raise
 
 
+def _exit(code: int) -> None:
+    """``sys.exit(code)``; once a sign-off line is printed, with Ctrl-C ignored from here on: an interrupt
+    while the interpreter shuts down would otherwise end the process by the signal (-2 to a parent) instead
+    of with this code."""
+    if signed_off() is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
+
+
 def _interrupted() -> None:
+    if signed_off() is not None:
+        console.print(f"[yellow]interrupted after the sign-off[/yellow]: exit code {signed_off()}, the "
+                      "sign-off's", highlight=False)
+        _exit(signed_off())
     console.print("[red]interrupted[/red]: finished cells are kept; rerun the same command to resume")
     sys.exit(130)
 

@@ -1,32 +1,49 @@
 """Where the command line's output goes: one console on stderr, and the logging handler that puts the
-``evalparity`` loggers' records on it.
+``evalparity`` loggers' records on it; the escaping of the text users control; and the sign-off line.
 
 Modules log with ``logging.getLogger(__name__)``; only the CLI decides how a record looks, once
 (``configure_logging``, from ``main``). Standard output carries only the results a script reads (the sign-off
 line of ``run``/``report``/``compare``, the paths ``models prepare`` writes).
+
+User text (paths, model, task, metric and cell names, error messages that quote them) goes through ``safe``
+before it is put in a console line: rich would read ``[/]`` or ``[bold]`` in a folder's name as markup (and
+fail, or print a different path), and a terminal would obey an ANSI escape or a carriage return in a task
+name. ``printable.visible`` is the control-character half alone, for plain ``print`` to stdout.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
+
+from evalparity.printable import visible
 
 console = Console(stderr=True)
 
 
+def safe(text: object) -> str:
+    """``text`` for a console line that may hold rich markup: control characters visible and markup
+    escaped, so it prints exactly as written, whatever brackets it holds."""
+    return escape(visible(text))
+
+
 class ConsoleHandler(logging.Handler):
     """evalparity's log records as plain lines on ``console``, as its messages always looked: no time, level
-    or source path (the level shows only as a colour, on a terminal), never wrapped mid-line by rich, and
-    never read as rich markup."""
+    or source path (the level shows only as a colour, on a terminal), never wrapped mid-line by rich, never
+    read as rich markup, and with control characters shown, not obeyed."""
 
     STYLES = {logging.DEBUG: "dim", logging.INFO: "cyan", logging.WARNING: "yellow"}
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             style = self.STYLES.get(record.levelno, "red" if record.levelno > logging.WARNING else "")
-            console.print(Text(self.format(record), style=style), soft_wrap=True, highlight=False)
+            line = visible(self.format(record), keep_newlines=True)
+            console.print(Text(line, style=style), soft_wrap=True, highlight=False)
         except Exception:  # noqa: BLE001 - logging's contract: a failing handler reports, never raises
             self.handleError(record)
 
@@ -40,3 +57,48 @@ def configure_logging() -> None:
         root.addHandler(ConsoleHandler())
     root.setLevel(logging.INFO)
     root.propagate = False
+
+
+# ---------------------------------------------------------------- the sign-off
+_signed_off: int | None = None  # the sign-off's exit code, once its line is printed
+
+
+def sign_off(status: str, reason: str, report: object, code: int) -> None:
+    """Print the sign-off: a coloured line and the report's path on the console, and ``STATUS: reason`` on
+    stdout, the line CI reads. From here on the verdict is final: nothing the console does can keep the
+    stdout line from being printed, and Ctrl-C no longer changes the exit code (``signed_off``): a first
+    interrupt is noted and the command finishes its cleanup (the lock, the run's Ray instance), a second one
+    stops it at once, with the sign-off's code still (``cli.main``)."""
+    global _signed_off
+    _signed_off = code
+    try:
+        signal.signal(signal.SIGINT, _interrupt_after_sign_off)
+    except ValueError:  # not the main thread (a test calling in): no handler to change
+        pass
+    try:
+        style = {"PASS": "green", "FAIL": "red"}.get(status, "yellow")
+        console.print(f"[bold {style}]sign-off: {safe(status)}[/bold {style}] ({safe(reason)})", soft_wrap=True,
+                      highlight=False)
+        console.print(f"report: {safe(report)}", soft_wrap=True, highlight=False)
+    except Exception:  # noqa: BLE001 - the console is a courtesy; the stdout line below is the result
+        pass
+    try:
+        print(f"{visible(status)}: {visible(reason)}", flush=True)
+    except OSError:  # stdout closed (a reader that went away): the exit code still says it
+        pass
+
+
+def signed_off() -> int | None:
+    """The exit code of the sign-off printed by this command, or None when none was printed (yet)."""
+    return _signed_off
+
+
+def _interrupt_after_sign_off(signum, frame) -> None:
+    """SIGINT once the sign-off is out: the first is noted (os.write: safe inside a signal handler, where
+    the console may be mid-line), and the cleanup carries on; the next raises KeyboardInterrupt as usual."""
+    try:
+        os.write(2, b"\ninterrupt: the sign-off above is final; finishing up (Ctrl-C again to stop now, with "
+                    b"the same exit code)\n")
+    except OSError:
+        pass
+    signal.signal(signal.SIGINT, signal.default_int_handler)
