@@ -24,7 +24,7 @@ from evalparity.cli.options import (
     Reference,
     stats_options,
 )
-from evalparity.cli.output import console
+from evalparity.cli.output import console, sign_off
 from evalparity.errors import EvalParityError
 from evalparity.runlog import RunLog
 
@@ -55,7 +55,8 @@ def stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, timings: R
     """Statistics and report, written into a staging folder and published together (``rundir.staged_outputs``):
     a full disk or a kill midway leaves the previous ``stats/`` and ``report/`` as they were, never a new
     ``report.md`` beside an old ``report.html``. A failed write is one line, exit 2. Returns the exit code
-    of the sign-off; its line goes to stdout, for scripts."""
+    of the sign-off; its line goes to stdout, for scripts, and from then on its code is the command's
+    (``output.sign_off``)."""
     # heavy: pandas, scipy, statsmodels, jinja2 (the statistics and the report)
     from evalparity import cells
     from evalparity.report import write_report
@@ -79,8 +80,5 @@ def stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, timings: R
                               f"({err.strerror or err}): free space or make it writable, then rerun "
                               f"`evalparity report {run_dir}` (the previous report, if any, is unchanged)") from None
     code = result.exit_code(fail_on_inconclusive)
-    style = {"PASS": "green", "FAIL": "red"}.get(result.sign_off, "yellow")
-    console.print(f"[bold {style}]sign-off: {result.sign_off}[/bold {style}] ({result.reason})")
-    console.print(f"report: {paths['html']}")
-    print(f"{result.sign_off}: {result.reason}")
+    sign_off(result.sign_off, result.reason, paths["html"], code)  # its line always reaches stdout
     return code
