@@ -9,12 +9,20 @@ Margins carry units, because "1" is what a user types for one point and would ot
 or more for a proportion is refused. Per-metric margins: ``--margin acc=1pp,exact_match=2pp``; a metric that
 is not a proportion (perplexity, f1 on a 0-100 scale, ...) gets a margin only this way, in its own unit
 (``--margin 1pp,perplexity=0.05``), and without one it is reported but never gates.
+
+Checked where typed: a metric named twice, or a value named twice, is refused when the option is parsed; a
+metric name is checked against the metrics of the run's tables once they are loaded (``check_metric_names``),
+so that a typo cannot take the gate off the metric it meant. A margin must be a finite number from
+``MIN_MARGIN`` (1e-06 points for a proportion) up: below it no number of documents could show equivalence, and
+the power calculations would overflow; a proportion margin is below 0.5 (50 points), another metric's at most
+``MAX_MARGIN`` in its unit.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from evalparity.errors import EvalParityError
@@ -24,6 +32,9 @@ MULTIPLE = ("holm", "bh", "none")
 _VALUE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(pp|%)?\s*$")
 FORMS = "write 1pp, 1% or 0.01 for one percentage point"
 MARGIN = "1pp"  # --margin's default, as typed: one percentage point for every proportion metric
+MIN_MARGIN = 1e-8  # 1e-06 percentage points; the smallest margin (or --ll-tolerance) in any metric's unit
+MAX_MARGIN = 1e8  # the largest margin of a non-proportion metric (or --ll-tolerance), in its unit
+LOGLIKELIHOOD = "loglikelihood"  # compared against --ll-tolerance, not against a --margin
 
 
 @dataclass(frozen=True)
@@ -41,8 +52,13 @@ def parse_margin_value(text: str, *, what: str) -> MetricMargin:
     value = float(m.group(1))
     if m.group(2):
         value /= 100.0
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value):
+        raise EvalParityError(f"{what} {text!r} is not a finite number: {FORMS}")
+    if value <= 0:
         raise EvalParityError(f"{what} {text!r} must be positive: {FORMS}")
+    if value < MIN_MARGIN:
+        raise EvalParityError(f"{what} {text!r} is below the smallest margin, 1e-06pp ({MIN_MARGIN:g} in a metric's "
+                              f"unit): no number of documents could show a difference that small; {FORMS}")
     return MetricMargin(value, bool(m.group(2)))
 
 
@@ -58,7 +74,7 @@ def check_proportion_margin(mm: MetricMargin, text: str, what: str) -> float:
 def parse_margins(text: str) -> tuple[float, tuple[tuple[str, MetricMargin], ...]]:
     """``--margin`` → (the proportion margin, per-metric margins). Items are comma-separated, each
     ``VALUE`` (the margin for every proportion metric) or ``METRIC=VALUE``."""
-    default = 0.01
+    default: float | None = None
     per: dict[str, MetricMargin] = {}
     for item in (x.strip() for x in str(text).split(",")):
         if not item:
@@ -68,13 +84,36 @@ def parse_margins(text: str) -> tuple[float, tuple[tuple[str, MetricMargin], ...
             name = name.strip()
             if not re.fullmatch(r"[A-Za-z0-9_.@,\-]+", name):
                 raise EvalParityError(f"--margin {item!r}: {name!r} is not a metric name (metric=VALUE)")
+            if name == LOGLIKELIHOOD:
+                raise EvalParityError(f"--margin {item!r}: the loglikelihood comparison has a tolerance, not a "
+                                      f"margin: use --ll-tolerance {val.strip()} (nats)")
+            if name in per:
+                raise EvalParityError(f"--margin names {name} twice ({text}): give each metric one margin")
             mm = parse_margin_value(val.strip(), what=f"--margin {name}=")
             if mm.proportion_units:
                 check_proportion_margin(mm, val.strip(), f"--margin {name}=")
+            elif mm.value > MAX_MARGIN:
+                raise EvalParityError(f"--margin {item!r} is above the largest margin, {MAX_MARGIN:g}: a margin that "
+                                      "wide gates nothing; give one in the metric's own unit (e.g. perplexity=0.05)")
             per[name] = mm
         else:
+            if default is not None:
+                raise EvalParityError(f"--margin gives the proportion margin twice ({text}): give one VALUE, and "
+                                      "METRIC=VALUE for a metric of its own")
             default = check_proportion_margin(parse_margin_value(item, what="--margin"), item, "--margin")
-    return default, tuple(sorted(per.items()))
+    return (0.01 if default is None else default), tuple(sorted(per.items()))
+
+
+def check_metric_names(opts: StatsOptions, known: Iterable[str]) -> None:
+    """Every metric ``--margin`` names must be one of ``known``, the metrics of the run's tables: a typo
+    (``perplexty=0.05``) would otherwise leave the metric it meant without its margin, never gating. Called
+    by the statistics once the tables are loaded (``stats.compare.compute``); the message lists the names."""
+    names = sorted(set(known))
+    unknown = [m for m, _ in opts.metric_margins if m not in names]
+    if unknown:
+        raise EvalParityError(f"--margin names {', '.join(unknown)}, which the run's tasks do not report: use one of "
+                              f"{', '.join(names) or 'none (the run has no metric columns)'} (the cells' results are "
+                              "kept: `evalparity report RUN_DIR --margin ...` recomputes the statistics)")
 
 
 @dataclass(frozen=True)
@@ -94,10 +133,12 @@ class StatsOptions:
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
             raise EvalParityError(f"--alpha {self.alpha} is not a test level: give a value in (0, 0.5), e.g. 0.05")
-        if not 0 < self.margin < 0.5:
-            raise EvalParityError(f"--margin {self.margin} is not a proportion margin in (0, 0.5): {FORMS}")
-        if not (math.isfinite(self.ll_tolerance) and self.ll_tolerance > 0):
-            raise EvalParityError("--ll-tolerance must be a positive number of nats, e.g. 0.05")
+        if not MIN_MARGIN <= self.margin < 0.5:
+            raise EvalParityError(f"--margin {self.margin} is not a proportion margin in [{MIN_MARGIN:g}, 0.5): "
+                                  f"{FORMS}")
+        if not (math.isfinite(self.ll_tolerance) and MIN_MARGIN <= self.ll_tolerance <= MAX_MARGIN):
+            raise EvalParityError(f"--ll-tolerance {self.ll_tolerance:g} is not a tolerance: give a number of nats "
+                                  f"from {MIN_MARGIN:g} to {MAX_MARGIN:g}, e.g. 0.05")
         if self.multiple not in MULTIPLE:
             raise EvalParityError(f"--multiple {self.multiple!r} is unknown: use holm, bh or none")
         if self.direction not in DIRECTIONS:
