@@ -30,7 +30,7 @@ from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, FAILED_SUFFIX, SPE
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, verdict
-from evalparity.stats.options import StatsOptions
+from evalparity.stats.options import StatsOptions, check_metric_names
 from evalparity.stats.record import SCHEMA, Comparison, columns
 
 __all__ = ["StatsOptions", "StatsSummary", "compute", "SCHEMA"]
@@ -369,6 +369,8 @@ def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
         raise EvalParityError(f"only one usable cell in {run_dir}: a comparison needs two"
                               + (f" ({'; '.join(f'{c}: {w}' for c, w in missing)})" if missing else ""),
                               exit_code=EXIT_CELL_FAILED if missing else 2)
+    check_metric_names(opts, [m[len(samples_mod.METRIC_PREFIX):] for t in tables.values()
+                              for m in samples_mod.metric_columns(t)])  # a --margin typo gates nothing: refused
     samples_mod.check_alignment({opts.reference: tables[opts.reference],
                                  **{k: v for k, v in tables.items() if k != opts.reference}})
     pending: list[Pending] = []
