@@ -29,3 +29,20 @@ def decide_ll(ref, cell, opts: StatsOptions | None = None, docs=None) -> Compari
                                          float(ref[fin].mean()) if fin.any() else np.nan,
                                          float(cell[fin].mean()) if fin.any() else np.nan, opts)
     return compare.decide_all([p], np.array([True]), opts)[0]
+
+
+def table(n: int, b: int, c: int, both: float = 0.6) -> tuple[np.ndarray, np.ndarray]:
+    """Reference and cell scores of n docs: b right only in the reference, c only in the cell, and a share
+    ``both`` of the rest right in both."""
+    ref, cell = np.zeros(n), np.zeros(n)
+    ref[:b] = 1
+    cell[b:b + c] = 1
+    k = int((n - b - c) * both)
+    ref[b + c:b + c + k] = 1
+    cell[b + c:b + c + k] = 1
+    return ref, cell
+
+
+def decide_counts(n: int, b: int, c: int, opts: StatsOptions | None = None) -> Comparison:
+    """One binary comparison of n docs with b ref-only and c cell-only docs, through the product's path."""
+    return decide_scores(*table(n, b, c), opts)

@@ -179,7 +179,9 @@ def binary_tests(b, c, n, margin, *, direction: str = "both"):
     z_hi, z_lo = score_statistic(b, c, n, margin), score_statistic(b, c, n, -margin)
     if direction == "both":
         p_eq = np.maximum(sps.norm.cdf(z_hi), sps.norm.sf(z_lo))
-        p_beyond = np.minimum(1.0, 2 * np.minimum(sps.norm.sf(z_hi), sps.norm.cdf(z_lo)))
+        # one-sided at the end the data point past, plus the far end's tail (``verdict.beyond_pvalue``)
+        p_beyond = np.minimum(1.0, np.minimum(sps.norm.sf(z_hi) + sps.norm.sf(z_lo),
+                                              sps.norm.cdf(z_lo) + sps.norm.cdf(z_hi)))
         p_shift = mcnemar_exact_pvalue(b, c)
         p_eq = np.where(zero, (1 - margin) ** n, p_eq)
     elif direction == "worse":

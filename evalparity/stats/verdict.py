@@ -1,31 +1,37 @@
 """The decision rule: from one comparison's inference and its margin to a verdict, with the interval it was
-decided on.
+decided on. Every verdict is read off one printed interval, the (1 − 2α) one (90 % at α = 0.05), against
+the margin and 0:
 
-Per comparison, with margin m in the metric's own unit and level α (``--alpha``, default 0.05):
+- **EQUIVALENT** when the (1 − 2α) interval lies inside the acceptable region (−m, m): the two one-sided
+  tests (TOST) at level α, p_equivalence < α. PASS needs every gating comparison EQUIVALENT, an
+  intersection-union test valid at α with no multiplicity adjustment.
+- **DIFFERENT** when the interval lies entirely outside [−m, m]. "Δ > m" and "Δ < −m" are one-sided claims,
+  each at α, so the interval is the same (1 − 2α) one (the old rule doubled the p-value, Bonferroni over the
+  sides, and so read DIFFERENT off a (1 − α) interval: at most half of α was ever spent). One caution keeps
+  the level where the interval is wide against the margin: inside the margin both claims are false at once,
+  so ``p_beyond`` adds to the near side's p-value the far side's tail in the same direction (the p-value at
+  the other end of the margin). That term is below 10⁻⁵ unless the interval's half-width exceeds about
+  1.2 m, so there DIFFERENT is the interval outside the margin; when it is wider, the verdict says so. Any
+  DIFFERENT fails the sign-off, so these claims are controlled over the family of gating comparisons (Holm
+  by default, ``--multiple bh``, ``none``); a comparison rejected at family threshold γ has its (1 − 2γ)
+  interval outside the margin, and that interval is the one printed (the (1 − 2α) one for one comparison).
+- **SHIFT** (within margin not shown) when a change is detected (Δ ≠ 0: the exact McNemar test for binary
+  scores, two-sided at α, with the same family adjustment) but neither of the above holds. Such a test
+  rejecting means the printed interval excludes 0 too. It does not fail the sign-off; it keeps it from
+  PASS, and the reason gives the n that would settle it at the observed Δ.
+- **INCONCLUSIVE** otherwise. Where the interval excludes 0 and the two-sided test does not reject (the
+  interval's ends are one-sided 5 % each), the reason says exactly that, never "no change".
 
-- **EQUIVALENT** when the (1 − 2α) confidence interval lies inside the acceptable region (−m, m). This is
-  the two one-sided tests (TOST) at level α: p_equivalence < α.
-- **DIFFERENT** when the change is shown to exceed the margin: the interval lies entirely outside
-  [−m, m]. Any DIFFERENT fails the sign-off, so "some comparison is beyond its margin" is a union claim
-  and its error is controlled over the family of gating comparisons (Holm by default, ``--multiple bh``
-  for Benjamini-Hochberg, ``none``). The p-value of "|Δ| > m" is 2 · min of the two one-sided p-values
-  at ±m (Bonferroni over the two sides, valid however small m is); a comparison rejected at family
-  threshold γ has its (1 − γ) interval outside [−m, m], and that interval, at that level, is the one
-  printed.
-- **SHIFT** (within margin not shown) when a change is detected (Δ ≠ 0: exact McNemar for binary scores,
-  the same family adjustment) but neither of the above holds. It does not fail the sign-off; it keeps it
-  from PASS, and the reason gives the n that would settle it at the observed Δ.
-- **INCONCLUSIVE** otherwise, with the smallest detectable difference and the n needed.
-
-Sign-off: PASS when every gating comparison is EQUIVALENT. That is an intersection-union test, valid at α
-with no multiplicity adjustment, so no Holm is applied to the equivalence p-values and a comparison's
-verdict does not depend on how many others ran. FAIL when any is DIFFERENT; otherwise INCONCLUSIVE (exit 4,
-SHIFT included).
+Sign-off: PASS when every gating comparison is EQUIVALENT; FAIL when any is DIFFERENT; otherwise
+INCONCLUSIVE (exit 4, SHIFT included).
 
 Directions (``--direction``): ``both`` (the default, (−m, m) as above); ``worse`` (non-inferiority: only a
 drop beyond m fails; acceptable region (−m, ∞); EQUIVALENT means "not worse by m" and SHIFT means "a drop
-is shown"). For a mean |Δ| (loglikelihoods) the region is [0, m): one bound, so the one-sided tests carry
-no doubling. With one finite bound a family threshold γ corresponds to the (1 − 2γ) two-sided interval.
+is shown"). For a mean |Δ| (loglikelihoods) the region is [0, m). With one finite bound there is no far
+side, and a family threshold γ again corresponds to the (1 − 2γ) two-sided interval.
+
+Interval ends are printed with as many digits as it takes to put each on its own side of the margin's ends
+and 0 (``ci_str``): two comparisons with different verdicts never print the same interval.
 """
 
 from __future__ import annotations
@@ -94,17 +100,30 @@ class Tests:
 
 
 def tests(inf: PairedInference, margin: Margin, *, p_shift: float | None = None) -> Tests:
-    eq, out = [], []
+    eq = []
     if math.isfinite(margin.high):
         eq.append(inf.pvalue_less(margin.high))
-        out.append(inf.pvalue_greater(margin.high))
     if math.isfinite(margin.low):
         eq.append(inf.pvalue_greater(margin.low))
-        out.append(inf.pvalue_less(margin.low))
     if p_shift is None:
         p_shift = inf.pvalue_zero() if margin.sides == 2 else (
             inf.pvalue_less(0.0) if math.isfinite(margin.low) else inf.pvalue_greater(0.0))
-    return Tests(float(max(eq)), float(min(1.0, len(out) * min(out))), float(p_shift))
+    return Tests(float(max(eq)), beyond_pvalue(inf, margin), float(p_shift))
+
+
+def beyond_pvalue(inf: PairedInference, margin: Margin) -> float:
+    """p-value of "Δ lies beyond the margin": the one-sided p-value at the end the data point past, plus,
+    with two finite ends, the far end's tail in the same direction. The claims "Δ > high" and "Δ < low" are
+    one-sided (each at α, no doubling), but where Δ lies inside both are false, so the chance of either is
+    the sum of two tails; for a symmetric statistic that is what the far end's p-value adds (the exact
+    enumeration found 0.081 > α at ψ = 40 %, m = 0.1 pp without it). It is negligible unless the interval
+    is wide against the margin. ``verdict.DIFFERENT`` at γ implies the (1 − 2γ) interval lies outside."""
+    up = down = math.inf
+    if math.isfinite(margin.high):
+        up = inf.pvalue_greater(margin.high) + (inf.pvalue_greater(margin.low) if math.isfinite(margin.low) else 0.0)
+    if math.isfinite(margin.low):
+        down = inf.pvalue_less(margin.low) + (inf.pvalue_less(margin.high) if math.isfinite(margin.high) else 0.0)
+    return float(min(1.0, up, down))
 
 
 def classify(p_equivalence, beyond_rejected, shift_rejected, alpha: float):
@@ -117,21 +136,22 @@ def classify(p_equivalence, beyond_rejected, shift_rejected, alpha: float):
     return out.astype(object) if out.ndim else str(out)
 
 
-def decisive_level(verdict: str, alpha: float, beyond_threshold: float, sides: int) -> float:
-    """The level of the interval a verdict was decided on: (1 − 2α) for EQUIVALENT (and printed for SHIFT
-    and INCONCLUSIVE, whose margin question it leaves open); (1 − 2γ/sides) for DIFFERENT at family
-    threshold γ."""
+def decisive_level(verdict: str, alpha: float, beyond_threshold: float, sides: int = 2) -> float:
+    """The level of the interval a verdict was decided on: (1 − 2γ) for DIFFERENT at family threshold γ
+    (one-sided claims, whatever ``sides``: kept for the callers), (1 − 2α) for every other verdict."""
     if verdict == DIFFERENT:
-        return 1 - 2 * beyond_threshold / sides
+        return 1 - 2 * beyond_threshold
     return 1 - 2 * alpha
 
 
 # ---------------------------------------------------------------- words
-def fmt(x: float, unit: str) -> str:
+def fmt(x: float, unit: str, decimals: int | None = None) -> str:
     if not math.isfinite(x):
         return "+∞" if x > 0 else "−∞"
     if unit == "pp":
-        return f"{100 * x:+.2f} pp"
+        return f"{100 * x:+.{2 if decimals is None else decimals}f} pp"
+    if decimals is not None:
+        return f"{x:+.{decimals}g}" + (f" {unit}" if unit else "")
     return f"{x:+.3g}" + (f" {unit}" if unit else "")
 
 
@@ -146,8 +166,26 @@ def level_str(level: float) -> str:
     return f"{pct:.0f}%" if abs(pct - round(pct)) < 1e-9 else f"{pct:.3g}%"
 
 
-def ci_str(ci: ConfidenceInterval, level: float, unit: str) -> str:
-    return f"{level_str(level)} CI [{fmt(ci.low, unit)}, {fmt(ci.high, unit)}]"
+MAX_DECIMALS = 15
+
+
+def _distinct(x: float, refs: Iterable[float], unit: str) -> str:
+    """``x`` with the fewest digits (2 decimals in pp, 3 significant otherwise, at least) at which it prints
+    differently from every finite reference point it differs from, so the printed end sits on the same side
+    of each as the number does (rounding is monotone): an end of 0.997 pp against a margin of 1 pp prints
+    "+0.997 pp", not "+1.00 pp"."""
+    start = 2 if unit == "pp" else 3
+    for d in range(start, MAX_DECIMALS + 1):
+        text = fmt(x, unit, d)
+        if all(r == x or fmt(r, unit, d) != text for r in refs if math.isfinite(r)):
+            return text
+    return fmt(x, unit, MAX_DECIMALS)
+
+
+def ci_str(ci: ConfidenceInterval, level: float, unit: str, margin: Margin | None = None) -> str:
+    """"90% CI [low, high]", the ends printed apart from the margin's ends and 0 when ``margin`` is given."""
+    refs = (0.0, margin.low, margin.high) if margin is not None else (0.0,)
+    return f"{level_str(level)} CI [{_distinct(ci.low, refs, unit)}, {_distinct(ci.high, refs, unit)}]"
 
 
 def reason(*, verdict: str, estimate: float, ci: ConfidenceInterval, level: float, margin: Margin,
@@ -155,9 +193,10 @@ def reason(*, verdict: str, estimate: float, ci: ConfidenceInterval, level: floa
            estimand: str = "Δ",
            shift_test: str = "", mdd: float | None = None, n_needed: float | None = None,
            n_needed_at_zero: float | None = None) -> str:
-    """The verdict in words, naming the interval it was decided on and its level."""
+    """The verdict in words, naming the interval it was decided on and its level; every statement about
+    the interval (inside, beyond, on which side of 0) is true of the interval as printed."""
     u = margin.unit
-    head = f"{estimand} = {fmt(estimate, u)}, {ci_str(ci, level, u)}"
+    head = f"{estimand} = {fmt(estimate, u)}, {ci_str(ci, level, u, margin)}"
     adj = "" if multiple == "none" else f", {multiple}-adjusted"
 
     def p_adj(raw: float, adjusted: float) -> str:
@@ -169,11 +208,55 @@ def reason(*, verdict: str, estimate: float, ci: ConfidenceInterval, level: floa
                  if p_shift_adj < alpha else "")
         return f"{head} {where} (equivalence p = {t.p_equivalence:.2g}){extra}"
     if verdict == DIFFERENT:
-        return (f"{head} {_outside_words(margin)} (beyond-margin p = {p_adj(t.p_beyond, p_beyond_adj)}; "
-                "the CI's level is the family threshold this comparison was rejected at)")
+        at = ("" if math.isclose(level, 1 - 2 * alpha) else
+              "; the CI's level is 1 − 2 × the family threshold this comparison was rejected at")
+        return f"{head} {_outside_words(margin)} (beyond-margin p = {p_adj(t.p_beyond, p_beyond_adj)}{at})"
+    tail = _settle_words(margin, estimate, n, mdd, n_needed, n_needed_at_zero)
+    beyond = _beyond_note(ci, margin, t, p_beyond_adj, alpha, multiple)
+    if not math.isfinite(margin.low):  # a mean |Δ| against a tolerance: the shift test is of mean Δ, not of it
+        shown = "a shift in mean Δ is shown" if verdict == SHIFT else "no shift in mean Δ is shown"
+        return (f"{head} {_not_inside_words(margin)} and {shown} ({shift_test} p = {p_shift_adj:.2g}{adj}) at "
+                f"n = {n:,}{beyond}{tail}")
+    zero = _zero_side(ci)
+    if verdict == SHIFT:
+        return (f"{head}: a change is shown ({shift_test} p = {p_shift_adj:.2g}{adj}) and the CI {zero}, but it "
+                f"{_not_inside_words(margin)}, so within-margin is not shown{beyond}{tail}")
+    if zero == "contains 0":
+        change = f"contains 0: no change is shown ({shift_test} p = {p_shift_adj:.2g}{adj})"
+    else:  # its ends are one-sided at α; the change test is two-sided at α (or adjusted over the family)
+        change = (f"{zero} (each end is one-sided at {level_str(alpha)}), but a change is not shown by the "
+                  f"two-sided test at α ({shift_test} p = {p_shift_adj:.2g}{adj})")
+    return f"{head} {_not_inside_words(margin)} and {change} at n = {n:,}{beyond}{tail}"
+
+
+def _zero_side(ci: ConfidenceInterval) -> str:
+    if ci.low > 0:
+        return "lies above 0"
+    if ci.high < 0:
+        return "lies below 0"
+    return "contains 0"
+
+
+def _beyond_note(ci: ConfidenceInterval, m: Margin, t: Tests, p_adj: float, alpha: float, multiple: str) -> str:
+    """Why an interval beyond the margin is not DIFFERENT (the wide case, or the family's threshold); what
+    DIFFERENT would need otherwise."""
+    outside = ci.high < m.low or ci.low > m.high
+    if not outside:
+        return f" (DIFFERENT would need the CI entirely {_beyond_words(m)})"
+    if multiple != "none" and t.p_beyond < alpha <= p_adj:
+        return (f" (it lies {_beyond_words(m)}, but not at the family threshold: beyond-margin p = "
+                f"{t.p_beyond:.2g}, {multiple}-adjusted {p_adj:.2g})")
+    return (f" (it lies {_beyond_words(m)}, but it is wide against the margin: both claims beyond the margin "
+            f"are false at once inside it, so the beyond-margin p-value counts the far end's tail too: "
+            f"p = {t.p_beyond:.2g} ≥ {alpha:g})")
+
+
+def _settle_words(m: Margin, estimate: float, n: int, mdd, n_needed, n_needed_at_zero) -> str:
+    u = m.unit
     extras = []
     if mdd is not None and math.isfinite(mdd):
         extras.append(f"smallest detectable difference at this n ≈ {span(mdd, u)}")
+    on_margin = estimate in (m.low, m.high)
     if n_needed is not None and math.isfinite(n_needed) and n_needed > 1e9:
         extras.append("more than a billion docs would be needed to settle it at the observed Δ")
     elif n_needed is not None and math.isfinite(n_needed) and n_needed > n:
@@ -182,16 +265,17 @@ def reason(*, verdict: str, estimate: float, ci: ConfidenceInterval, level: floa
                and int(n_needed_at_zero) != int(n_needed) else "")
         extras.append(f"≈ {int(n_needed):,} docs would settle it at the observed Δ{at0}")
     elif n_needed is not None and not math.isfinite(n_needed):
-        extras.append("the observed Δ sits on the margin: no n settles it")
-    tail = ("; " + "; ".join(extras)) if extras else ""
-    # DIFFERENT would need a wider interval (at the family threshold, 95% or more) outside the margin.
-    need = (f"DIFFERENT would need the {level_str(1 - 2 * alpha / margin.sides)} or stricter CI entirely beyond "
-            "the margin")
-    if verdict == SHIFT:
-        return (f"{head}: a change is shown ({shift_test} p = {p_shift_adj:.2g}{adj}) but the CI "
-                f"{_not_inside_words(margin)}, so within-margin is not shown ({need}){tail}")
-    return (f"{head} {_not_inside_words(margin)} and no change is shown ({shift_test} p = "
-            f"{p_shift_adj:.2g}{adj}) at n = {n:,} ({need}){tail}")
+        extras.append("the observed Δ sits on the margin: no n settles it" if on_margin else
+                      "more than a billion docs would be needed to settle it at the observed Δ")
+    return ("; " + "; ".join(extras)) if extras else ""
+
+
+def _beyond_words(m: Margin) -> str:
+    if m.sides == 2:
+        return f"outside {m.describe()}"
+    if math.isfinite(m.low):
+        return f"below {fmt(m.low, m.unit)}"
+    return f"above {span(m.high, m.unit)}"
 
 
 def _inside_words(m: Margin) -> str:
