@@ -30,12 +30,10 @@ import time
 import traceback
 from pathlib import Path
 
-from evalparity import __version__, backends, lmeval_patches, samples, tasks
+from evalparity import __version__, backends, lmeval_patches, records, samples, tasks
 from evalparity.backends import precision
 from evalparity.config import (
-    CELL_FILE,
     CELLS,
-    COMPARE_FILE,
     FAILED_SUFFIX,
     LM_EVAL_DIR,
     LM_EVAL_RESULTS,
@@ -51,152 +49,37 @@ from evalparity.config import (
     unit_location,
 )
 from evalparity.data import mirrors
-from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+from evalparity.errors import EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.phases import PhaseClock, profiled
+from evalparity.records import STATUS_FAILED, STATUS_OK
 from evalparity.rundir import attempts_dir, check_name, check_name_ok
 from evalparity.spec import CellSpec, RunSpec
 
 logger = logging.getLogger(__name__)
 
-STATUS_OK, STATUS_FAILED = "ok", "failed"
-
-
-_NONE = type(None)
-# The fields of spec.json and cell.json that the statistics and the report read, with the types they read
-# them as: a file that parses but holds another shape is refused here, in one line, not midway through.
-SPEC_FIELDS: dict[str, tuple[type, ...]] = {"model": (str, _NONE), "cells": (list,), "tasks": (list,),
-                                            "alignment": (dict,), "task_limits": (list,)}
-CELL_FIELDS: dict[str, tuple[type, ...]] = {"cell": (str,), "status": (str,), "tag": (str, _NONE),
-                                            "base_cell": (str, _NONE), "tf32": (bool, _NONE), "settings": (dict,),
-                                            "versions": (dict,), "precision": (dict,), "aggregate": (dict,)}
-COMPARE_FIELDS: dict[str, tuple[type, ...]] = {"inputs": (list,), "names": (list,)}
-_TYPE_WORDS = {dict: "an object", list: "a list", str: "a string", bool: "true/false", _NONE: "null",
-               int: "a number", float: "a number"}
-
-
-def _shape_problem(data, fields: dict[str, tuple[type, ...]], required: tuple[str, ...] = ()) -> str | None:
-    """What is wrong with the shape of parsed JSON ``data`` (an object whose ``fields`` have these types),
-    in words; None when nothing is."""
-    if not isinstance(data, dict):
-        return f"a JSON {type(data).__name__}, not an object"
-    for key in required:
-        if key not in data:
-            return f"{key!r} is missing"
-    for key, types in fields.items():
-        if key in data and not isinstance(data[key], types):
-            want = " or ".join(dict.fromkeys(_TYPE_WORDS.get(t, t.__name__) for t in types))
-            return f"{key!r} is {_TYPE_WORDS.get(type(data[key]), type(data[key]).__name__)}, not {want}"
-    return None
-
-
-def _load(path: Path):
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def check_spec(path: Path) -> dict:
-    """``spec.json``, checked: an object whose fields have the types the statistics and report read, and
-    whose cells are objects with safe names. A one-line error naming the file otherwise."""
-    fix = "restore it, or rerun the run into a new --out"
-    try:
-        spec = _load(path)
-    except (OSError, ValueError) as err:
-        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
-    problem = _shape_problem(spec, SPEC_FIELDS)
-    if problem is None:
-        for c in spec.get("cells", []):
-            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
-                problem = f"a cell entry is {json.dumps(c)[:60]}, not an object with a name"
-                break
-            try:
-                check_name(c["name"])
-            except EvalParityError as err:
-                problem = str(err).split(":", 1)[0]
-                break
-    if problem is None and not all(isinstance(t, str) for t in spec.get("tasks", [])):
-        problem = "'tasks' holds something other than task names"
-    if problem is None and not all(isinstance(x, list) and len(x) == 2 for x in spec.get("task_limits", [])):
-        problem = "'task_limits' holds something other than [task, limit] pairs"
-    if problem:
-        raise EvalParityError(f"{path} is not a spec evalparity can read ({problem}): {fix}")
-    return spec
-
-
-def check_cell_json(path: Path) -> dict:
-    """A cell's ``cell.json``, checked: an object with a status of ok or failed, the record of the cell whose
-    folder holds it, and the fields the report reads of the types it reads them as."""
-    folder = path.parent
-    fix = f"remove {folder} and rerun the same command to redo that cell"
-    try:
-        meta = _load(path)
-    except (OSError, ValueError) as err:
-        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
-    problem = _shape_problem(meta, CELL_FIELDS, required=("status",))
-    own = folder.name.removesuffix(FAILED_SUFFIX)
-    if problem is None and meta["status"] not in (STATUS_OK, STATUS_FAILED):
-        problem = f"'status' is {meta['status']!r}, not {STATUS_OK} or {STATUS_FAILED}"
-    if problem is None and meta.get("cell", own) != own:
-        problem = f"it is the record of cell {meta['cell']!r}, not of {own}: a folder copied or renamed by hand"
-    if problem:
-        raise EvalParityError(f"{path} is not a cell record evalparity can read ({problem}): {fix}")
-    return meta
-
-
-def check_compare_json(path: Path, fix: str) -> dict:
-    """``compare.json`` (what ``evalparity compare`` wrote: its inputs and cell names), checked."""
-    try:
-        data = _load(path)
-    except (OSError, ValueError) as err:
-        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
-    problem = _shape_problem(data, COMPARE_FIELDS, required=("inputs", "names"))
-    if problem is None and (not all(isinstance(x, str) for x in data["inputs"] + data["names"])
-                            or len(data["inputs"]) != len(data["names"])):
-        problem = "'inputs' and 'names' are not two lists of paths and names, one name per path"
-    if problem is None and not all(check_name_ok(n) for n in data["names"]):
-        problem = f"a cell name is not a safe name: {next(n for n in data['names'] if not check_name_ok(n))!r}"
-    if problem:
-        raise EvalParityError(f"{path} is not a comparison record evalparity can read ({problem}): {fix}")
-    return data
-
-
-def check_readable(run_dir: Path) -> None:
-    """Refuse, in one line, a run whose ``spec.json``, ``compare.json``, a cell's ``cell.json`` or a finished
-    cell's ``samples.parquet`` is truncated, corrupt or of another shape, before any statistics: a traceback
-    midway through would leave a half-written report. (A finished cell whose table is missing is the
-    statistics' business.)"""
-    spec = run_dir / SPEC_FILE
-    if spec.exists():
-        check_spec(spec)
-    if (run_dir / COMPARE_FILE).exists():
-        compared = check_compare_json(run_dir / COMPARE_FILE, "rerun the same `evalparity compare` into a new "
-                                      "--out")
-        for name in compared["names"]:
-            if not (run_dir / CELLS / name / CELL_FILE).is_file():
-                raise EvalParityError(f"cell {name} of the comparison in {run_dir} is missing (an `evalparity compare` "
-                                      "into it was interrupted): rerun the same `evalparity compare` to redo it",
-                                      EXIT_CELL_FAILED)
-    cells_dir = run_dir / CELLS
-    for d in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
-        if not d.is_dir() or d.name.startswith(".") or not (d / CELL_FILE).exists():
-            continue
-        meta = check_cell_json(d / CELL_FILE)
-        table = d / TABLE_FILE
-        if meta.get("status") == STATUS_OK and table.exists():
-            samples.check_table(table)
+def check_readable(run_dir: Path) -> records.VerifiedRun:
+    """The run folder verified (``records.verify_run``: its spec, every cell's record, identity and table
+    seal), and every finished cell's table readable as a per-sample table, before any statistics: a
+    traceback midway through would leave a half-written report, and an unverified input a false verdict."""
+    run = records.verify_run(run_dir)
+    if run.kind == "compare" and run.incomplete:  # an interrupted `compare`: its rerun redoes it all
+        raise records.incomplete_error(run, "rerun the same `evalparity compare` to redo it")
+    for name in run.cells:
+        samples.check_table(run_dir / CELLS / name / TABLE_FILE)
+    return run
 
 
 def read_cell_json(cell_dir: Path) -> dict | None:
-    """A cell's record, or None when it is missing, unreadable or not an object (never taken as finished)."""
-    return read_json(cell_dir / CELL_FILE)
+    """A cell's record as a dict, or None when it is missing, unreadable or not a record."""
+    rec = records.read_cell(cell_dir)
+    return rec.to_json() if rec else None
 
 
 def is_done(run_dir: Path, name: str, folder: str = CELLS, identity: str | None = None) -> bool:
     """Whether the unit finished. With ``identity`` (``RunSpec.identity``), only if it finished under that
     spec and model: a cell of another spec or model is never taken for this one's."""
-    meta = read_cell_json(run_dir / folder / name)
-    if identity is not None and (meta or {}).get("spec_identity") != identity:
-        return False
-    return bool(meta and meta.get("status") == STATUS_OK and (run_dir / folder / name / TABLE_FILE).exists())
+    return records.is_done(run_dir / folder / name, identity)
 
 
 def tmp_dir(run_dir: Path, name: str, folder: str = CELLS) -> Path:
@@ -544,6 +427,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     table = samples.samples_to_table(written, lm_results, gen_ids)
     table.insert(0, "cell", cell.name)
     samples.write_table(table, out / TABLE_FILE)
+    meta["table"] = records.seal_table(out, len(table)).to_json()
     write_json(out / LM_EVAL_RESULTS, {k: lm_results.get(k) for k in
                                                ("results", "groups", "group_subtasks", "configs", "versions",
                                                 "n-shot", "higher_is_better", "n-samples")})
@@ -644,7 +528,7 @@ def _main(argv: list[str] | None) -> int:
     meta["wall_s"] = time.perf_counter() - t0
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
-        write_json(out / CELL_FILE, meta)
+        records.write_cell(out, meta)
     except OSError as err:  # not published: the parent records the failure, with this reason
         why = meta.get("error") or "it finished, but its results could not be kept"
         tell_parent(f"{why}; its cell.json could not be written ({err.strerror or err})")

@@ -101,7 +101,8 @@ def wheels_dir() -> Path:
 #   drift/                        DRIFT          the drift localisation (drift)
 #   .evalparity.lock              LOCK_NAME      one process at a time (rundir.acquire)
 #   .tmp-<unit>/                  TMP_PREFIX     a unit being written, in cells/ or shards/
-#   .tmp-outputs-<pid>/           STAGE_PREFIX   stats/ and report/ being written (rundir.staged_outputs)
+#   .tmp-outputs-<pid>-<token>/   STAGE_PREFIX   stats/ and report/ being written (rundir.staged_outputs),
+#                                                named in the lock's record until published or removed
 #     .committed                  COMMITTED      the staged set is whole and its publish has begun
 #   .trash-*                      TRASH_PREFIX   an old folder moved aside while a new one is published
 SPEC_FILE = "spec.json"
@@ -126,6 +127,7 @@ TMP_PREFIX = ".tmp-"
 STAGE_PREFIX = f"{TMP_PREFIX}outputs-"
 COMMITTED = ".committed"
 TRASH_PREFIX = ".trash-"
+OUTPUT_NAMES = (STATS, REPORT, DRIFT)  # what a command replaces whole (rundir.staged_outputs); never cells/
 
 
 def unit_location(cell: str, shard: int = 0, shards: int = 1) -> tuple[str, str]:

@@ -14,8 +14,8 @@ import re
 import shutil
 from pathlib import Path
 
-from evalparity import cells, samples
-from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, LM_EVAL_RESULTS, TABLE_FILE
+from evalparity import cells, records, samples
+from evalparity.config import CELLS, COMPARE_FILE, LM_EVAL_RESULTS, TABLE_FILE
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.rundir import check_name, contents, recover_outputs
@@ -58,7 +58,7 @@ def claim_out(run_dir: Path, inputs: list[str], names: list[str], record: dict |
         if not (run_dir / COMPARE_FILE).is_file():
             raise EvalParityError(f"--out {run_dir} exists and does not hold an evalparity comparison: use another "
                                   "--out (or an empty directory)")
-        old = cells.check_compare_json(run_dir / COMPARE_FILE, f"use another --out, or remove {run_dir}")
+        old = records.check_compare_json(run_dir / COMPARE_FILE, f"use another --out, or remove {run_dir}")
         if old["inputs"] != ident["inputs"] or old["names"] != names:
             was = ", ".join(f"{n}={p}" for n, p in zip(old["names"], old["inputs"]))
             raise EvalParityError(f"--out {run_dir} holds another comparison ({was}): use another --out, or remove "
@@ -154,11 +154,15 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
         samples.write_table(t, tmp / TABLE_FILE)
         cfg = results.get("config", {}) or {}
         write_json(tmp / LM_EVAL_RESULTS, {k: results.get(k) for k in ("results", "configs", "config")})
-        write_json(tmp / CELL_FILE, {
+        batch = cfg.get("batch_size")
+        records.write_cell(tmp, {
             "cell": name, "status": cells.STATUS_OK, "source": source, "tag": "", "base_cell": name,
-            "backend": cfg.get("model"), "model_args": cfg.get("model_args"), "batch_size": cfg.get("batch_size"),
+            "backend": str(cfg["model"]) if cfg.get("model") else None, "model_args": cfg.get("model_args"),
+            "batch_size": batch if isinstance(batch, (int, str)) and not isinstance(batch, bool) else None,
             "versions": {"lm_eval": (results.get("lm_eval_version") or "?")},
             "finished": json.dumps(results.get("date")),
+            "spec_identity": records.compare_identity(sources, final),  # what compare.json names
+            "table": records.seal_table(tmp, len(t)).to_json(),
         })
         cells.publish(run_dir, name, cells.STATUS_OK)
     return final

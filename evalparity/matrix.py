@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evalparity import backends, cells, rundir, shards
+from evalparity import backends, cells, records, rundir, shards
 from evalparity import placement as pl
 from evalparity.config import (
-    CELL_FILE,
+    ATTEMPTS,
     CELLS,
     FAILED_SUFFIX,
     LOG_FILE,
@@ -29,6 +29,7 @@ from evalparity.config import (
     PROGRESS_FILE,
     SPEC_FILE,
     job_port_base,
+    unit_location,
 )
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
@@ -61,6 +62,29 @@ def _check_cell_settings(run_dir: Path, old: RunSpec, new: RunSpec, force: bool)
                                       f"{what} {a} to resume, --force to rerun it with {b}, or use another --out")
 
 
+def set_aside_forced(run_dir: Path, spec: RunSpec) -> list[str]:
+    """``--force``: move the finished folders of the cells (and shards) it reruns to
+    ``attempts/<cells|shards>/<unit>/superseded-<time>``, before any of them starts. Until a forced cell
+    finishes again it is missing, so a forced run that is killed midway signs off INCOMPLETE instead of on
+    the results that ``--force`` was asked to replace. Nothing is deleted."""
+    moved = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for cell in spec.cells:
+        units = [unit_location(cell.name)] + [unit_location(cell.name, k, cell.shards) for k in range(cell.shards)
+                                              if cell.shards > 1]
+        for folder, unit in units:
+            src = run_dir / folder / unit
+            if not src.exists() and not src.is_symlink():
+                continue
+            dest = rundir.attempts_dir(run_dir, unit, folder) / f"superseded-{stamp}"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            src.replace(dest)
+            moved.append(f"{folder}/{unit}")
+    if moved:
+        logger.info(f"--force: {len(moved)} finished folder(s) moved to {ATTEMPTS}/ until rerun: {', '.join(moved)}")
+    return moved
+
+
 def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
     """Create the run directory and its spec.json, or check that an existing one is the same spec."""
     path = run_dir / SPEC_FILE
@@ -85,6 +109,8 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
                 "use another --out, or remove that directory")
         _check_cell_settings(run_dir, old_spec, spec, force)
         rundir.recover_outputs(run_dir)  # what a killed run left: moved-aside folders, a half-published report
+        if force:
+            set_aside_forced(run_dir, spec)
         # Keep the union of cells, so that adding a cell to a run keeps the earlier ones in the spec.
         names = {c.name for c in spec.cells}
         merged = spec.to_json()
@@ -318,7 +344,7 @@ def _record_crash(run_dir: Path, cell, end, wall: float) -> dict | None:
     meta = cells.failed_meta(cell, why, wall_s=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                              placement=end.placement)
     try:
-        write_json(tmp / CELL_FILE, meta)
+        records.write_cell(tmp, meta)
         (tmp / PROGRESS_FILE).unlink(missing_ok=True)
         cells.publish(run_dir, unit, cells.STATUS_FAILED, folder)
         return None

@@ -31,6 +31,7 @@ import logging
 import os
 import platform
 import re
+import secrets
 import shutil
 import sys
 import time
@@ -39,7 +40,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evalparity import config
-from evalparity.config import ATTEMPTS, CELLS, COMMITTED, LOCK_NAME, SHARDS, STAGE_PREFIX, TRASH_PREFIX, kill_point
+from evalparity.config import (
+    ATTEMPTS,
+    CELLS,
+    COMMITTED,
+    COMPARE_FILE,
+    LOCK_NAME,
+    OUTPUT_NAMES,
+    SHARDS,
+    SPEC_FILE,
+    STAGE_PREFIX,
+    TRASH_PREFIX,
+    kill_point,
+)
 from evalparity.errors import EvalParityError
 from evalparity.files import read_json, write_json
 
@@ -103,6 +116,15 @@ def check_out_path(path: Path, flag: str = "--out") -> None:
             return
 
 
+def check_not_inside_a_run(path: Path, flag: str = "--out") -> None:
+    """Refuse an output folder inside another run or comparison: that run's next ``report`` replaces its
+    ``stats/`` and ``report/`` whole, and a folder in its ``cells/`` is read as one of its cells."""
+    for q in Path(path).resolve().parents:
+        if (q / SPEC_FILE).is_file() or (q / COMPARE_FILE).is_file() or (q / LOCK_NAME).is_file():
+            raise EvalParityError(f"{flag} {path} is inside the run directory {q}, whose own commands replace and read "
+                                  f"what is inside it: give {flag} a folder outside any run")
+
+
 # ---------------------------------------------------------------- lock
 STALE_BREAK_S = 30.0
 
@@ -153,15 +175,33 @@ def describe_holder(h: dict) -> str:
             + (f": evalparity {' '.join(h['argv'])}" if h.get("argv") else ""))
 
 
+# The locks this process holds, by resolved run directory: ``staged_outputs`` and ``recover_outputs`` find
+# theirs here, so that the staging folders a command may finish or remove are the ones its lock names.
+_HELD: dict[Path, RunLock] = {}
+
+
 @dataclass
 class RunLock:
-    """The held lock of one run directory; ``release`` removes it (only if it is still this one's)."""
+    """The held lock of one run directory; ``release`` removes it (only if it is still this one's).
+
+    ``info["stages"]`` names the staging folders this holder is responsible for: the ones it made and has not
+    yet published or removed, plus those of a dead holder whose stale lock it took over. Recovery touches
+    those alone, never a folder whose name merely looks like a staging folder."""
 
     path: Path
     info: dict
     created: list[Path] = field(default_factory=list)  # directories this lock's acquire created, deepest first
 
+    def update(self, **changes) -> None:
+        """Rewrite this lock's record (atomically: a reader sees the old one or the new one)."""
+        info = self.info | changes
+        tmp = self.path.with_name(f"{self.path.name}.{platform.node()}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, self.path)
+        self.info = json.loads(json.dumps(info))
+
     def release(self) -> None:
+        _HELD.pop(self.path.parent.resolve(), None)
         if _read_lock(self.path) == self.info:
             with contextlib.suppress(OSError):
                 self.path.unlink()
@@ -224,7 +264,10 @@ def acquire(run_dir: Path, *, create: bool = True, flag: str = "--out") -> RunLo
     another live process holds it, or when the directory cannot be written."""
     run_dir = Path(run_dir)
     check_out_path(run_dir, flag)
+    if create:
+        check_not_inside_a_run(run_dir, flag)
     created = [q for q in (run_dir, *run_dir.parents) if not q.exists()] if create else []
+    inherited: list[str] = []
     try:
         if create:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -237,7 +280,11 @@ def acquire(run_dir: Path, *, create: bool = True, flag: str = "--out") -> RunLo
         info = json.loads(text)
         for _ in range(20):
             if _create_exclusive(path, text):
-                return RunLock(path, info, created)
+                lock = RunLock(path, info, created)
+                if inherited:
+                    lock.update(stages=inherited)
+                _HELD[run_dir.resolve()] = lock
+                return lock
             holder = _read_lock(path)
             if holder is None:  # released just now
                 continue
@@ -257,6 +304,8 @@ def acquire(run_dir: Path, *, create: bool = True, flag: str = "--out") -> RunLo
                 if _break_stale(path, holder):
                     logger.warning(f"took over a stale lock of {run_dir} left by a process that is gone "
                                    f"({describe_holder(holder)})")
+                    stages = holder.get("stages")
+                    inherited = [x for x in stages if isinstance(x, str)] if isinstance(stages, list) else []
                 continue
             other = "" if holder.get("host") == platform.node() else \
                 f" (another host: if that process is gone, remove {path})"
@@ -279,6 +328,10 @@ def acquire(run_dir: Path, *, create: bool = True, flag: str = "--out") -> RunLo
 
 
 # ---------------------------------------------------------------- what a killed command left
+def _held(run_dir: Path) -> RunLock | None:
+    return _HELD.get(Path(run_dir).resolve())
+
+
 @contextlib.contextmanager
 def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
     """A staging folder that reads like ``run_dir`` (links to everything but ``names``), for code that
@@ -288,10 +341,17 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
     A kill during the block leaves the run's own untouched (the next command removes the staging folder).
     A kill between the renames (``COMMITTED`` written, some names swapped in) is finished by the next
     command on the run, which holds the lock: ``recover_outputs`` swaps in the rest from the whole staged
-    set, so no old ``report/`` stays beside a new ``stats/``. Call it with the run directory locked."""
+    set, so no old ``report/`` stays beside a new ``stats/``. Call it with the run directory locked: the
+    staging folder's name goes into the lock's record, which is how the next command knows it for this
+    command's (``recover_outputs``)."""
+    bad = [n for n in names if n not in OUTPUT_NAMES]
+    if bad:
+        raise ValueError(f"staged_outputs publishes only {OUTPUT_NAMES}, not {bad}")
     recover_outputs(run_dir)
-    stage = run_dir / f"{STAGE_PREFIX}{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
+    stage = run_dir / f"{STAGE_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    lock = _held(run_dir)
+    if lock is not None:
+        lock.update(stages=[*lock.info.get("stages", []), stage.name])
     stage.mkdir()
     trash: list[Path] = []
     try:
@@ -318,22 +378,29 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
         for t in trash:
             shutil.rmtree(t, ignore_errors=True)
         shutil.rmtree(stage, ignore_errors=True)
+        if lock is not None:
+            with contextlib.suppress(OSError):
+                lock.update(stages=[x for x in lock.info.get("stages", []) if x != stage.name])
 
 
 def recover_outputs(run_dir: Path) -> None:
-    """Finish or drop what a killed process left in ``run_dir`` (call it holding the run's lock, so that
-    every such folder is a dead process's): a staging folder whose publish had begun is swapped in (it is
-    whole), any other is removed; old folders moved aside (``.trash-*``, here and in ``cells/`` and
-    ``shards/``) are removed."""
+    """Finish or drop what a killed command left in ``run_dir``. Call it holding the run's lock: only the
+    staging folders that lock's record names (a dead holder's, taken over with its stale lock) are
+    touched; a staged set whose publish had begun is swapped in (it is whole, and only ``stats``, ``report``
+    or ``drift`` are ever swapped), any other such folder is removed. Any other folder that looks like a
+    staging folder is left alone, with a warning: a name on disk is not proof that evalparity made it.
+    Old folders moved aside (``.trash-*``, here and in ``cells/`` and ``shards/``) are removed."""
+    lock = _held(run_dir)
+    mine = set(lock.info.get("stages", [])) if lock is not None else set()
     for stage in sorted(run_dir.glob(f"{STAGE_PREFIX}*")):
-        if stage.name == f"{STAGE_PREFIX}{os.getpid()}":
+        if stage.name not in mine or stage.is_symlink() or not stage.is_dir():
+            if lock is not None and stage.name not in mine:
+                logger.warning(f"left {stage} alone: no evalparity command on this run recorded making it")
             continue
         done = read_json(stage / COMMITTED)
         names = done.get("names") if done else None
-        if isinstance(names, list):
+        if isinstance(names, list) and names and all(n in OUTPUT_NAMES for n in names):
             for name in names:
-                if not isinstance(name, str) or name.startswith(".") or "/" in name:
-                    continue
                 new = stage / name
                 if new.is_dir() and not new.is_symlink():
                     if (run_dir / name).exists():
@@ -342,9 +409,12 @@ def recover_outputs(run_dir: Path) -> None:
             logger.warning(f"finished publishing the {' and '.join(names)} of an earlier command that was killed "
                            "midway")
         shutil.rmtree(stage, ignore_errors=True)
+        if lock is not None:
+            lock.update(stages=[x for x in lock.info.get("stages", []) if x != stage.name])
     for folder in (run_dir, run_dir / CELLS, run_dir / SHARDS):
         for t in folder.glob(f"{TRASH_PREFIX}*") if folder.is_dir() else []:
-            shutil.rmtree(t, ignore_errors=True)
+            if t.is_dir() and not t.is_symlink():
+                shutil.rmtree(t, ignore_errors=True)
     _move_old_attempts(run_dir)
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalparity import cells, samples
-from evalparity.config import CELL_FILE, LM_EVAL_RESULTS, LOG_FILE, TABLE_FILE, unit_location
+from evalparity import cells, records, samples
+from evalparity.config import LM_EVAL_RESULTS, LOG_FILE, TABLE_FILE, unit_location
 from evalparity.files import write_json
 from evalparity.spec import CellSpec
 
@@ -71,6 +71,7 @@ def merge(run_dir: Path, cell: CellSpec) -> dict:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     samples.write_table(table, out / TABLE_FILE)
+    seal = records.seal_table(out, len(table))
     (out / LOG_FILE).write_text("".join(f"shard {k}: {d.relative_to(run_dir)}/{LOG_FILE}\n"
                                           for k, d in enumerate(dirs)))
     first = metas[0]
@@ -90,9 +91,10 @@ def merge(run_dir: Path, cell: CellSpec) -> dict:
         "aggregate": aggregate(table),
         "aggregate_note": "per-task means of the per-sample metrics over the merged shards",
         "n_rows": int(len(table)),
+        "table": seal.to_json(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    write_json(out / CELL_FILE, meta)
+    records.write_cell(out, meta)
     write_json(out / LM_EVAL_RESULTS, {"results": meta["aggregate"], "shards": cell.shards})
     cells.publish(run_dir, cell.name, cells.STATUS_OK)
     return meta

@@ -95,6 +95,12 @@ class RunSpec:
     # that new weights at the same path, or a relative path from another folder, never reuse old cells
     model_fingerprint: dict | None = None
     task_aliases: tuple[tuple[str, str], ...] = ()   # names as typed -> lm-eval's (``ceval`` -> ``ceval-valid``)
+    # What else the results depend on that a resumed run could change underneath: the contents of the task
+    # configurations it reads (``tasks.config_digest``: the YAMLs of --include-path and task_configs/) and the
+    # software that evaluates them (lm-eval's and every backend's versions). Part of the identity, so that a
+    # resume after a YAML edit or an upgrade is refused instead of mixing old cells with new ones.
+    task_configs: str | None = None
+    software: tuple[tuple[str, str], ...] = ()
     # GPU memory plan (``memplan.MemoryPlan.to_json``; empty on CPU): what each cell gets of its GPU. Not
     # part of the identity: it follows the GPUs' free memory at the start, which a resumed run sees anew.
     memory_plan: dict = field(default_factory=dict, compare=False, hash=False)
@@ -105,6 +111,7 @@ class RunSpec:
         d["task_limits"] = [list(x) for x in self.task_limits]
         d["leaf_docs"] = [list(x) for x in self.leaf_docs]
         d["task_aliases"] = [list(x) for x in self.task_aliases]
+        d["software"] = [list(x) for x in self.software]
         return d
 
     def identity(self) -> str:
@@ -132,6 +139,8 @@ class RunSpec:
             tensor_parallel=int(d.get("tensor_parallel", 1)),
             model_fingerprint=d.get("model_fingerprint"),
             task_aliases=tuple((k, v) for k, v in d.get("task_aliases", ())),
+            task_configs=d.get("task_configs"),
+            software=tuple((str(k), str(v)) for k, v in d.get("software", ())),
             memory_plan=d.get("memory_plan") or {},
         )
 

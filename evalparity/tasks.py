@@ -9,6 +9,7 @@ before any model is loaded, with one line that names every such problem at once.
 from __future__ import annotations
 
 import difflib
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,21 @@ def include_paths(extra: tuple[str, ...] | list[str]) -> list[str]:
             raise EvalParityError(f"--include-path {p} is not a directory: give a folder of lm-eval task YAMLs")
         paths.append(str(Path(p).resolve()))
     return paths
+
+
+def config_digest(extra: tuple[str, ...] | list[str]) -> str:
+    """A sha256 over every file of the task folders the run reads (``task_configs/`` and each
+    ``--include-path``: YAMLs and the Python or Jinja files beside them), by path within its folder: a task
+    whose YAML changed (``max_gen_toks`` 12 -> 1) is another experiment, though its name is the same."""
+    h = hashlib.sha256()
+    for i, root in enumerate(include_paths(extra)):
+        for path in sorted(Path(root).rglob("*")):
+            rel = path.relative_to(root)
+            if not path.is_file() or "__pycache__" in rel.parts or any(p.startswith(".") for p in rel.parts):
+                continue
+            h.update(f"{i}:{rel.as_posix()}\0".encode())
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 def task_manager(extra_paths: tuple[str, ...] | list[str] = ()):

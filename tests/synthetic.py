@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from evalparity import records
 from evalparity.samples import write_table
+from evalparity.spec import Alignment, CellSpec, RunSpec, parse_dtype
 
 
 def make_run(root: Path, *, n_tasks: int, cells: list[str], docs_per_task: int = 40, group: str = "mmlu",
-             seed: int = 0, drift: dict[str, float] | None = None) -> Path:
+             seed: int = 0, drift: dict[str, float] | None = None, model: str = "synthetic") -> Path:
     """A run directory whose tasks are members of one group; ``drift[cell]`` is the share of docs on which
     that cell's answer moves to a wrong choice."""
     rng = np.random.default_rng(seed)
     drift = drift or {}
     root.mkdir(parents=True, exist_ok=True)
-    (root / "spec.json").write_text(json.dumps({"model": "synthetic", "tasks": [group], "cells": [], "limit": None,
-                                                "alignment": {"seed": 1}}))
+    spec = synthetic_spec(cells, tasks=(group,), model=model)
+    (root / "spec.json").write_text(json.dumps(spec.to_json()))
     base = []
     for t in range(n_tasks):
         for d in range(docs_per_task):
@@ -50,10 +53,28 @@ def make_run(root: Path, *, n_tasks: int, cells: list[str], docs_per_task: int =
         d.mkdir(parents=True, exist_ok=True)
         t.insert(0, "cell", name)
         write_table(t, d / "samples.parquet")
-        backend, _, dtype = name.partition("-")
-        (d / "cell.json").write_text(json.dumps({"cell": name, "status": "ok", "tag": "", "base_cell": name,
-                                                 "backend": backend, "dtype": dtype, "batch_size": 8}))
+        write_cell_record(d, spec, name, len(t))
     return root
+
+
+def synthetic_spec(cells: list[str], tasks: tuple[str, ...] = ("syn",), model: str = "synthetic") -> RunSpec:
+    """The spec of a synthetic run whose cells are named ``<backend>-<fp32|bf16|fp16>``, as a run writes it."""
+    specs = []
+    for name in cells:
+        backend, _, dtype = name.partition("-")
+        specs.append(CellSpec(backend, parse_dtype(dtype), 8))
+    assert [c.name for c in specs] == list(cells), cells
+    return RunSpec(model=model, tasks=tuple(tasks), cells=tuple(specs), alignment=Alignment(seed=1))
+
+
+def write_cell_record(folder: Path, spec: RunSpec, name: str, n_rows: int, **extra) -> None:
+    """The sealed ``cell.json`` a finished cell of ``spec`` has (``records.write_cell``)."""
+    cell = next(c for c in spec.cells if c.name == name)
+    records.write_cell(folder, {"cell": name, "status": "ok", "tag": cell.tag, "base_cell": cell.base_name,
+                                "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
+                                "tf32": cell.tf32, "spec_identity": spec.identity(),
+                                "model_fingerprint": None, "table": records.seal_table(folder, n_rows).to_json()}
+                       | extra)
 
 
 def make_lm_eval_dir(root: Path, *, model: str = "hf", dtype: str = "float32", task: str = "syn_mc",
@@ -96,3 +117,29 @@ def make_lm_eval_dir(root: Path, *, model: str = "hf", dtype: str = "float32", t
     results["configs"][task] = {"output_type": "multiple_choice"}
     path.write_text(json.dumps(results))
     return root
+
+
+def add_cell(root: Path, cell: CellSpec, table: pd.DataFrame) -> None:
+    """Add ``cell`` with per-sample ``table`` to a synthetic run: its spec entry, its table, its sealed record."""
+    spec = RunSpec.from_json(json.loads((root / "spec.json").read_text()))
+    spec = RunSpec.from_json(spec.to_json() | {"cells": [*spec.to_json()["cells"], asdict(cell) | {"name": cell.name}]})
+    (root / "spec.json").write_text(json.dumps(spec.to_json()))
+    d = root / "cells" / cell.name
+    d.mkdir(parents=True, exist_ok=True)
+    table = table.assign(cell=cell.name)
+    write_table(table, d / "samples.parquet")
+    write_cell_record(d, spec, cell.name, len(table))
+
+
+def reseal(root: Path) -> None:
+    """After a test edited a synthetic run's spec.json or tables on purpose (to build a case, not to tamper):
+    rewrite every cell's record as the run would have written it, under the edited spec."""
+    from evalparity.samples import read_table
+
+    spec = RunSpec.from_json(json.loads((root / "spec.json").read_text()))
+    for c in spec.cells:
+        d = root / "cells" / c.name
+        if (d / "cell.json").exists() and (d / "samples.parquet").exists():
+            old = json.loads((d / "cell.json").read_text())
+            write_cell_record(d, spec, c.name, len(read_table(d / "samples.parquet")),
+                              **{k: v for k, v in old.items() if k not in ("spec_identity", "table")})

@@ -334,9 +334,6 @@ def reported_run(tmp_path_factory) -> Path:
 
     run = make_run(tmp_path_factory.mktemp("reported") / "run", n_tasks=2, cells=["hf-fp32", "vllm-fp32"],
                    docs_per_task=20)
-    spec = json.loads((run / "spec.json").read_text())
-    spec["cells"] = [{"name": "hf-fp32"}, {"name": "vllm-fp32"}]
-    (run / "spec.json").write_text(json.dumps(spec))
     first = evalparity("report", str(run), "--no-fail-on-inconclusive")
     assert first.returncode in (0, 3), first.stderr[-2000:]
     return run
@@ -367,8 +364,9 @@ CORRUPT = {
                                   "record of cell 'hf-fp32'"),
     "cell.json: settings a string": ("cells/vllm-fp32/cell.json",
                                      b'{"cell": "vllm-fp32", "status": "ok", "settings": "x"}', "'settings'"),
-    "samples.parquet: random bytes": ("cells/vllm-fp32/samples.parquet", _random_bytes(), "truncated or corrupt"),
-    "samples.parquet: another table": ("cells/vllm-fp32/samples.parquet", _other_parquet(), "lacks the column"),
+    "samples.parquet: random bytes": ("cells/vllm-fp32/samples.parquet", _random_bytes(), "not the table its cell wrote"),
+    "samples.parquet: another table": ("cells/vllm-fp32/samples.parquet", _other_parquet(),
+                                       "not the table its cell wrote"),
     "spec.json: random bytes": ("spec.json", _random_bytes(), "truncated or corrupt"),
     "spec.json: a list": ("spec.json", b"[]", "not an object"),
     "spec.json: cells a string": ("spec.json", b'{"model": "m", "cells": "hf-fp32"}', "'cells'"),
@@ -497,7 +495,7 @@ def _degenerate_run(root: Path, *, infinite: bool) -> Path:
     one task, a continuous metric that never varies, loglikelihoods NaN on both sides for one doc; with
     ``infinite``, loglikelihoods and the continuous metric are -inf/inf on both sides instead."""
     import numpy as np
-    from synthetic import make_run
+    from synthetic import make_run, reseal
 
     from evalparity.samples import read_table, write_table
 
@@ -508,6 +506,7 @@ def _degenerate_run(root: Path, *, infinite: bool) -> Path:
         t.loc[t["task"] == "mmlu_subject_01", "m:acc"] = np.nan
         t.loc[t["task"] == "mmlu_subject_02", "loglikelihood"] = -np.inf if infinite else np.nan
         write_table(t, d / "samples.parquet")
+    reseal(run)  # cells that wrote these values, not tables edited afterwards
     return run
 
 
@@ -567,7 +566,8 @@ def test_report_killed_midway_leaves_the_previous_or_the_new_one_whole(reported_
     else:  # killed between the renames: the next command on the run finishes the publish it began
         from evalparity import rundir
 
-        rundir.recover_outputs(run)
+        with rundir.acquire(run, create=False):  # takes over the killed one's stale lock, and its staging folder
+            rundir.recover_outputs(run)
         assert set(_margin_of(run).values()) == {0.02} and not _leftovers(run)
     again = evalparity("report", str(run), "--margin", "3pp", "--no-fail-on-inconclusive")
     assert again.returncode in (0, 3, 4), again.stderr[-2000:]

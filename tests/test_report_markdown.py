@@ -8,7 +8,7 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from synthetic import make_run
+from synthetic import make_run, reseal
 
 from evalparity.report import md_escape, md_fence, write_report
 from evalparity.samples import read_table, write_table
@@ -81,13 +81,12 @@ def _drift_summary() -> dict:
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory):
     root = make_run(tmp_path_factory.mktemp("hostile") / "run", n_tasks=2, cells=["hf-fp32", "vllm-fp32"],
-                    docs_per_task=60, group=GROUP, drift={"vllm-fp32": 0.3})
-    spec = json.loads((root / "spec.json").read_text())
-    (root / "spec.json").write_text(json.dumps(spec | {"model": f"org/{XSS}[model](x)"}))
+                    docs_per_task=60, group=GROUP, drift={"vllm-fp32": 0.3}, model=f"org/{XSS}[model](x)")
     for cell in ("hf-fp32", "vllm-fp32"):
         table = read_table(root / "cells" / cell / "samples.parquet")
         table["context"] = table["context"] + PROMPT_TAIL
         write_table(table, root / "cells" / cell / "samples.parquet")
+    reseal(root)
     (root / "drift").mkdir()
     (root / "drift" / "vllm-fp32.json").write_text(json.dumps(_drift_summary()))
     compute(root, StatsOptions())

@@ -272,12 +272,12 @@ def test_cluster_equivalence_holds_its_level():
 def test_noise_floor_is_a_yardstick_not_a_verdict(tmp_path):
     """Issue 17, item 9: the noise-floor pair gets no verdict and is not in any family; each cross
     comparison says whether its discordance exceeds the noise pair's on the same docs."""
-    import json
 
     import pandas as pd
-    from synthetic import make_run
+    from synthetic import add_cell, make_run
 
-    from evalparity.samples import read_table, write_table
+    from evalparity.samples import read_table
+    from evalparity.spec import CellSpec
     from evalparity.stats.compare import compute
 
     root = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "vllm-fp32", "hf-bf16"], docs_per_task=3000,
@@ -287,12 +287,7 @@ def test_noise_floor_is_a_yardstick_not_a_verdict(tmp_path):
     flip_docs = rep["doc_id"].drop_duplicates().sample(6, random_state=1)
     m = rep["doc_id"].isin(flip_docs)
     rep.loc[m, "m:acc"] = 1 - rep.loc[m, "m:acc"]
-    rep["cell"] = "hf-fp32-bs1"
-    d = root / "cells" / "hf-fp32-bs1"
-    d.mkdir()
-    write_table(rep, d / "samples.parquet")
-    (d / "cell.json").write_text(json.dumps({"cell": "hf-fp32-bs1", "status": "ok", "tag": "bs1",
-                                             "base_cell": "hf-fp32", "backend": "hf", "dtype": "fp32"}))
+    add_cell(root, CellSpec("hf", "float32", 1, tag="bs1"), rep)
     s = compute(root, StatsOptions())
     c = s.comparisons
     nf = c[c["kind"] == "noise_floor"]
@@ -308,7 +303,7 @@ def test_noise_floor_is_a_yardstick_not_a_verdict(tmp_path):
 def test_a_metric_lost_on_either_side_is_the_same_disagreement(tmp_path, side):
     """A whole task's metric NaN in the reference was skipped ("no gating comparisons") while the same in
     the cell was DIFFERENT. Both sides are treated alike now."""
-    from synthetic import make_run
+    from synthetic import make_run, reseal
 
     from evalparity.samples import read_table, write_table
     from evalparity.stats.compare import compute
@@ -318,6 +313,7 @@ def test_a_metric_lost_on_either_side_is_the_same_disagreement(tmp_path, side):
     t = read_table(path)
     t["m:acc"] = np.nan
     write_table(t, path)
+    reseal(root)  # the case is a cell that wrote NaN, not a table edited after the fact
     s = compute(root, StatsOptions())
     acc = s.comparisons[(s.comparisons["metric"] == "acc") & s.comparisons["gating"]]
     assert len(acc) == 1 and acc["verdict"].iloc[0] == verdict.DIFFERENT and s.sign_off == verdict.FAIL

@@ -69,7 +69,7 @@ def stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, timings: R
         with rundir.staged_outputs(run_dir, ("stats", "report")) as stage:
             console.print("statistics ...")
             with timings.stage("statistics"):
-                result = compute(stage, opts)
+                result = compute(stage, opts, source=run_dir)
             console.print("report ...")
             with timings.stage("report"):
                 paths = {k: run_dir / Path(v).relative_to(stage) for k, v in write_report(stage).items()}

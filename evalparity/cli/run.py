@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from evalparity import memplan, rundir
+from evalparity import memplan, records, rundir
 from evalparity import tasks as tasks_mod
 from evalparity.cli.options import (
     FAIL_ON_INCONCLUSIVE,
@@ -39,7 +39,7 @@ from evalparity.cli.options import (
 )
 from evalparity.cli.output import console
 from evalparity.cli.report import stats_and_report
-from evalparity.config import ATTEMPTS
+from evalparity.config import ATTEMPTS, SPEC_FILE
 from evalparity.data import embedded, mirrors
 from evalparity.devices import check_dtypes, resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
@@ -200,10 +200,8 @@ def default_out(model: str | None) -> Path:
 def check_resumed_spec(run_dir: Path) -> None:
     """A run directory to resume must have a readable spec at all, before Ray or a model starts; whether it
     is the same spec is checked later, against the one this run builds (``matrix.prepare_run_dir``)."""
-    if (run_dir / "spec.json").exists():
-        from evalparity.cells import check_spec  # heavy: pandas (cells -> samples)
-
-        check_spec(run_dir / "spec.json")
+    if (run_dir / SPEC_FILE).exists():
+        records.check_spec(run_dir / SPEC_FILE)
 
 
 def start_ray_early(device: str, tensor_parallel: int, ray: str | None, cells_per_gpu: int | None, n_jobs: int):
@@ -308,6 +306,8 @@ def build_spec(*, model_id, task_list, cell_specs, limit, num_fewshot, dev, incl
                vllm_args, task_limits, plan, tensor_parallel, fingerprint, task_aliases, memory_plan):
     """The run's spec: everything its cells' results depend on, in one record (``spec.json``), which a
     rerun into the same directory must match."""
+    from evalparity.cells import versions  # heavy: pandas (cells -> samples); loaded by the preflight already
+
 
     return RunSpec(
         model=model_id, tasks=tuple(task_list), cells=cell_specs, limit=limit, num_fewshot=num_fewshot,
@@ -321,6 +321,8 @@ def build_spec(*, model_id, task_list, cell_specs, limit, num_fewshot, dev, incl
         model_fingerprint=fingerprint,
         task_aliases=tuple(task_aliases.items()),
         memory_plan=memory_plan.to_json() if memory_plan else {},
+        task_configs=tasks_mod.config_digest(include_path or []),
+        software=tuple(sorted((k, v) for k, v in versions().items())),
     )
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalparity.config import CELL_FILE, CELLS, DRIFT, SPEC_FILE, STATS, VERDICTS_FILE
+from evalparity import records
+from evalparity.config import CELLS, DRIFT, SPEC_FILE, STATS, VERDICTS_FILE
 from evalparity.report import figures, sections
 from evalparity.report.context import Drift, Figure, ReportContext
 
@@ -21,13 +22,11 @@ def read_stats(run_dir: Path, name: str) -> pd.DataFrame:
     return pd.read_parquet(p) if p.exists() else pd.DataFrame()
 
 
-def load_cells(run_dir: Path) -> dict[str, dict]:
-    """Each cell's ``cell.json``, by cell name in sorted order (hidden folders are work in progress)."""
-    metas = {}
-    for d in sorted((run_dir / CELLS).iterdir()):
-        if (d / CELL_FILE).exists() and not d.name.startswith("."):
-            metas[d.name] = json.loads((d / CELL_FILE).read_text())
-    return metas
+def load_cells(run_dir: Path, names: list[str]) -> dict[str, dict]:
+    """The records of the cells the statistics used (``verdicts.json``'s ``cells``, verified by
+    ``records.verify_run`` when they were computed), by cell name in sorted order."""
+    recs = {n: records.read_cell(run_dir / CELLS / n) for n in sorted(names)}
+    return {n: r.to_json() for n, r in recs.items() if r is not None}
 
 
 def load_drift(run_dir: Path) -> dict[str, dict]:
@@ -89,7 +88,7 @@ def build_context(run_dir: Path, figdir: Path) -> ReportContext:
         sign_off=sections.sign_off(verdicts),
         method=sections.method(verdicts["options"]),
         verdicts=sections.verdict_matrix(comp),
-        setup=sections.setup(spec, load_cells(run_dir)),
+        setup=sections.setup(spec, load_cells(run_dir, verdicts.get("cells") or [])),
         paired=sections.paired(comp),
         figures=_figures(run_dir, figdir, comp, flipped),
         deltas=sections.deltas(read_stats(run_dir, "deltas")),

@@ -25,8 +25,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
+from evalparity import records
 from evalparity import samples as samples_mod
-from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, FAILED_SUFFIX, SPEC_FILE, STATS, TABLE_FILE, VERDICTS_FILE
+from evalparity.config import CELLS, SPEC_FILE, STATS, TABLE_FILE, VERDICTS_FILE
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, verdict
@@ -55,46 +56,29 @@ class StatsSummary:
 
 # ---------------------------------------------------------------- loading
 def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict], list[tuple[str, str]]]:
-    """The finished cells' tables and cell.json, and (cell, why) for each cell that cannot be used: every
-    cell the spec names, and every cell folder present, must be finished and readable."""
-    tables, metas, missing = {}, {}, []
-    cells_dir = run_dir / CELLS
-    named = _spec_cells(run_dir)
-    present = sorted(d.name for d in cells_dir.iterdir() if d.is_dir() and not d.name.startswith(".")
-                     and not d.name.endswith((FAILED_SUFFIX, ".attempts"))) if cells_dir.is_dir() else []
-    for name in list(dict.fromkeys([*named, *present])):
-        d = cells_dir / name
-        meta = read_json(d / CELL_FILE)
-        if not d.is_dir():
-            missing.append((name, "its folder is missing"))
-            continue
-        if meta is None:
-            missing.append((name, "cell.json is missing or unreadable"))
-            continue
-        if meta.get("status") != "ok":
-            missing.append((name, f"it {meta.get('status', 'did not finish')}"))
-            continue
-        try:
-            tables[name] = samples_mod.read_table(d / TABLE_FILE)
-        except FileNotFoundError:
-            missing.append((name, "samples.parquet is missing"))
-            continue
-        except Exception as err:  # pyarrow raises several types for a truncated or corrupt file
-            missing.append((name, f"samples.parquet cannot be read ({type(err).__name__})"))
-            continue
-        metas[name] = meta
-    return tables, metas, missing
+    """The verified cells' tables and records, and (cell, why) for each named cell that a rerun would finish.
 
-
-def _spec_cells(run_dir: Path) -> list[str]:
-    """The cells the run says it has: a run's ``spec.json``, or what ``evalparity compare`` recorded in
-    ``compare.json`` (the CLI refuses unreadable ones first: ``cells.check_readable``)."""
-    names: list[str] = []
-    for file, key in ((SPEC_FILE, "cells"), (COMPARE_FILE, "names")):
-        items = (read_json(run_dir / file) or {}).get(key, [])
-        names += [c["name"] if isinstance(c, dict) else c for c in items
-                  if (isinstance(c, dict) and isinstance(c.get("name"), str)) or isinstance(c, str)]
-    return names
+    ``records.verify_run`` has checked the spec, each record, its identity and its table's seal (refusing in
+    one line what a rerun would not fix); here, with the rows in hand, each table must also hold the row
+    count its seal names, only its own cell's rows, and each (task, filter, doc, choice) once."""
+    run = records.verify_run(run_dir)
+    tables, metas = {}, {}
+    for name, rec in run.cells.items():
+        path = run_dir / CELLS / name / TABLE_FILE
+        table = samples_mod.read_table(path)
+        fix = f"remove {path.parent} and rerun the same command to redo that cell"
+        cells_in = sorted(map(str, table["cell"].unique())) if "cell" in table else []
+        if len(table) and cells_in != [name]:
+            raise EvalParityError(f"{path}: its rows are {', '.join(cells_in) or 'no cell'}'s, not {name}'s: {fix}")
+        if rec.table is not None and len(table) != rec.table.n_rows:
+            raise EvalParityError(f"{path}: {len(table)} rows, its record says {rec.table.n_rows}: {fix}")
+        dup = table.duplicated(samples_mod.KEY)
+        if dup.any():
+            row = table.loc[dup, samples_mod.KEY].iloc[0].to_dict()
+            raise EvalParityError(f"{path}: {int(dup.sum())} repeated rows (first: {row}); a per-sample table holds "
+                                  f"each task, filter, doc and choice once: {fix}")
+        tables[name], metas[name] = table, rec.to_json()
+    return tables, metas, list(run.incomplete)
 
 
 def _pairs(metas: dict[str, dict], reference: str) -> list[tuple[str, str, str]]:
@@ -357,8 +341,11 @@ def attach_noise_floor(records: list[Comparison], pending: list[Pending], opts: 
 
 
 # ---------------------------------------------------------------- the whole stage
-def compute(run_dir: Path, opts: StatsOptions) -> StatsSummary:
-    tables, metas, missing = load_cells(run_dir)
+def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> StatsSummary:
+    """The statistics of the run folder ``source`` (default ``run_dir``), written to ``run_dir/stats``: the
+    report stage passes its staging folder as ``run_dir`` and the run itself as ``source``, which is the
+    folder that is verified (``records.verify_run``)."""
+    tables, metas, missing = load_cells(source or run_dir)
     if opts.reference not in tables:
         have = ", ".join(tables) or "none"
         why = dict(missing).get(opts.reference)

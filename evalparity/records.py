@@ -1,0 +1,390 @@
+"""The run folder's records, and the check that a folder is what its records say before anything is decided.
+
+A run folder holds three kinds of record, each with one writer and one reader, here:
+
+- ``spec.json`` (``RunSpec``, written by ``matrix.prepare_run_dir``) or ``compare.json`` (``CompareRecord``,
+  written by ``importer``): what the run is. Its identity (``RunSpec.identity``, or the compare record's
+  inputs and names) is what every cell of the run was made under.
+- ``cells/<cell>/cell.json`` (``CellRecord``, written by ``write_cell`` from ``cells``, ``shards`` and
+  ``importer``): one cell's settings, the identity it ran under and the seal of its table (``TableSeal``:
+  the sha256, size and row count of ``samples.parquet`` as written).
+
+``verify_run`` is the one door the statistics come through: it reads the spec, then every cell folder, and
+accepts a cell only when its record is whole, is this cell's, was made under this spec and model, and its
+table is byte for byte the table it sealed. Anything else is refused in one line naming the file and what
+differs (exit 2), or, where rerunning the same command fixes it (a failed, missing or unfinished cell), the
+cell is listed as incomplete and the sign-off is INCOMPLETE (exit 5). So an edited, copied, swapped,
+duplicated or symlinked cell, a hand-edited spec, or a spec lost beside its cells, never reaches a verdict.
+
+Pandas-free (the checks that need the table's rows, its ``cell`` column and key uniqueness, are the
+statistics' when they read it: ``stats.compare.load_cells``), and it imports only leaves and ``spec``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, FAILED_SUFFIX, SPEC_FILE, TABLE_FILE
+from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+from evalparity.files import read_json, write_json
+from evalparity.rundir import check_name, check_name_ok
+from evalparity.spec import RunSpec
+
+STATUS_OK, STATUS_FAILED = "ok", "failed"
+COMPARE_SCHEMA = "evalparity.compare/1"
+
+_NONE = type(None)
+_TYPE_WORDS = {dict: "an object", list: "a list", str: "a string", bool: "true/false", _NONE: "null",
+               int: "a number", float: "a number"}
+
+# The fields of spec.json and compare.json that are read, with the types they are read as: a file that
+# parses but holds another shape is refused here, in one line, not midway through the statistics.
+SPEC_FIELDS: dict[str, tuple[type, ...]] = {"model": (str, _NONE), "cells": (list,), "tasks": (list,),
+                                            "alignment": (dict,), "task_limits": (list,)}
+COMPARE_FIELDS: dict[str, tuple[type, ...]] = {"inputs": (list,), "names": (list,)}
+
+
+def shape_problem(data, types: dict[str, tuple[type, ...]], required: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with the shape of parsed JSON ``data`` (an object whose ``types`` fields have these
+    types), in words; None when nothing is."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    for key in required:
+        if key not in data:
+            return f"{key!r} is missing"
+    for key, want in types.items():
+        if key not in data:
+            continue
+        value = data[key]
+        if not isinstance(value, want) or (isinstance(value, bool) and bool not in want):
+            words = " or ".join(dict.fromkeys(_TYPE_WORDS.get(t, t.__name__) for t in want))
+            return f"{key!r} is {_TYPE_WORDS.get(type(value), type(value).__name__)}, not {words}"
+    return None
+
+
+def _load(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- the table's seal
+@dataclass(frozen=True)
+class TableSeal:
+    """What a cell's ``samples.parquet`` was when its writer published it: any later change to the file
+    (edited, replaced, copied from another cell) shows as another sha256."""
+
+    sha256: str
+    bytes: int
+    n_rows: int
+
+    @classmethod
+    def of(cls, path: Path, n_rows: int) -> TableSeal:
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        return cls(digest, path.stat().st_size, int(n_rows))
+
+    def to_json(self) -> dict:
+        return {"sha256": self.sha256, "bytes": self.bytes, "n_rows": self.n_rows}
+
+    @classmethod
+    def from_json(cls, d) -> TableSeal | None:
+        if not (isinstance(d, dict) and isinstance(d.get("sha256"), str) and type(d.get("bytes")) is int
+                and type(d.get("n_rows")) is int):
+            return None
+        return cls(d["sha256"], d["bytes"], d["n_rows"])
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+# ---------------------------------------------------------------- cell.json
+@dataclass
+class CellRecord:
+    """One cell's ``cell.json``: the fields that identify and verify the cell, typed; everything else it
+    records (timings, placement, peak memory, model arguments) in ``extra``, written at the same level."""
+
+    cell: str
+    status: str
+    backend: str | None = None
+    dtype: str | None = None
+    batch_size: int | str | None = None
+    tag: str | None = ""
+    base_cell: str | None = None
+    tf32: bool | None = None
+    spec_identity: str | None = None
+    model_fingerprint: str | None = None
+    table: TableSeal | None = None
+    error: str | None = None
+    settings: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+    precision: dict = field(default_factory=dict)
+    aggregate: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    TYPES = {"cell": (str,), "status": (str,), "backend": (str, _NONE), "dtype": (str, _NONE),
+             "batch_size": (int, str, _NONE), "tag": (str, _NONE), "base_cell": (str, _NONE),
+             "tf32": (bool, _NONE), "spec_identity": (str, _NONE), "model_fingerprint": (str, _NONE),
+             "table": (dict, _NONE), "error": (str, _NONE), "settings": (dict,), "versions": (dict,),
+             "precision": (dict,), "aggregate": (dict,)}
+
+    @property
+    def ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    def to_json(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("extra", "table")}
+        out["table"] = self.table.to_json() if self.table else None
+        return self.extra | out
+
+    @classmethod
+    def from_json(cls, d: dict, where: str = "cell.json") -> CellRecord:
+        """The record in ``d``, shape-checked: a one-line error naming ``where`` otherwise."""
+        problem = shape_problem(d, cls.TYPES, required=("cell", "status"))
+        if problem is None and d["status"] not in (STATUS_OK, STATUS_FAILED):
+            problem = f"'status' is {d['status']!r}, not {STATUS_OK} or {STATUS_FAILED}"
+        if problem is None and d.get("table") is not None and TableSeal.from_json(d["table"]) is None:
+            problem = "'table' is not a seal (sha256, bytes, n_rows)"
+        if problem:
+            raise EvalParityError(f"{where} is not a cell record evalparity can read ({problem}): remove its folder "
+                                  "and rerun the same command to redo that cell")
+        known = {f.name for f in fields(cls)} - {"extra"}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["table"] = TableSeal.from_json(d.get("table"))
+        return cls(**kw, extra={k: v for k, v in d.items() if k not in known})
+
+
+def write_cell(folder: Path, record: CellRecord | dict) -> CellRecord:
+    """Write ``folder/cell.json`` atomically, from a record or a dict that ``CellRecord.from_json`` accepts
+    (checked first, so no writer can publish a record its reader would refuse)."""
+    rec = record if isinstance(record, CellRecord) else CellRecord.from_json(record, str(folder / CELL_FILE))
+    write_json(folder / CELL_FILE, rec.to_json())
+    return rec
+
+
+def seal_table(folder: Path, n_rows: int) -> TableSeal:
+    """The seal of ``folder/samples.parquet``, just written with ``n_rows`` rows."""
+    return TableSeal.of(folder / TABLE_FILE, n_rows)
+
+
+def read_cell(folder: Path) -> CellRecord | None:
+    """A cell folder's record, or None when it is missing, unreadable or not a record (never taken as done)."""
+    data = read_json(folder / CELL_FILE)
+    if data is None:
+        return None
+    try:
+        return CellRecord.from_json(data)
+    except EvalParityError:
+        return None
+
+
+def check_cell(folder: Path) -> CellRecord:
+    """A cell folder's record, checked: readable, of the right shape, and this folder's cell's record."""
+    path = folder / CELL_FILE
+    fix = f"remove {folder} and rerun the same command to redo that cell"
+    try:
+        data = _load(path)
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
+    rec = CellRecord.from_json(data, str(path))
+    own = folder.name.removesuffix(FAILED_SUFFIX)
+    if rec.cell != own:
+        raise EvalParityError(f"{path} is not a cell record evalparity can read (it is the record of cell "
+                              f"{rec.cell!r}, not of {own}: a folder copied or renamed by hand): {fix}")
+    return rec
+
+
+def is_done(folder: Path, identity: str | None = None) -> bool:
+    """Whether the unit in ``folder`` finished (record ok and table present); with ``identity``, only if it
+    finished under that spec and model."""
+    rec = read_cell(folder)
+    if rec is None or not rec.ok or (identity is not None and rec.spec_identity != identity):
+        return False
+    return (folder / TABLE_FILE).exists()
+
+
+# ---------------------------------------------------------------- spec.json and compare.json
+def check_spec(path: Path) -> dict:
+    """``spec.json``, checked: an object whose fields have the types that are read, whose cells are objects
+    with safe names, and that ``RunSpec.from_json`` reads. A one-line error naming the file otherwise."""
+    fix = "restore it, or rerun the run into a new --out"
+    try:
+        spec = _load(path)
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
+    problem = shape_problem(spec, SPEC_FIELDS)
+    if problem is None:
+        for c in spec.get("cells", []):
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+                problem = f"a cell entry is {json.dumps(c)[:60]}, not an object with a name"
+                break
+            try:
+                check_name(c["name"])
+            except EvalParityError as err:
+                problem = str(err).split(":", 1)[0]
+                break
+    if problem is None and not all(isinstance(t, str) for t in spec.get("tasks", [])):
+        problem = "'tasks' holds something other than task names"
+    if problem is None and not all(isinstance(x, list) and len(x) == 2 for x in spec.get("task_limits", [])):
+        problem = "'task_limits' holds something other than [task, limit] pairs"
+    if problem is None:
+        try:
+            RunSpec.from_json(spec)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            problem = f"{type(err).__name__}: {str(err)[:80]}"
+    if problem:
+        raise EvalParityError(f"{path} is not a spec evalparity can read ({problem}): {fix}")
+    return spec
+
+
+def read_spec(run_dir: Path) -> RunSpec:
+    """The run's spec, checked (``check_spec``)."""
+    return RunSpec.from_json(check_spec(run_dir / SPEC_FILE))
+
+
+def compare_identity(inputs: list[str], names: list[str]) -> str:
+    """What a comparison's cells are made under: its inputs and their names, in order."""
+    body = json.dumps({"inputs": list(inputs), "names": list(names)}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def check_compare_json(path: Path, fix: str) -> dict:
+    """``compare.json`` (what ``evalparity compare`` wrote: its inputs and cell names), checked."""
+    try:
+        data = _load(path)
+    except (OSError, ValueError) as err:
+        raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
+    problem = shape_problem(data, COMPARE_FIELDS, required=("inputs", "names"))
+    if problem is None and (not all(isinstance(x, str) for x in data["inputs"] + data["names"])
+                            or len(data["inputs"]) != len(data["names"])):
+        problem = "'inputs' and 'names' are not two lists of paths and names, one name per path"
+    if problem is None and not all(check_name_ok(n) for n in data["names"]):
+        problem = f"a cell name is not a safe name: {next(n for n in data['names'] if not check_name_ok(n))!r}"
+    if problem is None and len(set(data["names"])) != len(data["names"]):
+        problem = "a cell name is listed twice"
+    if problem:
+        raise EvalParityError(f"{path} is not a comparison record evalparity can read ({problem}): {fix}")
+    return data
+
+
+# ---------------------------------------------------------------- verification
+@dataclass
+class VerifiedRun:
+    """A run folder as ``verify_run`` accepted it."""
+
+    kind: str                              # "run" (spec.json) or "compare" (compare.json)
+    spec: dict                             # spec.json or compare.json, as read
+    identity: str                          # what every cell must have been made under
+    named: list[str]                       # the cells the spec names, in its order
+    cells: dict[str, CellRecord]           # the finished, verified cells
+    incomplete: list[tuple[str, str]]      # (cell, why) for named cells a rerun would finish
+
+    @property
+    def model(self) -> str | None:
+        return self.spec.get("model") if self.kind == "run" else None
+
+
+def _spec_of(run_dir: Path) -> tuple[str, dict, str, list[str], dict[str, dict], str | None]:
+    """(kind, spec, identity, named cells, each named cell's spec entry, model fingerprint digest)."""
+    spec_path, compare_path = run_dir / SPEC_FILE, run_dir / COMPARE_FILE
+    if spec_path.exists() and compare_path.exists():
+        raise EvalParityError(f"{run_dir} holds both a {SPEC_FILE} and a {COMPARE_FILE}: one folder is one run or one "
+                              "comparison; rerun into a new --out")
+    if spec_path.exists():
+        data = check_spec(spec_path)
+        spec = RunSpec.from_json(data)
+        entries = {c["name"]: c for c in data["cells"]}
+        return "run", data, spec.identity(), list(entries), entries, (spec.model_fingerprint or {}).get("digest")
+    if compare_path.exists():
+        data = check_compare_json(compare_path, "rerun the same `evalparity compare` into a new --out")
+        return ("compare", data, compare_identity(data["inputs"], data["names"]), list(data["names"]),
+                {n: {} for n in data["names"]}, None)
+    raise EvalParityError(f"{run_dir} has no {SPEC_FILE} (nor {COMPARE_FILE}): without the record of what the run is, "
+                          "its cells cannot be verified and nothing is signed off; restore it, or rerun into a "
+                          "new --out")
+
+
+def _refuse(path: Path, what: str, fix: str) -> EvalParityError:
+    return EvalParityError(f"{path}: {what}: {fix}")
+
+
+def verify_cell(folder: Path, identity: str, entry: dict, fingerprint: str | None) -> CellRecord | str:
+    """The verified record of the named cell in ``folder``; or why it is incomplete (a rerun finishes it);
+    or a one-line refusal (raised) where the folder is not what its record and the spec say."""
+    fix = f"remove {folder} and rerun the same command to redo that cell"
+    if folder.is_symlink():
+        raise _refuse(folder, "a cell folder is a symbolic link (to "
+                      f"{folder.resolve()}), so it is not this run's cell", "remove the link and rerun to redo it")
+    if not folder.exists():
+        return "its folder is missing"
+    if not folder.is_dir():
+        raise _refuse(folder, "a cell is a file, not a folder", "remove it and rerun to redo that cell")
+    if not (folder / CELL_FILE).exists():
+        return "cell.json is missing (it never finished)"
+    rec = check_cell(folder)
+    if not rec.ok:
+        return f"it {rec.status}" + (f" ({rec.error})" if rec.error else "")
+    if rec.spec_identity != identity:
+        raise _refuse(folder / CELL_FILE, f"made under spec identity {rec.spec_identity}, but this run's is {identity} "
+                      "(a cell copied from another run, or a spec edited by hand)", fix)
+    if fingerprint is not None and rec.model_fingerprint != fingerprint:
+        raise _refuse(folder / CELL_FILE, f"made with model fingerprint {rec.model_fingerprint}, but this run's model "
+                      f"is {fingerprint}", fix)
+    for key in ("backend", "dtype", "batch_size", "tag", "tf32"):
+        if key in entry and entry[key] != getattr(rec, key) and not (key == "tag" and not entry[key] and
+                                                                      not rec.tag):
+            raise _refuse(folder / CELL_FILE, f"its {key} is {getattr(rec, key)!r}, the spec's {entry[key]!r}", fix)
+    if rec.table is None:
+        raise _refuse(folder / CELL_FILE, "it carries no seal of its table (made by an older evalparity, or written "
+                      "by hand), so its table cannot be verified", fix)
+    table = folder / TABLE_FILE
+    if table.is_symlink():
+        raise _refuse(table, "the table is a symbolic link, not the table its cell wrote", fix)
+    if not table.exists():
+        return "samples.parquet is missing"
+    size = table.stat().st_size
+    found = file_sha256(table) if size == rec.table.bytes else None
+    if found != rec.table.sha256:
+        got = f"sha256 {found[:12]}" if found else f"{size} bytes"
+        raise _refuse(table, f"not the table its cell wrote (recorded: sha256 {rec.table.sha256[:12]}, "
+                      f"{rec.table.bytes} bytes; found: {got}): it was edited, replaced or copied", fix)
+    return rec
+
+
+def verify_run(run_dir: Path) -> VerifiedRun:
+    """The run folder, verified before any statistics (see the module docstring): its spec, every cell the
+    spec names (finished and verified, or listed as incomplete), and no cell folder the spec does not name.
+    Raises a one-line ``EvalParityError`` (exit 2) naming the file for anything a rerun would not fix."""
+    kind, data, identity, named, entries, fingerprint = _spec_of(run_dir)
+    cells_dir = run_dir / CELLS
+    if cells_dir.is_symlink():
+        raise _refuse(cells_dir, "the cells folder is a symbolic link", "restore the run's own cells/ folder")
+    if cells_dir.exists() and not cells_dir.is_dir():
+        raise _refuse(cells_dir, "cells is a file, not a folder", "restore the run's own cells/ folder")
+    for p in sorted(cells_dir.iterdir()) if cells_dir.is_dir() else []:
+        if p.name.startswith(".") or p.name.endswith((FAILED_SUFFIX, ".attempts")) and p.is_dir() \
+                and not p.is_symlink():
+            continue  # work in progress (.tmp-, .trash-), a failed attempt kept beside its cell, old histories
+        if p.name not in entries:
+            raise _refuse(p, f"not a cell of this run (its {'spec.json' if kind == 'run' else 'compare.json'} names "
+                          f"{', '.join(named) or 'none'})", "move it out of cells/")
+    cells: dict[str, CellRecord] = {}
+    incomplete: list[tuple[str, str]] = []
+    for name in named:
+        got = verify_cell(cells_dir / name, identity, entries[name], fingerprint)
+        if isinstance(got, str):
+            incomplete.append((name, got))
+        else:
+            cells[name] = got
+    return VerifiedRun(kind, data, identity, named, cells, incomplete)
+
+
+def incomplete_error(run: VerifiedRun, fix: str = "rerun the same command to finish them") -> EvalParityError:
+    """The INCOMPLETE refusal for a run whose named cells cannot all be used (exit 5)."""
+    why = "; ".join(f"{c}: {w}" for c, w in run.incomplete)
+    return EvalParityError(f"{len(run.incomplete)} cell(s) of the {run.kind} cannot be used ({why}): {fix}",
+                           EXIT_CELL_FAILED)
+
