@@ -170,3 +170,51 @@ def test_score_interval_inverts_the_score_test(seed):
         assert 2 * sps.norm.sf(abs(z)) == pytest.approx(0.05, abs=1e-9)
     lo, hi = DescrStatsW(cell - ref).tconfint_mean(alpha=0.05)
     assert (r.ci.low, r.ci.high) == pytest.approx((lo, hi), abs=5e-4)
+
+
+@pytest.mark.parametrize("gap,sd,target", [(0.01, 0.2, 0.8), (0.005, 0.3, 0.9), (0.05, 1.0, 0.8)])
+def test_planner_without_continuity_matches_statsmodels_normal_power(gap, sd, target):
+    """A t-type comparison beyond its margin: the planner's n for the one-sided test at the near end (at α,
+    the rule's (1 − 2α) interval) is statsmodels' one-sample normal power calculation, rounded up."""
+    from statsmodels.stats.power import NormalIndPower
+
+    margin = 0.01
+    n = power.n_needed(margin, sd * sd, margin + gap, alpha=0.05, power=target, continuity=0.0, binary=False)
+    ref = NormalIndPower().solve_power(effect_size=gap / sd, alpha=0.05, power=target, alternative="larger",
+                                       ratio=0)
+    assert n == np.ceil(ref - 1e-6)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:8])
+def test_boundary_variance_matches_numeric_restricted_mle(seed):
+    """The planner's null-boundary variance: the trinomial likelihood at the expected counts, maximised
+    numerically by scipy under Δ = δ, gives the same p̃ and so the same 2p̃ + δ − δ²."""
+    from scipy.optimize import minimize_scalar
+
+    rng = np.random.default_rng(seed)
+    psi = float(rng.uniform(0.002, 0.4))
+    d = float(rng.uniform(-0.5, 0.5)) * psi
+    delta = float(rng.choice([-1, 1]) * rng.uniform(0.001, 0.05))
+    p_b, p_c = (psi - d) / 2, (psi + d) / 2
+
+    def nll(p):
+        return -(p_b * np.log(p) + p_c * np.log(p + delta) + (1 - psi) * np.log(1 - 2 * p - delta))
+
+    lo, hi = max(0.0, -delta) + 1e-12, (1 - delta) / 2 - 1e-12
+    p = minimize_scalar(nll, bounds=(lo, hi), method="bounded", options={"xatol": 1e-14}).x
+    assert power.boundary_variance(psi, d, delta) == pytest.approx(2 * p + delta - delta * delta, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:8])
+def test_beyond_margin_pvalue_is_scipys_two_tails(seed):
+    """For a t inference the beyond-margin p-value is the near end's one-sided t p-value plus the far end's
+    tail in the same direction (scipy's t distribution)."""
+    from evalparity.stats import inference, verdict
+
+    rng = np.random.default_rng(seed)
+    est, se, df, m = float(rng.normal(0, 0.03)), float(rng.uniform(0.002, 0.02)), int(rng.integers(5, 500)), 0.01
+    p = verdict.beyond_pvalue(inference.TInference(est, se, df), verdict.Margin.around_zero(m))
+    t = sps.t(df)
+    up = t.sf((est - m) / se) + t.sf((est + m) / se)
+    down = t.cdf((est + m) / se) + t.cdf((est - m) / se)
+    assert p == pytest.approx(min(1.0, up, down), abs=1e-12)
