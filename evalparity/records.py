@@ -31,7 +31,7 @@ from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, FAILED_SUFFIX, SPE
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.rundir import check_name, check_name_ok
-from evalparity.spec import RunSpec
+from evalparity.spec import CellSpec, RunSpec
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 COMPARE_SCHEMA = "evalparity.compare/1"
@@ -287,8 +287,9 @@ class VerifiedRun:
         return self.spec.get("model") if self.kind == "run" else None
 
 
-def _spec_of(run_dir: Path) -> tuple[str, dict, str, list[str], dict[str, dict], str | None]:
-    """(kind, spec, identity, named cells, each named cell's spec entry, model fingerprint digest)."""
+def _spec_of(run_dir: Path) -> tuple[str, dict, str, list[str], dict[str, CellSpec | None], str | None]:
+    """(kind, spec, identity, named cells, each named cell's ``CellSpec`` (None in a comparison), model
+    fingerprint digest)."""
     spec_path, compare_path = run_dir / SPEC_FILE, run_dir / COMPARE_FILE
     if spec_path.exists() and compare_path.exists():
         raise EvalParityError(f"{run_dir} holds both a {SPEC_FILE} and a {COMPARE_FILE}: one folder is one run or one "
@@ -296,12 +297,12 @@ def _spec_of(run_dir: Path) -> tuple[str, dict, str, list[str], dict[str, dict],
     if spec_path.exists():
         data = check_spec(spec_path)
         spec = RunSpec.from_json(data)
-        entries = {c["name"]: c for c in data["cells"]}
+        entries = {c.name: c for c in spec.cells}
         return "run", data, spec.identity(), list(entries), entries, (spec.model_fingerprint or {}).get("digest")
     if compare_path.exists():
         data = check_compare_json(compare_path, "rerun the same `evalparity compare` into a new --out")
         return ("compare", data, compare_identity(data["inputs"], data["names"]), list(data["names"]),
-                {n: {} for n in data["names"]}, None)
+                {n: None for n in data["names"]}, None)
     raise EvalParityError(f"{run_dir} has no {SPEC_FILE} (nor {COMPARE_FILE}): without the record of what the run is, "
                           "its cells cannot be verified and nothing is signed off; restore it, or rerun into a "
                           "new --out")
@@ -311,7 +312,7 @@ def _refuse(path: Path, what: str, fix: str) -> EvalParityError:
     return EvalParityError(f"{path}: {what}: {fix}")
 
 
-def verify_cell(folder: Path, identity: str, entry: dict, fingerprint: str | None) -> CellRecord | str:
+def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint: str | None) -> CellRecord | str:
     """The verified record of the named cell in ``folder``; or why it is incomplete (a rerun finishes it);
     or a one-line refusal (raised) where the folder is not what its record and the spec say."""
     fix = f"remove {folder} and rerun the same command to redo that cell"
@@ -333,10 +334,12 @@ def verify_cell(folder: Path, identity: str, entry: dict, fingerprint: str | Non
     if fingerprint is not None and rec.model_fingerprint != fingerprint:
         raise _refuse(folder / CELL_FILE, f"made with model fingerprint {rec.model_fingerprint}, but this run's model "
                       f"is {fingerprint}", fix)
-    for key in ("backend", "dtype", "batch_size", "tag", "tf32"):
-        if key in entry and entry[key] != getattr(rec, key) and not (key == "tag" and not entry[key] and
-                                                                      not rec.tag):
-            raise _refuse(folder / CELL_FILE, f"its {key} is {getattr(rec, key)!r}, the spec's {entry[key]!r}", fix)
+    want = {} if entry is None else {"backend": entry.backend, "dtype": entry.dtype, "batch_size": entry.batch_size,
+                                     "tag": entry.tag or "", "tf32": entry.tf32, "base_cell": entry.base_name}
+    for key, value in want.items():
+        got = getattr(rec, key) if key != "tag" else (rec.tag or "")
+        if got != value:
+            raise _refuse(folder / CELL_FILE, f"its {key} is {got!r}, the spec's is {value!r}", fix)
     if rec.table is None:
         raise _refuse(folder / CELL_FILE, "it carries no seal of its table (made by an older evalparity, or written "
                       "by hand), so its table cannot be verified", fix)

@@ -328,6 +328,14 @@ def acquire(run_dir: Path, *, create: bool = True, flag: str = "--out") -> RunLo
 
 
 # ---------------------------------------------------------------- what a killed command left
+def _remove(path: Path) -> None:
+    """Remove a folder moved aside, or only the link where it was a link (never what a link points to)."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _held(run_dir: Path) -> RunLock | None:
     return _HELD.get(Path(run_dir).resolve())
 
@@ -376,7 +384,7 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
         raise
     finally:
         for t in trash:
-            shutil.rmtree(t, ignore_errors=True)
+            _remove(t)
         shutil.rmtree(stage, ignore_errors=True)
         if lock is not None:
             with contextlib.suppress(OSError):
@@ -413,8 +421,7 @@ def recover_outputs(run_dir: Path) -> None:
             lock.update(stages=[x for x in lock.info.get("stages", []) if x != stage.name])
     for folder in (run_dir, run_dir / CELLS, run_dir / SHARDS):
         for t in folder.glob(f"{TRASH_PREFIX}*") if folder.is_dir() else []:
-            if t.is_dir() and not t.is_symlink():
-                shutil.rmtree(t, ignore_errors=True)
+            _remove(t)
     _move_old_attempts(run_dir)
 
 

@@ -1,0 +1,325 @@
+"""Ways to damage a finished run folder, as careless or hostile hands would, for the tamper fuzzer
+(``tests/test_tamper.py``, ``benchmarks/tamper_fuzz.py``).
+
+Each mutation is ``(name, args)``: plain data, so hypothesis can draw, shrink and print it. ``apply`` carries
+one out on a copy of a run folder. None of them forges a record (a new seal, a recomputed identity): the
+product's promise is about ordinary mistakes and careless copies, which never write a matching sha256.
+
+The invariant every mutation is held to (``check``): ``evalparity report`` either prints the untouched
+folder's sign-off line with its exit code, or refuses (exit 2, an ``error:`` line) or calls the run
+incomplete (exit 5); it never prints another verdict, never changes or deletes a finished cell, and never
+touches a path outside the run folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import random
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from evalparity.samples import read_table, write_table
+
+CELL_KEYS = ["cell", "status", "backend", "dtype", "batch_size", "tag", "base_cell", "tf32", "spec_identity",
+             "model_fingerprint", "table", "settings", "versions", "aggregate", "error", "n_rows", "finished"]
+SPEC_KEYS = ["model", "tasks", "cells", "limit", "num_fewshot", "device", "alignment", "task_limits", "leaf_docs",
+             "model_fingerprint", "task_configs", "software", "task_aliases", "memory_plan", "hf_args"]
+COMPARE_KEYS = ["inputs", "names", "schema", "tasks_not_in_every_input"]
+VALUES = [None, 0, 1, -1, 3.5, True, "", "x", "ok", "failed", "hf-fp32", "../x", "[bold]x[/]", "\x1b[31mred",
+          [], {}, ["hf-fp32"], {"sha256": "0" * 64, "bytes": 1, "n_rows": 1}]
+
+# name -> how many integer arguments it draws (each taken modulo what it indexes)
+MUTATIONS: dict[str, int] = {
+    "table_edit_value": 3,      # cell, row, column: a value changed
+    "table_drop_rows": 2,       # cell, how many
+    "table_duplicate_rows": 2,  # cell, times
+    "table_reorder": 2,         # cell, seed
+    "table_copy_from": 2,       # cell, other cell: one cell's table copied over another's
+    "table_from_other_run": 1,  # cell: the same cell's table from another model's run
+    "cell_copy_from": 2,        # a cell folder copied over another (record too)
+    "cell_swap": 2,             # two cells' folders swapped
+    "cell_symlink": 2,          # a cell folder replaced by a link to another's
+    "cell_from_other_run": 1,   # a cell folder from another model's run
+    "cell_extra": 2,            # a copy of a cell under a new name in cells/
+    "cell_delete": 1,           # a cell folder removed
+    "cell_json_edit": 3,        # cell, key, value
+    "cell_json_drop": 2,        # cell, key
+    "cell_json_delete": 1,      # cell.json removed
+    "table_delete": 1,          # samples.parquet removed
+    "spec_edit": 2,             # key, value
+    "spec_drop": 1,             # key
+    "spec_delete": 0,           # spec.json removed
+    "spec_from_other_run": 0,   # spec.json of another model's run
+    "spec_drop_cell": 1,        # one cell's entry taken out of spec.json
+    "forge_stage": 2,           # a staging folder with .committed naming cells/stats, plus a forged lock
+    "forge_trash": 1,           # a folder named like a moved-aside one, in cells/
+    "outputs_symlink_out": 1,   # stats/ or report/ made a link to a folder outside the run
+    "cells_symlink": 0,         # cells/ itself a link to a copy outside the run
+}
+
+
+def _cells(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "cells").iterdir() if not p.name.startswith(".")) \
+        if (run / "cells").is_dir() else []
+
+
+def _pick(items: list, i: int):
+    return items[i % len(items)] if items else None
+
+
+def _load(p: Path):
+    return json.loads(p.read_text())
+
+
+def _dump(p: Path, data) -> None:
+    p.write_text(json.dumps(data))
+
+
+def _rm(p: Path) -> None:
+    if p.is_symlink() or p.is_file():
+        p.unlink()
+    elif p.is_dir():
+        shutil.rmtree(p)
+
+
+def apply(run: Path, mutation: tuple[str, tuple[int, ...]], other: Path, outside: Path) -> None:
+    """Carry out one mutation on ``run``; ``other`` is a run of another model with the same cell names;
+    ``outside`` a folder beside the run that no command may touch (links may point into a copy there)."""
+    name, args = mutation
+    a = list(args) + [0, 0, 0]
+    names = _cells(run)
+    cell = _pick(names, a[0])
+    if name.startswith(("table_", "cell_")) and cell is None:
+        return
+    d = run / "cells" / cell if cell else None
+    table = d / "samples.parquet" if d else None
+    if name.startswith("table_") and name not in ("table_delete", "table_copy_from", "table_from_other_run"):
+        if not table.is_file() or table.is_symlink():
+            return
+        t = read_table(table)
+        if not len(t):
+            return
+        if name == "table_edit_value":
+            cols = [c for c in t.columns if c.startswith("m:") or c in ("loglikelihood", "doc_id", "task", "cell")]
+            col = _pick(cols, a[2])
+            row = a[1] % len(t)
+            v = t.at[row, col]
+            t.at[row, col] = (1 - v) if col.startswith("m:") else (v + 1 if col in ("loglikelihood", "doc_id")
+                                                                    else f"{v}x")
+        elif name == "table_drop_rows":
+            t = t.drop(index=t.index[: 1 + a[1] % len(t)])
+        elif name == "table_duplicate_rows":
+            t = pd.concat([t] * (2 + a[1] % 30), ignore_index=True)
+        elif name == "table_reorder":
+            t = t.sample(frac=1.0, random_state=a[1]).reset_index(drop=True)
+        write_table(t, table)
+    elif name == "table_copy_from":
+        src = run / "cells" / _pick(names, a[1]) / "samples.parquet"
+        if src.is_file() and table != src:
+            shutil.copyfile(src, table)
+    elif name == "table_from_other_run":
+        src = other / "cells" / cell / "samples.parquet"
+        if src.is_file():
+            shutil.copyfile(src, table)
+    elif name == "table_delete":
+        _rm(table)
+    elif name in ("cell_copy_from", "cell_swap", "cell_symlink"):
+        src = run / "cells" / _pick(names, a[1])
+        if src == d:
+            return
+        if name == "cell_copy_from":
+            _rm(d)
+            shutil.copytree(src, d, symlinks=True)
+        elif name == "cell_swap":
+            tmp = run / "cells" / "swap-tmp-x"
+            d.rename(tmp)
+            src.rename(d)
+            tmp.rename(src)
+        else:
+            _rm(d)
+            d.symlink_to(src.resolve())
+    elif name == "cell_from_other_run":
+        _rm(d)
+        shutil.copytree(other / "cells" / cell, d)
+    elif name == "cell_extra":
+        shutil.copytree(d, run / "cells" / f"{cell}-copy{a[1] % 3}", dirs_exist_ok=True)
+    elif name == "cell_delete":
+        _rm(d)
+    elif name in ("cell_json_edit", "cell_json_drop"):
+        p = d / "cell.json"
+        if not p.is_file():
+            return
+        data = _load(p)
+        key = _pick(CELL_KEYS, a[1])
+        if name == "cell_json_edit":
+            data[key] = _pick(VALUES, a[2])
+        else:
+            data.pop(key, None)
+        _dump(p, data)
+    elif name == "cell_json_delete":
+        _rm(d / "cell.json")
+    elif name in ("spec_edit", "spec_drop", "spec_delete", "spec_from_other_run", "spec_drop_cell"):
+        p = run / "spec.json" if (run / "spec.json").exists() else run / "compare.json"
+        if name == "spec_delete":
+            _rm(p)
+            return
+        if name == "spec_from_other_run":
+            src = other / p.name
+            if src.is_file():
+                shutil.copyfile(src, p)
+            return
+        if not p.is_file():
+            return
+        data = _load(p)
+        keys = SPEC_KEYS if p.name == "spec.json" else COMPARE_KEYS
+        if name == "spec_edit":
+            data[_pick(keys, a[0])] = _pick(VALUES, a[1])
+        elif name == "spec_drop":
+            data.pop(_pick(keys, a[0]), None)
+        else:
+            lst = data.get("cells") if p.name == "spec.json" else data.get("names")
+            if isinstance(lst, list) and lst:
+                del lst[a[0] % len(lst)]
+                if p.name == "compare.json" and isinstance(data.get("inputs"), list) and data["inputs"]:
+                    del data["inputs"][a[0] % len(data["inputs"])]
+        _dump(p, data)
+    elif name == "forge_stage":
+        stage = run / f".tmp-outputs-{99999 + a[0] % 5}-forged"
+        target = _pick(["cells", "stats", "report", "spec.json"], a[1])
+        (stage / target).mkdir(parents=True, exist_ok=True)
+        (stage / target / "forged.txt").write_text("forged")
+        _dump(stage / ".committed", {"names": [target]})
+        # a lock of a process that is gone (pid 2**22 + n is never alive here), naming the forged stage
+        import platform
+
+        _dump(run / ".evalparity.lock", {"host": platform.node(), "pid": 4194304 + a[0] % 7, "pid_start": None,
+                                         "started": "2026-01-01T00:00:00+0000", "argv": ["report"],
+                                         "stages": [stage.name]})
+    elif name == "forge_trash":
+        (run / "cells" / f".trash-{cell or 'x'}-1").mkdir(parents=True, exist_ok=True)
+    elif name == "outputs_symlink_out":
+        target = run / _pick(["stats", "report"], a[0])
+        dest = outside / f"linked-{target.name}"
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "keep.txt").write_text("outside")
+        _rm(target)
+        target.symlink_to(dest)
+    elif name == "cells_symlink":
+        copy = outside / "cells-copy"
+        if not copy.exists() and (run / "cells").is_dir():
+            shutil.copytree(run / "cells", copy, symlinks=True)
+        if copy.exists():
+            _rm(run / "cells")
+            (run / "cells").symlink_to(copy)
+
+
+# ---------------------------------------------------------------- running `report` and the invariant
+def tree_digest(root: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Every path under ``root`` (not following links) with its content hash, link target or 'dir'."""
+    out = {}
+    if not root.exists() and not root.is_symlink():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        rel = str(base.relative_to(root))
+        if rel.startswith(skip) and rel != ".":
+            continue
+        for n in dirnames + filenames:
+            p = base / n
+            key = str(p.relative_to(root))
+            if key.startswith(skip):
+                continue
+            if p.is_symlink():
+                out[key] = "-> " + os.readlink(p)
+            elif p.is_dir():
+                out[key] = "dir"
+            else:
+                out[key] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def finished_cells(run: Path) -> dict[str, dict[str, str]]:
+    """The finished cells in ``run`` (real folders holding an ok record), each with its files' digests."""
+    out = {}
+    cells = run / "cells"
+    if cells.is_symlink() or not cells.is_dir():
+        return out
+    for d in cells.iterdir():
+        if d.is_symlink() or not d.is_dir() or d.name.startswith("."):
+            continue
+        try:
+            ok = _load(d / "cell.json").get("status") == "ok"
+        except Exception:  # noqa: BLE001 - a damaged record: not a finished cell
+            ok = False
+        if ok:
+            out[d.name] = tree_digest(d)
+    return out
+
+
+def run_cli(args: list[str]) -> tuple[int, str, str]:
+    """``evalparity ARGS`` in this process (as the console script runs it): (exit code, stdout, stderr)."""
+    from evalparity import cli
+    from evalparity.cli import output
+
+    output._signed_off = None  # one command per process in use; this runs many
+    out, err = io.StringIO(), io.StringIO()
+    argv = sys.argv
+    sys.argv = ["evalparity", *args]
+    code: int | None = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                cli.main()
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+        import signal
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return int(code or 0), out.getvalue(), err.getvalue()
+
+
+def sign_off_line(stdout: str) -> str | None:
+    lines = [ln for ln in stdout.splitlines() if ln.split(":", 1)[0] in ("PASS", "FAIL", "INCONCLUSIVE", "INCOMPLETE")]
+    return lines[-1] if lines else None
+
+
+def check(run: Path, baseline: tuple[int, str], mutations: list, outside: Path, extra_args=()) -> str:
+    """Run ``report`` on the mutated ``run`` and hold it to the invariant; returns what happened, in words
+    (for the benchmark's tally). Raises AssertionError, naming the mutations, where the invariant fails."""
+    before_cells = finished_cells(run)
+    before_outside = tree_digest(outside)
+    parent_before = sorted(p.name for p in run.parent.iterdir())
+    code, out, err = run_cli(["report", str(run), *extra_args])
+    line = sign_off_line(out)
+    where = f"mutations {mutations}: exit {code}, stdout {out.strip()[-300:]!r}, stderr {err.strip()[-500:]!r}"
+    assert "Traceback" not in err, where
+    if code == 2:
+        assert "error:" in err and line is None, where
+        outcome = "refused (2)"
+    elif code == 5:
+        assert line is None or line.startswith("INCOMPLETE"), where
+        outcome = "incomplete (5)"
+    else:
+        assert (code, line) == baseline, f"another verdict than the untouched folder's {baseline}: {where}"
+        outcome = "same verdict"
+    after_cells = finished_cells(run)
+    for name, files in before_cells.items():
+        assert after_cells.get(name) == files, f"finished cell {name} changed or was deleted: {where}"
+    assert tree_digest(outside) == before_outside, f"a path outside the run was touched: {where}"
+    assert sorted(p.name for p in run.parent.iterdir()) == parent_before, f"the run's parent changed: {where}"
+    return outcome
+
+
+def random_mutations(rng: random.Random, k: int) -> list[tuple[str, tuple[int, ...]]]:
+    names = sorted(MUTATIONS)
+    return [(n, tuple(rng.randrange(1000) for _ in range(MUTATIONS[n]))) for n in
+            (rng.choice(names) for _ in range(k))]

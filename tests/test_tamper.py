@@ -1,0 +1,250 @@
+"""Issue 25: a sign-off that ordinary mistakes cannot make lie.
+
+A fuzzer (hypothesis) damages copies of a finished run folder and of a finished comparison folder in the
+ways ``tests/tamper.py`` lists (edited, deleted, duplicated or reordered rows; copied, swapped or symlinked
+cells; edited or deleted json fields and files; forged staging folders and locks; links out of the run),
+one to three at a time, and holds ``evalparity report`` to the invariant (``tamper.check``): the untouched
+folder's verdict and exit code, or a refusal (exit 2) or INCOMPLETE (exit 5); never another verdict, never
+a finished cell changed or deleted, never a path outside the run touched. ``EVALPARITY_TAMPER_EXAMPLES``
+sets how many examples each target gets (default 30, about a minute in all on 2 cores);
+``benchmarks/tamper_fuzz.py`` runs thousands.
+
+Below it, each case the issue names, by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import tamper
+from conftest import evalparity, one_line_error
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from synthetic import make_lm_eval_dir, make_run
+
+CELLS = ["hf-fp32", "vllm-fp32", "hf-bf16"]
+EXAMPLES = int(os.environ.get("EVALPARITY_TAMPER_EXAMPLES", "30"))
+
+
+def _baseline_run(root: Path, model: str = "synthetic", seed: int = 0) -> Path:
+    """A finished run whose sign-off is FAIL: vllm-fp32 moves 60 % of the docs, hf-bf16 none."""
+    run = make_run(root, n_tasks=2, cells=CELLS, docs_per_task=300, drift={"vllm-fp32": 0.6}, model=model, seed=seed)
+    code, out, err = tamper.run_cli(["report", str(run)])
+    assert code == 3 and out.startswith("FAIL"), (code, out, err[-2000:])
+    return run
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """(run, its baseline, another model's run, comparison, its baseline, another comparison)."""
+    base = tmp_path_factory.mktemp("tamper")
+    run = _baseline_run(base / "run")
+    other = _baseline_run(base / "other", model="another/model", seed=3)
+    lm = [make_lm_eval_dir(base / "lm" / n, dtype=d, flip=f, seed=s)
+          for n, d, f, s in (("a", "float32", 0, 0), ("b", "bfloat16", 0, 1), ("c", "float16", 12, 2))]
+    comp = base / "comp"
+    code, out, err = tamper.run_cli(["compare", *map(str, lm), "--out", str(comp)])
+    assert code == 3 and out.startswith("FAIL"), (code, out, err[-2000:])
+    lm2 = [make_lm_eval_dir(base / "lm2" / n, dtype=d, flip=f, seed=s)
+           for n, d, f, s in (("a", "float32", 0, 5), ("b", "bfloat16", 3, 6), ("c", "float16", 0, 7))]
+    comp2 = base / "comp2"
+    tamper.run_cli(["compare", *map(str, lm2), "--out", str(comp2)])
+    baseline = tamper.run_cli(["report", str(run)])
+    comp_baseline = tamper.run_cli(["report", str(comp)])
+    return (run, (baseline[0], tamper.sign_off_line(baseline[1])), other,
+            comp, (comp_baseline[0], tamper.sign_off_line(comp_baseline[1])), comp2)
+
+
+def _copy(src: Path) -> tuple[Path, Path, Path]:
+    """A fresh copy of ``src`` in a folder of its own, with an ``outside`` folder beside it."""
+    top = Path(tempfile.mkdtemp(prefix="tamper-"))
+    run = top / "run"
+    shutil.copytree(src, run, symlinks=True)
+    outside = top / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep me")
+    return top, run, outside
+
+
+MUTATION = st.sampled_from(sorted(tamper.MUTATIONS)).flatmap(
+    lambda n: st.tuples(st.just(n), st.tuples(*[st.integers(0, 999)] * tamper.MUTATIONS[n])))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@FUZZ
+@given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
+def test_a_damaged_run_never_signs_off_another_verdict(folders, mutations):
+    run0, baseline, other, *_ = folders
+    top, run, outside = _copy(run0)
+    try:
+        for m in mutations:
+            tamper.apply(run, m, other, outside)
+        tamper.check(run, baseline, mutations, outside)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+@FUZZ
+@given(mutations=st.lists(MUTATION, min_size=1, max_size=3))
+def test_a_damaged_comparison_never_signs_off_another_verdict(folders, mutations):
+    *_, comp0, baseline, comp2 = folders
+    top, run, outside = _copy(comp0)
+    try:
+        for m in mutations:
+            tamper.apply(run, m, comp2, outside)
+        tamper.check(run, baseline, mutations, outside)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- the issue's cases, one by one
+CASES = {
+    # name: (mutations, exit code, words the one line says)
+    "rows repeated 30x": ([("table_duplicate_rows", (1, 28))], 2, "not the table its cell wrote"),
+    "the reference's table copied into another cell": ([("table_copy_from", (2, 0))], 2,
+                                                        "not the table its cell wrote"),
+    "a cell copied from another model's run": ([("cell_from_other_run", (1,))], 2, "spec identity"),
+    "a cell folder symlinked to another": ([("cell_symlink", (1, 0))], 2, "symbolic link"),
+    "a cell copied over another, record and all": ([("cell_copy_from", (1, 0))], 2, "record of cell"),
+    "spec.json removed": ([("spec_delete", ())], 2, "no spec.json"),
+    "spec.json removed together with the failing cell": ([("spec_delete", ()), ("cell_delete", (2,))], 2,
+                                                         "no spec.json"),
+    "spec.json's model edited by hand": ([("spec_edit", (0, 7))], 2, "spec identity"),
+    "spec.json of another model's run": ([("spec_from_other_run", ())], 2, "spec identity"),
+    "a cell taken out of spec.json": ([("spec_drop_cell", (2,))], 2, "not a cell of this run"),
+    "an extra cell folder": ([("cell_extra", (0, 0))], 2, "not a cell of this run"),
+    "cell.json without its seal": ([("cell_json_drop", (1, 10))], 2, "no seal"),
+    "cell.json's cell renamed": ([("cell_json_edit", (2, 0, 10))], 2, "record of cell"),
+    "a forged staging folder whose .committed names cells": ([("forge_stage", (0, 0))], 3, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_named_case(folders, case):
+    """Each fails on the evalparity before issue 25 (its report signed off PASS, another verdict, or
+    deleted every cell); now it refuses in one line or keeps the verdict and the cells."""
+    run0, baseline, other, *_ = folders
+    mutations, code, says = CASES[case]
+    top, run, outside = _copy(run0)
+    try:
+        for m in mutations:
+            tamper.apply(run, m, other, outside)
+        got = tamper.run_cli(["report", str(run)])
+        assert got[0] == code, got
+        if says:
+            assert says in got[2] and got[2].count("error:") == 1, got[2]
+        tamper.check(run, baseline, mutations, outside)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_cell_column_and_row_count_are_checked_even_under_a_matching_seal(folders):
+    """The seal pins the bytes; the rows are checked too, so a writer that sealed a wrong table (or a seal
+    recomputed by hand) still cannot pass another cell's rows or repeated keys for this cell's."""
+    from synthetic import reseal
+
+    from evalparity.samples import read_table, write_table
+
+    run0, *_ = folders
+    for damage, says in (("cell", "not vllm-fp32's"), ("dup", "repeated rows")):
+        top, run, outside = _copy(run0)
+        path = run / "cells" / "vllm-fp32" / "samples.parquet"
+        t = read_table(path)
+        t = t.assign(cell="hf-fp32") if damage == "cell" else t.iloc[list(range(len(t))) + [0]]
+        write_table(t, path)
+        reseal(run)
+        code, _, err = tamper.run_cli(["report", str(run)])
+        assert code == 2 and says in err, err
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_out_inside_another_run_is_refused(folders, tmp_path):
+    """`--out OUTER/stats/inner` used to be deleted by the outer run's next report; inside OUTER/cells/ it
+    left the outer run at exit 5 for good."""
+    run0, *_ = folders
+    top, run, outside = _copy(run0)
+    lm = [make_lm_eval_dir(tmp_path / n, dtype=d, seed=i) for i, (n, d) in enumerate((("a", "float32"),
+                                                                                        ("b", "bfloat16")))]
+    for inner in (run / "stats" / "inner", run / "cells" / "inner", run / "cells" / "hf-fp32" / "x"):
+        before = tamper.tree_digest(run)
+        proc = evalparity("compare", *map(str, lm), "--out", str(inner))
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and "inside the run directory" in line, line
+        assert tamper.tree_digest(run) == before
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_recovery_finishes_only_what_a_command_of_the_run_staged(folders):
+    """A staging folder is finished only when the lock of the (dead) command that made it names it; a
+    forged .committed naming cells/ never replaces (deletes) the finished cells."""
+    from evalparity import rundir
+
+    run0, *_ = folders
+    top, run, outside = _copy(run0)
+    cells_before = tamper.finished_cells(run)
+    stage = run / ".tmp-outputs-12345-forged"
+    (stage / "cells").mkdir(parents=True)
+    (stage / ".committed").write_text(json.dumps({"names": ["cells"]}))
+    with rundir.acquire(run, create=False):
+        rundir.recover_outputs(run)
+    assert tamper.finished_cells(run) == cells_before and stage.is_dir()  # not ours: left alone
+    import platform
+
+    lock = run / ".evalparity.lock"  # now a dead command's lock that names it: taken over, cells still kept
+    lock.write_text(json.dumps({"host": platform.node(), "pid": 4194311, "stages": [stage.name]}))
+    with rundir.acquire(run, create=False):
+        rundir.recover_outputs(run)
+    assert tamper.finished_cells(run) == cells_before and not stage.exists()
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_task_configuration_and_software_are_part_of_the_identity(tmp_path):
+    """Resuming after a task YAML changed (max_gen_toks 12 -> 1) reported the new cell's 1-token
+    generations as drift; the identity now covers the YAMLs' contents and the software versions."""
+    from evalparity import tasks
+    from evalparity.errors import EvalParityError
+    from evalparity.matrix import prepare_run_dir
+    from evalparity.spec import CellSpec, RunSpec
+
+    inc = tmp_path / "tasks"
+    inc.mkdir()
+    (inc / "t.yaml").write_text("task: t\ngeneration_kwargs:\n  max_gen_toks: 12\n")
+    before = tasks.config_digest([str(inc)])
+    cells = (CellSpec("hf", "float32", 8), CellSpec("vllm", "float32", 8))
+    spec = RunSpec(model="m", tasks=("t",), cells=cells, include_paths=(str(inc),), task_configs=before,
+                   software=(("lm_eval", "0.4.13"),))
+    run = tmp_path / "run"
+    prepare_run_dir(run, spec)
+    (inc / "t.yaml").write_text("task: t\ngeneration_kwargs:\n  max_gen_toks: 1\n")
+    after = tasks.config_digest([str(inc)])
+    assert after != before
+    fp16 = (*cells, CellSpec("hf", "float16", 8))
+    for changed in (RunSpec(**{**spec.__dict__, "cells": fp16, "task_configs": after}),
+                    RunSpec(**{**spec.__dict__, "cells": fp16, "software": (("lm_eval", "0.4.14"),)})):
+        with pytest.raises(EvalParityError, match="different spec"):
+            prepare_run_dir(run, changed)
+    prepare_run_dir(run, RunSpec(**{**spec.__dict__, "cells": fp16}))  # the same experiment resumes
+
+
+def test_force_rerun_killed_is_incomplete_not_the_old_verdict(tiny_run, tiny_model, tiny_tasks, tmp_path):
+    """After a --force rerun whose cell was killed, report signed off on the pre-force cell. The cells a
+    forced run redoes are moved to attempts/ first, so until they finish again the run is INCOMPLETE."""
+    from evalparity.config import KILL_ENV
+
+    run = tmp_path / "r"
+    shutil.copytree(tiny_run[0], run, symlinks=True)
+    args = ["run", "--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path", str(tiny_tasks),
+            "--dtypes", "fp32,bf16", "--backends", "vllm", "--limit", "10", "--max-length", "512", "--out", str(run)]
+    proc = evalparity(*args, "--force", env={KILL_ENV: "publish-cell:vllm-bf16"}, timeout=900)
+    assert proc.returncode == 5, proc.stderr[-3000:]  # vllm-fp32 redone, vllm-bf16 killed before it published
+    rep = evalparity("report", str(run))
+    assert rep.returncode == 5 and rep.stdout.startswith("INCOMPLETE") and "vllm-bf16" in rep.stdout, \
+        (rep.stdout, rep.stderr[-2000:])
+    kept = sorted(p.parent.name for p in (run / "attempts" / "cells").glob("*/superseded-*"))
+    assert kept == ["vllm-bf16", "vllm-fp32"]  # the cells --force replaced are kept, not deleted
