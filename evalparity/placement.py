@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from evalparity import procs
 from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, unit_location
 from evalparity.errors import EvalParityError
 
@@ -71,8 +72,8 @@ class JobEnd:
 
 
 def _die_with_parent() -> None:
-    """Run in the child before exec: when the process that supervises the job dies (a Ray worker killed,
-    a host lost), the job dies too, instead of running on unsupervised and publishing late."""
+    """Run in the Ray head's process before exec: when the run dies, the head dies too (SIGKILL), and Ray's
+    reaper takes its daemons down. (Jobs get the same and more from ``procs.popen``.)"""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
@@ -85,10 +86,9 @@ def start_job(job: Job, run_dir: str, model_path: str, placement: dict) -> subpr
     too full for the process to record it in the run directory."""
     r, w = os.pipe()
     env = dict(os.environ) | job.env | {PLACEMENT_ENV: json.dumps(placement), REASON_FD_ENV: str(w)}
-    try:
-        proc = subprocess.Popen(job.argv(run_dir, model_path, sys.executable), env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                                pass_fds=(w,))
+    try:  # a process group of its own, killed with this process however it ends (procs)
+        proc = procs.popen(job.argv(run_dir, model_path, sys.executable), env=env, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,))
     except BaseException:
         os.close(r)
         raise
@@ -118,10 +118,11 @@ def run_job_here(job: Job, run_dir: str, model_path: str, placement: dict) -> tu
     """Run the job to its end here: its exit code and the reason it gave for a failure ('' if none)."""
     proc = start_job(job, run_dir, model_path, placement)
     try:
-        return proc.wait(), job_reason(proc)
+        code = proc.wait()
+        procs.ended(proc)
+        return code, job_reason(proc)
     except BaseException:
-        proc.terminate()
-        proc.wait()
+        procs.stop(proc)
         job_reason(proc)
         raise
 
@@ -171,6 +172,7 @@ class LocalExecutor:
     def poll(self) -> list[JobEnd]:
         ended = []
         if self.proc is not None and self.proc.poll() is not None:
+            procs.ended(self.proc)
             ended.append(JobEnd(self.current, self.proc.returncode, error=job_reason(self.proc),
                                 placement=self.placement))
             self.proc, self.current = None, None
@@ -184,8 +186,7 @@ class LocalExecutor:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait()
+            procs.stop(self.proc)
             job_reason(self.proc)
         self.queue.clear()
 

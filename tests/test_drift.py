@@ -7,8 +7,10 @@ import json
 
 import pytest
 import torch
-from conftest import evalparity
+from conftest import evalparity, one_line_error
+from synthetic import make_run
 
+from evalparity import rundir
 from evalparity.backends.probes import Probe
 from evalparity.drift.measure import DriftAccumulator
 from evalparity.drift.worker import probe_prompts
@@ -84,3 +86,52 @@ def test_mismatched_tokenization_is_reported_not_compared(tmp_path):
     assert acc.tokenization_mismatches == [{"prompt": 0, "first_difference": 2, "reference_len": 4,
                                             "cell_len": 4, "text": "a bb ccc dddd"}]
     assert isinstance(acc, DriftAccumulator)
+
+
+# ---------------------------------------------------------------- what drift owns (issue 25, items 3 and 5)
+def _snapshot(root):
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def test_drift_refuses_a_folder_that_names_no_model(tmp_path):
+    """A compare folder holds lm-eval outputs of some model it does not name: drift probed the embedded
+    SmolLM2 instead and added it to that folder's report."""
+    cmp_dir = tmp_path / "cmp"
+    (cmp_dir / "cells").mkdir(parents=True)
+    (cmp_dir / "compare.json").write_text(json.dumps({"schema": "evalparity.compare/1", "inputs": [], "names": []}))
+    before = _snapshot(cmp_dir)
+    for extra in ([], ["--model", str(tmp_path / "some-model")]):
+        line = one_line_error(evalparity("drift", "--run-dir", str(cmp_dir), *extra, "--device", "cpu", timeout=120))
+        assert "comparison of lm-eval outputs" in line and "pass --model and --prompts" in line, line
+    line = one_line_error(evalparity("drift", "--run-dir", str(tmp_path), "--device", "cpu", timeout=120))
+    assert "no spec.json" in line and "pass --model and --prompts" in line, line
+    assert _snapshot(cmp_dir) == before
+
+
+def test_drift_takes_the_run_lock(tmp_path):
+    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4)
+    with rundir.acquire(run, create=False):  # a live holder: this test's own process
+        before = _snapshot(run)
+        proc = evalparity("drift", "--run-dir", str(run), "--cells", "hf-bf16", "--device", "cpu", timeout=120)
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and "in use by another evalparity" in line, line
+        assert _snapshot(run) == before
+
+
+def test_drift_publishes_into_the_run_staged_and_leaves_it_alone_with_out(tiny_model, tmp_path):
+    """With --out elsewhere the run is only read (its report was rewritten); without, drift/ and the report
+    are swapped in together, with nothing of the staging left behind."""
+    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=3)
+    assert evalparity("report", str(run)).returncode in (0, 3, 4)
+    before = _snapshot(run)
+    args = ["--model", str(tiny_model), "--cells", "hf-bf16", "--n-prompts", "2", "--gen-tokens", "2",
+            "--max-length", "128", "--device", "cpu"]
+    proc = evalparity("drift", "--run-dir", str(run), "--out", str(tmp_path / "elsewhere"), *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "elsewhere" / "hf-bf16.json").is_file()
+    assert _snapshot(run) == before
+    proc = evalparity("drift", "--run-dir", str(run), *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / "drift" / "hf-bf16.json").is_file() and (run / "drift" / "hf-bf16.log").is_file()
+    assert "hf-bf16" in (run / "report" / "report.md").read_text().split("drift", 1)[-1]
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # no stage, trash or lock

@@ -8,8 +8,10 @@ from typing import Annotated
 
 import typer
 
-from evalparity.cli.options import Device
-from evalparity.cli.output import console
+from evalparity import config, rundir
+from evalparity.cli.options import Device, at_least, positive_finite
+from evalparity.cli.output import console, safe
+from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, DRIFT, REPORT, SPEC_FILE, STATS, VERDICTS_FILE
 from evalparity.devices import resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.files import read_json
@@ -20,7 +22,7 @@ from evalparity.spec import split_list
 def drift(
     run_dir: Annotated[Path | None, typer.Option(help="Run directory: prompts come from its tasks, results go to RUN_DIR/drift and its report.")] = None,
     prompts: Annotated[Path | None, typer.Option(help="Prompt file instead: .txt (one a line) or .jsonl with a 'prompt' field.")] = None,
-    model: Annotated[str | None, typer.Option(help="Local path or hub id (default: the run's model, else the embedded one).")] = None,
+    model: Annotated[str | None, typer.Option(help="Local path or hub id (default: the run's model; with --prompts, the embedded one).")] = None,
     cells: Annotated[str, typer.Option(help="Cells to probe, comma-separated.")] = "vllm-fp32,vllm-bf16,vllm-fp16,hf-bf16,hf-fp16",
     reference: Annotated[str, typer.Option(help="Reference cell.")] = "hf-fp32",
     n_prompts: Annotated[int, typer.Option(help="Prompts to take from the run.")] = 200,
@@ -28,51 +30,103 @@ def drift(
     threshold: Annotated[float, typer.Option(help="Relative error above which a layer counts as drifted.")] = 1e-3,
     max_length: Annotated[int, typer.Option(help="Longest prompt + generation, in tokens.")] = 2048,
     device: Device = "auto",
-    out: Annotated[Path | None, typer.Option(help="Output folder (default: RUN_DIR/drift, or results/drift-<timestamp>).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output folder (default: RUN_DIR/drift, published with its report; or results/drift-<timestamp>). Given with --run-dir, the run is only read.")] = None,
     dump: Annotated[bool, typer.Option(help="Also save every prompt's hidden states of both backends (large).")] = False,
 ) -> None:
     """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
     from evalparity.drift import prompts_from_file, prompts_from_run, run_drift  # heavy: pandas, torch
 
-    check_arguments(run_dir, prompts, n_prompts)
-    if run_dir is not None and model is None:
-        model = run_model(run_dir)
-    dev = resolve_device(device)
-    _, model_path, max_len = resolve_model(model, max_length)
-    texts = prompts_from_run(run_dir, n_prompts) if run_dir is not None else prompts_from_file(prompts)[:n_prompts]
-    dest = out or (run_dir / "drift" if run_dir is not None else Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}")
-    t0 = time.perf_counter()
-    results = run_drift(str(model_path), texts, split_list(cells), dest, reference=reference, device=dev,
-                        max_len=max_len, gen_tokens=gen_tokens, threshold=threshold, dump=dump, console=console)
-    console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {dest}")
+    check_arguments(run_dir, prompts, n_prompts, gen_tokens=gen_tokens, threshold=threshold, max_length=max_length)
+    if run_dir is not None:
+        check_is_run(run_dir)
+    # The folder drift writes into is locked before anything loads: the run's (drift/ and its report), or a
+    # folder of its own (--out, or without a run), the run then only read.
+    into = run_dir is not None and out is None
+    dest = run_dir / DRIFT if into else out or Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}"
+    lock = rundir.acquire(run_dir, create=False, flag="--run-dir") if into else rundir.acquire(dest, flag="--out")
+    with lock:
+        if run_dir is not None and model is None:
+            model = run_model(run_dir)
+        dev = resolve_device(device)
+        _, model_path, max_len = resolve_model(model, max_length)
+        texts = prompts_from_run(run_dir, n_prompts) if run_dir is not None else prompts_from_file(prompts)[:n_prompts]
+        todo = split_list(cells)
+        t0 = time.perf_counter()
+
+        def probe(folder: Path, shown: Path) -> dict[str, dict]:
+            return run_drift(str(model_path), texts, todo, folder, reference=reference, device=dev, max_len=max_len,
+                             gen_tokens=gen_tokens, threshold=threshold, dump=dump, console=console, shown=shown)
+
+        results, html = into_run(run_dir, probe) if into else (probe(dest, dest), None)
+    console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {safe(dest)}")
     for c, s in results.items():
         layers = s["layers"]
         console.print(f"  {c}: rel error layer 1 {layers[1]['rel_error']:.2e}, final {layers[-1]['rel_error']:.2e}, "
                       f"first over {threshold:g}: {s['first_layer_over_threshold']}, "
                       f"mean |Δ logprob| {s['prompt_logprobs']['abs_mean']:.2e}, "
                       f"tokenization mismatches {len(s['tokenization_mismatches'])}")
-    if run_dir is not None and (run_dir / "stats" / "verdicts.json").exists():
-        from evalparity.report import write_report  # heavy: pandas, jinja2, matplotlib
-
-        console.print(f"report: {write_report(run_dir)['html']}")
-    if len(results) < len([c for c in split_list(cells) if c != reference]):
+    if html is not None:
+        console.print(f"report: {safe(html)}")
+    if len(results) < len([c for c in todo if c != reference]):
         raise typer.Exit(EXIT_CELL_FAILED)
 
 
-def check_arguments(run_dir: Path | None, prompts: Path | None, n_prompts: int) -> None:
-    """What only the command line can get wrong, before a model loads: one source of prompts, and some."""
+def into_run(run_dir: Path, probe) -> tuple[dict[str, dict], Path | None]:
+    """Drift into ``run_dir/drift`` and, when the run has its statistics, its report again, both written into
+    a staging folder and swapped in together (``rundir.staged_outputs``, as ``report`` does): a kill or an
+    error midway leaves the previous drift/ and report/ whole. Call it holding the run's lock. Returns the
+    results and the report's path (None when the run has no statistics yet: ``report`` writes it later)."""
+    from evalparity.report import write_report  # heavy: pandas, jinja2, matplotlib
+
+    with_report = (run_dir / STATS / VERDICTS_FILE).exists()
+    names = (DRIFT, REPORT) if with_report else (DRIFT,)
+    staged = ""
+    try:
+        with rundir.staged_outputs(run_dir, names) as stage:
+            staged = str(stage)
+            results = probe(stage / DRIFT, run_dir / DRIFT)
+            html = run_dir / Path(write_report(stage)["html"]).relative_to(stage) if with_report else None
+    except EvalParityError as err:  # messages name the run directory, not the staging folder
+        raise EvalParityError(str(err).replace(staged, str(run_dir)) if staged else str(err), err.exit_code) from None
+    except OSError as err:
+        raise EvalParityError(f"could not write the drift results into {run_dir} ({err.strerror or err}): free "
+                              "space or make it writable, then rerun (the previous drift/ and report/ are "
+                              "unchanged)") from None
+    return results, html
+
+
+def check_arguments(run_dir: Path | None, prompts: Path | None, n_prompts: int, *, gen_tokens: int = 0,
+                    threshold: float = 1e-3, max_length: int = 2048) -> None:
+    """What only the command line can get wrong, before a model loads: one source of prompts, and some;
+    numbers in range; the ``EVALPARITY_*`` switches."""
     if (run_dir is None) == (prompts is None):
         raise EvalParityError("give exactly one of --run-dir (prompts from a run) or --prompts FILE")
     if n_prompts < 1:
         raise EvalParityError(f"--n-prompts {n_prompts} must be at least 1")
+    at_least("--gen-tokens", gen_tokens, 0, "tokens; 0 is off")
+    at_least("--max-length", max_length, 1, "tokens of prompt and generation")
+    positive_finite("--threshold", threshold, "1e-3")
+    config.check_environment()
 
 
-def run_model(run_dir: Path) -> str | None:
-    """The model a run's cells loaded (their ``model_path``), so that drift probes the model the verdicts are
-    about; None when the folder holds no run (then the embedded model)."""
-    if not (run_dir / "spec.json").exists():
-        return None
+def check_is_run(run_dir: Path) -> None:
+    """Drift's results belong beside the verdicts of the model they probe. A folder that is not an
+    ``evalparity run`` (a comparison of lm-eval outputs, or no run at all) names no model: refused, where the
+    embedded model used to be probed in its place and added to that folder's report."""
+    if not (run_dir / SPEC_FILE).is_file():
+        what = ("a comparison of lm-eval outputs (compare.json), which names no model" if (run_dir / COMPARE_FILE).is_file()
+                else "not a run directory of `evalparity run` (no spec.json)")
+        raise EvalParityError(f"--run-dir {run_dir} is {what}: there is no model to probe; pass --model and "
+                              "--prompts instead")
 
 
-    return next((m["model_path"] for p in sorted((run_dir / "cells").glob("*/cell.json"))
-                 if isinstance((m := read_json(p) or {}).get("model_path"), str)), None)
+def run_model(run_dir: Path) -> str:
+    """The model a run's cells loaded (their ``model_path``), else the one its spec names, so that drift probes
+    the model the verdicts are about."""
+    found = next((m["model_path"] for p in sorted((run_dir / CELLS).glob(f"*/{CELL_FILE}"))
+                  if isinstance((m := read_json(p) or {}).get("model_path"), str)), None)
+    spec_model = (read_json(run_dir / SPEC_FILE) or {}).get("model")
+    if found is None and not isinstance(spec_model, str):
+        raise EvalParityError(f"{run_dir / SPEC_FILE} names no model and no cell of the run recorded one: pass "
+                              "--model")
+    return found or spec_model

@@ -19,7 +19,7 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from evalparity import backends
+from evalparity import backends, procs
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.matrix import cell_environment
@@ -66,8 +66,12 @@ def parse_cell(name: str) -> tuple[str, str, bool]:
 
 def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, *, reference: str = "hf-fp32",
               device: str = "cpu", max_len: int = 2048, gen_tokens: int = 32, threshold: float = 1e-3,
-              dump: bool = False, console: Console | None = None) -> dict[str, dict]:
+              dump: bool = False, console: Console | None = None, shown: Path | None = None) -> dict[str, dict]:
+    """Probe every cell against the reference, one worker process per cell (``procs.popen``: it dies with this
+    process, its engine subprocesses with it), into ``out``. ``shown``: where ``out`` will be once published
+    (``out`` a staging folder), for the paths that messages name."""
     console = console or Console(stderr=True)
+    shown = shown or out
     if not prompts:
         raise EvalParityError("no prompts to probe: pass --prompts FILE or a run directory with samples")
     parse_cell(reference)
@@ -88,20 +92,25 @@ def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, 
             task = bar.add_task(f"drift {c} vs {reference}", total=len(prompts))
             t0 = time.perf_counter()
             with open(out / f"{c}.log", "w") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "evalparity.drift.worker", str(out), c],
-                                        stdout=log, stderr=subprocess.STDOUT, env=env)
-                while proc.poll() is None:
-                    try:
-                        st = json.loads((out / f".{c}.progress.json").read_text())
-                        bar.update(task, completed=st.get("n", 0))
-                    except (OSError, json.JSONDecodeError):
-                        pass
-                    time.sleep(0.5)
+                proc = procs.popen([sys.executable, "-m", "evalparity.drift.worker", str(out), c],
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
+                try:
+                    while proc.poll() is None:
+                        try:
+                            st = json.loads((out / f".{c}.progress.json").read_text())
+                            bar.update(task, completed=st.get("n", 0))
+                        except (OSError, json.JSONDecodeError):
+                            pass
+                        time.sleep(0.5)
+                except BaseException:  # Ctrl-C, or an error here: the worker and its engine go first
+                    procs.stop(proc)
+                    raise
+                procs.ended(proc)
             wall = time.perf_counter() - t0
             path = out / f"{c}.json"
             if proc.returncode != 0 or not path.exists():
                 tail = (out / f"{c}.log").read_text().strip().splitlines()[-1:] or ["no output"]
-                console.print(f"[red]drift {c} failed[/red]: {tail[0][:200]} (log: {out / (c + '.log')})")
+                console.print(f"[red]drift {c} failed[/red]: {tail[0][:200]} (log: {shown / (c + '.log')})")
                 continue
             results[c] = json.loads(path.read_text())
             bar.update(task, completed=len(prompts), description=f"drift {c} vs {reference}: {wall:.0f}s")

@@ -1,0 +1,187 @@
+"""Child processes that die with the command that started them, however it ends.
+
+A cell or a drift worker holds GPU memory; one left running after its command is gone holds it until someone
+finds and kills it (an ``evalparity drift`` killed by ``timeout`` left a vLLM worker holding 44 GiB). So every
+child is started by ``popen``, which gives it
+
+- a process group of its own (its engine subprocesses, vLLM's EngineCore for one, are born into it), which
+  the parent kills whole on each of its exit paths: a normal return or an exception (``atexit``), Ctrl-C
+  (KeyboardInterrupt unwinds to ``atexit``), and SIGTERM or SIGHUP (``timeout``, a closed terminal, a batch
+  scheduler), which are caught here, passed on to the groups, and then take the parent down as before;
+- ``PR_SET_PDEATHSIG``: the kernel sends the child SIGKILL when its parent dies, even by SIGKILL, where no
+  exit path of the parent runs;
+- a guard in its group (a small ``python -S`` process, another child of the parent, with SIGTERM as its
+  parent-death signal) that kills the group when the parent dies that way, so the grandchildren go too.
+
+The parent-death signal fires when the *thread* that started the child exits, not the process: start children
+from the thread that lives as long as they should (every caller here starts them from the main thread; a
+Ray task runs ``placement.run_job_here`` on its worker's main thread).
+
+A leaf module: the standard library only, so that the executors and the drift share it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # what stops a command from outside; SIGINT unwinds as Ctrl-C
+
+# The guard: in the child's process group, it kills that group (itself included) when the parent dies, or
+# straight away if the parent is already gone (reparented) by the time it runs. SIGTERM, its parent-death
+# signal, arrives blocked (``_guard_setup``) and is unblocked once the handler is in place, so it cannot kill
+# the guard before the guard can act on it.
+_GUARD = """
+import os, signal, sys
+def kill(*_):
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGTERM, kill)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+if os.getppid() != int(sys.argv[1]):
+    kill()
+while True:
+    signal.pause()
+"""
+
+_children: dict[int, subprocess.Popen] = {}  # pid (= its process group) -> the child, until it has ended
+_lock = threading.RLock()  # re-entrant: the signal handler may run while the main thread holds it
+_prctl: Callable | None = None
+
+
+def _load_prctl() -> Callable | None:
+    """libc's prctl, looked up in the parent: a child between fork and exec must not load a library (another
+    thread of the parent may hold the loader's lock at the fork)."""
+    global _prctl
+    if _prctl is None and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return _prctl
+
+
+def _die_with_parent(sig: int) -> None:
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, sig)
+
+
+def _child_setup() -> None:
+    """In the child, after fork and before exec: a process group of its own, SIGKILL when the parent dies."""
+    os.setpgid(0, 0)
+    _die_with_parent(signal.SIGKILL)
+
+
+def _guard_setup(group: int) -> Callable[[], None]:
+    def setup() -> None:
+        os.setpgid(0, group)  # into the child's group (the same session: hence setpgid, not setsid, above)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        _die_with_parent(signal.SIGTERM)
+    return setup
+
+
+def popen(argv: list[str], **kwargs) -> subprocess.Popen:
+    """``subprocess.Popen(argv, **kwargs)`` for a child that must not outlive this process (see the module's
+    docstring). Call ``ended`` once it has ended (or ``stop`` to end it), from the thread that started it."""
+    _load_prctl()
+    _install_handlers()
+    proc = subprocess.Popen(argv, preexec_fn=_child_setup, **kwargs)
+    with _lock:
+        _children[proc.pid] = proc
+    try:
+        proc.guard = subprocess.Popen(  # type: ignore[attr-defined]
+            [sys.executable, "-S", "-c", _GUARD, str(os.getpid())], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_guard_setup(proc.pid))
+    except (OSError, subprocess.SubprocessError):  # the child ended already (its group is gone): no guard needed
+        proc.guard = None  # type: ignore[attr-defined]
+    return proc
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to the child's whole process group (the child, its guard, its own children)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def ended(proc: subprocess.Popen) -> None:
+    """The child has ended and been waited for: kill what it left behind in its group (an engine process that
+    outlived it, its guard) and forget it. Done at once, while the group's id cannot belong to anyone else."""
+    kill_group(proc)
+    guard = getattr(proc, "guard", None)
+    if guard is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            guard.wait(timeout=5)
+    with _lock:
+        _children.pop(proc.pid, None)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> int:
+    """End the child: SIGTERM to its group (it may record why it stopped), SIGKILL after ``grace_s``; returns
+    its exit status."""
+    if proc.poll() is None:
+        kill_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            proc.wait()
+    ended(proc)
+    return proc.returncode
+
+
+def kill_all() -> None:
+    """SIGKILL every child's group that has not been reported ended: this process is leaving."""
+    with _lock:
+        left = list(_children.values())
+        _children.clear()
+    for proc in left:
+        kill_group(proc)
+    for proc in left:
+        for p in (proc, getattr(proc, "guard", None)):
+            if p is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+                    p.wait(timeout=5)
+
+
+def live_children() -> list[int]:
+    """Pids of the children started here and not yet reported ended (for tests and messages)."""
+    with _lock:
+        return sorted(_children)
+
+
+_installed = False
+
+
+def _install_handlers() -> None:
+    """Once, from the main thread: SIGTERM/SIGHUP kill the children's groups, then do what they did before
+    (a handler already installed is called; the default one ends this process by the same signal, so its
+    exit status still says SIGTERM). Elsewhere (not the main thread) only ``atexit`` and the parent-death
+    signal cover the children."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    atexit.register(kill_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in EXIT_SIGNALS:
+        previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN or previous is None:  # ignored on purpose (nohup), or not set from Python
+            continue
+        signal.signal(sig, _make_handler(sig, previous))
+
+
+def _make_handler(sig: int, previous) -> Callable:
+    def handler(signum, frame) -> None:
+        kill_all()
+        if callable(previous):
+            previous(signum, frame)
+            return
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    return handler

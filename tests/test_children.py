@@ -1,0 +1,141 @@
+"""Children die with their parent (issue 25, item 5): a command killed by SIGKILL or SIGTERM (``timeout``)
+leaves no process behind, so none keeps holding GPU memory. Each case kills the parent once its children
+exist and checks that every one of them is gone within a few seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import evalparity  # noqa: F401 - the sys.path entry for tests/
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A parent that starts, through procs.popen, a child that starts a grandchild of its own (as vLLM starts its
+# engine process), prints the pids (child, grandchild, the child's guard), then ends as {end} says.
+PARENT = """
+import subprocess, sys, time
+from evalparity import procs
+child = procs.popen([sys.executable, "-c",
+                     "import subprocess, sys, time; g = subprocess.Popen(['sleep', '300']); "
+                     "print(g.pid, flush=True); time.sleep(300)"], stdout=subprocess.PIPE, text=True)
+print(child.pid, child.stdout.readline().strip(), child.guard.pid, flush=True)
+{end}
+"""
+
+
+def cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # ended meanwhile
+        return ""
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def wait_for(predicate, timeout: float = 120.0, what: str = "") -> None:
+    t0 = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - t0 < timeout, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def running(pids: list[int], timeout: float = 5.0) -> list[int]:
+    """The pids still running (not zombies) after up to ``timeout`` seconds."""
+    t0 = time.monotonic()
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() - t0 > timeout:
+            return alive
+
+
+def start_parent(end: str) -> tuple[subprocess.Popen, list[int]]:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT.format(end=end)], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT)
+    pids = [int(x) for x in parent.stdout.readline().split()]
+    assert len(pids) == 3, pids
+    return parent, pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_child_and_grandchild_die_with_the_parent(sig):
+    parent, pids = start_parent("time.sleep(300)")
+    try:
+        assert set(pids) == {p.pid for p in descendants(parent.pid)}
+        parent.send_signal(sig)
+        assert parent.wait(timeout=10) == -sig  # SIGTERM still ends it as SIGTERM (timeout's exit status)
+        assert running(pids) == []
+    finally:
+        parent.kill()
+
+
+ENDED = "child.wait(); procs.ended(child); print('ended', flush=True); time.sleep(300)"
+
+
+@pytest.mark.parametrize("end", ["raise SystemExit(7)", "raise KeyboardInterrupt", ENDED])
+def test_children_die_on_every_exit_path(end):
+    """A return, an error, Ctrl-C; and a child that ended by itself, once its parent saw it end
+    (``procs.ended``, as the executors do), takes its leftovers (and its guard) with it."""
+    parent, pids = start_parent(end)
+    try:
+        if end == ENDED:
+            os.kill(pids[0], signal.SIGKILL)
+            assert parent.stdout.readline().strip() == "ended"
+            assert running(pids) == [] and parent.poll() is None
+        else:
+            assert parent.wait(timeout=30) in (7, -signal.SIGINT)  # an uncaught KeyboardInterrupt: SIGINT
+            assert running(pids) == []
+    finally:
+        parent.kill()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_drift_leaves_no_worker(tiny_model, tmp_path, sig):
+    """`timeout` (SIGTERM) on `evalparity drift` left its worker running, holding 44 GiB of an H200."""
+    (tmp_path / "p.txt").write_text("the cat sat on the mat\n")
+    cmd = [sys.executable, "-m", "evalparity.cli", "drift", "--model", str(tiny_model), "--prompts",
+           str(tmp_path / "p.txt"), "--cells", "hf-bf16", "--device", "cpu", "--out", str(tmp_path / "o")]
+    parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        wait_for(lambda: any("evalparity.drift.worker" in cmdline(p) for p in descendants(parent.pid)),
+                 what="the drift worker")
+        everyone = [p.pid for p in descendants(parent.pid)]
+        parent.send_signal(sig)
+        parent.wait(timeout=20)
+        assert running(everyone) == [], [cmdline(psutil.Process(p)) for p in running(everyone, 0)]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_a_killed_run_leaves_no_cell(tiny_model, tiny_tasks, tmp_path):
+    """SIGKILL of `evalparity run` once a cell's process exists: the cell, and its group, go with it."""
+    cmd = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
+           "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "4",
+           "--max-length", "256", "--out", str(tmp_path / "r")]
+    parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+                              env=dict(os.environ))
+    try:
+        wait_for(lambda: any("evalparity.cells" in cmdline(p) for p in descendants(parent.pid)),
+                 timeout=300, what="a cell process")
+        everyone = [p.pid for p in descendants(parent.pid)]
+        parent.kill()
+        parent.wait(timeout=20)
+        assert running(everyone) == [], [cmdline(psutil.Process(p)) for p in running(everyone, 0)]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
