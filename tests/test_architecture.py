@@ -36,6 +36,7 @@ PACKAGE = ROOT / "evalparity"
 STAGES: list[tuple[str, ...]] = [
     ("evalparity", "evalparity.errors", "evalparity.config", "evalparity.files", "evalparity.quiet",  # leaves
      "evalparity.printable",  # user text shown, not obeyed: control characters written out
+     "evalparity.procs",  # child processes that die with their parent (stdlib only)
      "evalparity.shapes",  # what the memory plan and the backends share: model shapes, dtype sizes
      "evalparity.backends.registry",  # backend names only: spec checks them; the modules load when picked
      "evalparity.backends.base"),  # the contract the registry checks: a Protocol, typing only at run time
@@ -53,7 +54,7 @@ STAGES: list[tuple[str, ...]] = [
 ]
 # Leaf modules: what the whole package shares, importing nothing of it but these.
 LEAVES = {"evalparity.errors": set(), "evalparity.config": set(), "evalparity.quiet": set(),
-          "evalparity.printable": set(),
+          "evalparity.printable": set(), "evalparity.procs": set(),
           "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set()}
 # What `import evalparity.cli` must not load (seconds of start-up each; the verbs load them when they run).
 HEAVY = ("torch", "lm_eval", "vllm", "pandas", "scipy", "numpy", "transformers", "datasets", "pyarrow",
