@@ -6,9 +6,14 @@ For discordance ψ in {0.5%, 1%, 5%, 20%}, n in {100, 300, 1000, 3000, 10000} an
 INCONCLUSIVE are printed. Required: P(FAIL) ≤ α wherever |Δ| ≤ m, and P(EQUIVALENT) ≤ α wherever |Δ| ≥ m.
 A design point with |Δ| > ψ is impossible (|Δ| ≤ ψ always) and shown as such.
 
+A second grid puts the interval wide against the margin (margins of 0.1–1 pp at ψ up to 40 %), where both
+beyond-margin claims are false at once inside the margin (``verdict.beyond_pvalue``). ``--planner`` prints
+the planner's n for EQUIVALENT at 80 % and 90 % power beside the exact P(EQUIVALENT) at that n and the
+smallest n whose exact P reaches the target (bisection on the exact P, which is saw-toothed in n).
+
 Then a Monte-Carlo check of the family rule (10 and 60 comparisons, Holm) and of ``--cluster``.
 
-    python benchmarks/verdict_calibration.py [--direction both|worse] [--mc 4000]
+    python benchmarks/verdict_calibration.py [--direction both|worse] [--mc 4000] [--planner] [--skip-mc]
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import time
 
 import numpy as np
 
-from evalparity.stats import calibration, multiplicity, paired, verdict
+from evalparity.stats import calibration, multiplicity, paired, power, verdict
 
 ALPHA, MARGIN = 0.05, 0.01
 PSIS = (0.005, 0.01, 0.05, 0.20)
@@ -31,7 +36,7 @@ def grid(direction: str) -> bool:
     print(f"exact enumeration, one comparison, m = 1 pp, α = {ALPHA}, direction {direction}; true Δ = −ratio·m "
           "for 'worse' (a drop), +ratio·m otherwise")
     print(f"{'ψ':>6} {'n':>6} {'Δ/m':>5} | {'P(PASS)':>9} {'P(FAIL)':>9} {'P(SHIFT)':>9} {'P(INC)':>9} | check")
-    worst_fail_inside, worst_eq_outside = 0.0, 0.0
+    worst_fail_inside, worst_eq_outside, fail_at_margin = 0.0, 0.0, []
     for psi in PSIS:
         for n in NS:
             for ratio in RATIOS:
@@ -46,6 +51,8 @@ def grid(direction: str) -> bool:
                     worst_fail_inside = max(worst_fail_inside, o.different)
                     if o.different > ALPHA:
                         check += " FAIL>α inside the margin!"
+                if ratio == 1.0:
+                    fail_at_margin.append((n, o.different))
                 if ratio >= 1.0:
                     worst_eq_outside = max(worst_eq_outside, o.equivalent)
                     if o.equivalent > ALPHA:
@@ -55,6 +62,59 @@ def grid(direction: str) -> bool:
                       f"{o.inconclusive:9.4f} | {check or 'ok'}" + (f" (skipped mass {o.skipped:.1e})"
                                                                    if o.skipped > 1e-9 else ""))
     print(f"worst P(FAIL) with |Δ| ≤ m: {worst_fail_inside:.4f}; worst P(PASS) with |Δ| ≥ m: {worst_eq_outside:.4f}")
+    big = [p for n, p in fail_at_margin if n >= 1000]
+    if big:
+        print(f"P(FAIL) at Δ = m, n ≥ 1,000 (where Δ = m is possible): {min(big):.4f} … {max(big):.4f}")
+    return ok
+
+
+def wide(direction: str) -> bool:
+    """The interval wide against the margin: small margins at large ψ. P(FAIL) ≤ α where |Δ| ≤ m."""
+    if direction != "both":
+        return True
+    ok, worst = True, 0.0
+    print(f"\nwide intervals: P(FAIL) at |Δ| ≤ m (Δ/m = 0, 0.5, 1), α = {ALPHA}")
+    for psi in (0.05, 0.2, 0.4):
+        for m in (0.001, 0.002, 0.005, 0.01):
+            for n in (100, 300, 1000, 3000, 10000):
+                row = [calibration.verdict_probabilities(n, (psi - r * m) / 2, (psi + r * m) / 2, margin=m,
+                                                         alpha=ALPHA).different for r in (0.0, 0.5, 1.0)]
+                worst = max(worst, *row)
+                bad = max(row) > ALPHA
+                ok &= not bad
+                print(f"  ψ = {psi:5.1%}, m = {100 * m:.1f} pp, n = {n:6,}: " + " ".join(f"{x:.4f}" for x in row)
+                      + (" FAIL>α!" if bad else ""))
+    print(f"worst P(FAIL) with |Δ| ≤ m, wide intervals: {worst:.4f}")
+    return ok
+
+
+def exact_eq(n: int, psi: float, m: float) -> float:
+    return calibration.verdict_probabilities(int(n), psi / 2, psi / 2, margin=m, alpha=ALPHA).equivalent
+
+
+def planner() -> bool:
+    """The planner's n (Δ = 0) against the exact rule: P(EQUIVALENT) at that n must reach the target."""
+    ok = True
+    print(f"\nplanner: n for EQUIVALENT at Δ = 0 against exact enumeration, α = {ALPHA}")
+    print(f"{'ψ':>6} {'m':>6} {'power':>5} | {'planner n':>10} {'exact P':>8} | {'exact n':>9} {'planner/exact':>13}")
+    for m in (0.005, 0.01, 0.02, 0.05):
+        for psi in (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4):
+            for target in (0.8, 0.9):
+                n = power.n_for_equivalence(m, psi, alpha=ALPHA, power=target)
+                if n > 200_000:
+                    print(f"{psi:6.3f} {100 * m:4.1f}pp {target:5.1f} | {n:10,} (not enumerated: > 200,000 docs)")
+                    continue
+                p = exact_eq(n, psi, m)
+                lo, hi = max(1, n // 4), n
+                while exact_eq(lo, psi, m) >= target and lo > 1:
+                    lo //= 2
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (lo, mid) if exact_eq(mid, psi, m) >= target else (mid, hi)
+                bad = p < target
+                ok &= not bad
+                print(f"{psi:6.3f} {100 * m:4.1f}pp {target:5.1f} | {n:10,} {p:8.4f} | {hi:9,} {n / hi:13.3f}"
+                      + (" below target!" if bad else ""), flush=True)
     return ok
 
 
@@ -172,9 +232,13 @@ def main() -> None:
     ap.add_argument("--direction", default="both", choices=("both", "worse"))
     ap.add_argument("--mc", type=int, default=2000, help="Monte-Carlo runs per family/cluster setting")
     ap.add_argument("--skip-mc", action="store_true")
+    ap.add_argument("--planner", action="store_true", help="also the planner's n against exact enumeration")
     a = ap.parse_args()
     t0 = time.perf_counter()
     ok = grid(a.direction)
+    ok &= wide(a.direction)
+    if a.planner:
+        ok &= planner()
     if not a.skip_mc:
         ok &= family(a.mc)
         ok &= cluster(a.mc // 4)
