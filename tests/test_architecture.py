@@ -40,7 +40,7 @@ STAGES: list[tuple[str, ...]] = [
      "evalparity.shapes",  # what the memory plan and the backends share: model shapes, dtype sizes
      "evalparity.backends.registry",  # backend names only: spec checks them; the modules load when picked
      "evalparity.backends.base"),  # the contract the registry checks: a Protocol, typing only at run time
-    ("evalparity.spec", "evalparity.rundir", "evalparity.runlog", "evalparity.stats.options"),
+    ("evalparity.spec", "evalparity.rundir", "evalparity.records", "evalparity.runlog", "evalparity.stats.options"),
     ("evalparity.data", "evalparity.task_index", "evalparity.tasks", "evalparity.models", "evalparity.devices",
      "evalparity.memplan"),
     ("evalparity.backends",),
