@@ -16,7 +16,7 @@ import sys
 import typer
 
 from evalparity.cli import compare, doctor, drift, models, report, run
-from evalparity.cli.output import configure_logging, console, safe, signed_off
+from evalparity.cli.output import configure_logging, console, error_line, signed_off
 from evalparity.errors import EvalParityError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -44,7 +44,7 @@ def main() -> None:
             _interrupted()
         _exit(rc if isinstance(rc, int) else 0)
     except EvalParityError as err:
-        console.print(f"[red]error:[/red] {safe(err)}", soft_wrap=True, highlight=False)
+        console.print(error_line(err), soft_wrap=True, highlight=False)
         _exit(err.exit_code if signed_off() is None else signed_off())  # after the sign-off, its code stands
     except typer.Exit as e:
         _exit(e.exit_code)
@@ -55,14 +55,14 @@ def main() -> None:
             ctx = getattr(err, "ctx", None)
             where = ctx.command_path if ctx is not None else "evalparity"
             if err.format_message():  # empty: a command group given no command, whose help is shown already
-                console.print(f"[red]error:[/red] {safe(err.format_message())} (see `{safe(where)} --help`)",
-                              soft_wrap=True, highlight=False)
+                console.print(error_line(f"{err.format_message()} (see `{where} --help`)"), soft_wrap=True,
+                              highlight=False)
             _exit(err.exit_code)
         if _is_click(err, "Abort"):  # older typer (click) turns Ctrl-C inside a command into Abort
             _interrupted()
         if signed_off() is not None:  # a failure after the verdict was printed cannot take it back
-            console.print(f"[red]internal error after the sign-off[/red]: {safe(type(err).__name__)}: "
-                          f"{safe(err)}", soft_wrap=True, highlight=False)
+            console.print(error_line(f"{type(err).__name__}: {err}", "internal error after the sign-off:"),
+                          soft_wrap=True, highlight=False)
             _exit(signed_off())
         raise
 

@@ -23,13 +23,24 @@ from rich.text import Text
 
 from evalparity.printable import visible
 
-console = Console(stderr=True)
+console = Console(stderr=True, emoji=False)  # ':smile:' in a task name stays as typed
 
 
 def safe(text: object) -> str:
     """``text`` for a console line that may hold rich markup: control characters visible and markup
-    escaped, so it prints exactly as written, whatever brackets it holds."""
-    return escape(visible(text))
+    escaped, so it prints as written, whatever brackets it holds. Backslashes at its end are doubled (rich's
+    own ``escape`` gets two or more wrong, and three make the line's next tag a MarkupError): right before a
+    tag they print as written, before plain text twice; a line that ends with user text is better built as a
+    ``Text``, never parsed (``error_line``)."""
+    shown = visible(text)
+    body = shown.rstrip("\\")
+    return escape(body) + "\\" * (2 * (len(shown) - len(body)))
+
+
+def error_line(message: object, label: str = "error:") -> Text:
+    """The one line an error prints: ``label`` in red, then ``message`` as plain text (never read as markup,
+    control characters visible), exactly as written."""
+    return Text.assemble((label, "red"), " ", visible(message))
 
 
 class ConsoleHandler(logging.Handler):
@@ -77,9 +88,9 @@ def sign_off(status: str, reason: str, report: object, code: int) -> None:
         pass
     try:
         style = {"PASS": "green", "FAIL": "red"}.get(status, "yellow")
-        console.print(f"[bold {style}]sign-off: {safe(status)}[/bold {style}] ({safe(reason)})", soft_wrap=True,
-                      highlight=False)
-        console.print(f"report: {safe(report)}", soft_wrap=True, highlight=False)
+        console.print(Text.assemble((f"sign-off: {visible(status)}", f"bold {style}"), f" ({visible(reason)})"),
+                      soft_wrap=True, highlight=False)
+        console.print(Text(f"report: {visible(report)}"), soft_wrap=True, highlight=False)
     except Exception:  # noqa: BLE001 - the console is a courtesy; the stdout line below is the result
         pass
     try:
