@@ -1,9 +1,11 @@
 """Every switch and path evalparity reads, in one place: its environment variables, its cache directory and
 the layout of a run directory.
 
-A leaf module: it imports nothing of evalparity, so that any module can use it without an import cycle.
-Variables are read when a function here is called, never at import, so a test (or a parent process) that
-sets one later is still heard.
+A leaf module: it imports nothing of evalparity but the leaf ``errors``, so that any module can use it
+without an import cycle. Variables are read when a function here is called, never at import, so a test (or a
+parent process) that sets one later is still heard; a function that reads a user's switch checks its value
+there, and a bad one is a one-line ``EvalParityError`` naming the variable (``check_environment`` reads them
+all, for a command to refuse them before it starts anything).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 import signal
 import zlib
 from pathlib import Path
+
+from evalparity.errors import EvalParityError
 
 # ---------------------------------------------------------------- environment variables
 CACHE_ENV = "EVALPARITY_CACHE"  # the cache directory (default ~/.cache/evalparity)
@@ -39,6 +43,31 @@ def datasets_dir() -> str | None:
     return os.environ.get(DATASETS_DIR_ENV)
 
 
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def profile_enabled() -> bool:
+    """Whether ``$EVALPARITY_PROFILE`` asks for cProfile (``phases.profiled``): 1/true/yes/on, or
+    0/false/no/off (or unset); anything else is refused rather than guessed (``0`` used to mean on)."""
+    value = os.environ.get(PROFILE_ENV, "").strip().lower()
+    if value not in (*_ON, *_OFF):
+        raise EvalParityError(f"${PROFILE_ENV}={os.environ[PROFILE_ENV]!r} is not a switch: set it to 1 (profile "
+                              "each cell) or 0, or unset it")
+    return value in _ON
+
+
+def check_environment() -> None:
+    """Every ``EVALPARITY_*`` switch a user sets, read once so that a bad value is one line before a command
+    starts anything, not a failure in each cell later: the cache directory, the profile switch and the
+    dataset mirror (``$EVALPARITY_PLUGINS`` is checked by ``backends.registry``, when it imports them)."""
+    cache_dir()
+    profile_enabled()
+    mirror = datasets_dir()
+    if mirror and not Path(mirror).expanduser().is_dir():
+        raise EvalParityError(f"${DATASETS_DIR_ENV}={mirror} is not a directory: point it at a dataset mirror "
+                              "(DIR/<hub id>/<config>/<split>.jsonl), or unset it")
+
+
 def kill_point(point: str) -> None:
     """A test hook, for ``tests/test_faults.py`` only: when ``EVALPARITY_TEST_KILL_AT`` (comma-separated)
     names ``point``, SIGKILL this process here, so the suite can kill a command between two steps too close
@@ -52,8 +81,23 @@ def kill_point(point: str) -> None:
 
 # ---------------------------------------------------------------- the cache directory
 def cache_dir() -> Path:
-    """``$EVALPARITY_CACHE``, default ``~/.cache/evalparity``: what is prepared or computed once per machine."""
-    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "evalparity")).expanduser()
+    """``$EVALPARITY_CACHE``, default ``~/.cache/evalparity``: what is prepared or computed once per machine.
+    Checked as it is read: it must be a directory, or one that can be made (whatever part of it exists is a
+    writable directory); else one line saying so, instead of a NotADirectoryError or PermissionError from
+    whichever step first writes there."""
+    raw = os.environ.get(CACHE_ENV) or ""
+    path = Path(raw or Path.home() / ".cache" / "evalparity").expanduser()
+    there = path
+    while not there.exists() and there != there.parent:  # the part of the path that exists
+        there = there.parent
+    name = f"${CACHE_ENV}={raw}" if raw else f"the cache directory {path}"
+    if not there.is_dir():
+        raise EvalParityError(f"{name} is not a directory ({there} exists and is not one): set {CACHE_ENV} to a "
+                              "directory, or unset it for ~/.cache/evalparity")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise EvalParityError(f"{name} is not writable ({there}): make it writable, or set {CACHE_ENV} to a "
+                              "directory you can write")
+    return path
 
 
 def fingerprint_cache() -> Path:

@@ -19,10 +19,9 @@ The writing of the cell's own files is timed apart (``write_s`` in ``cell.json``
 
 from __future__ import annotations
 
-import os
 import time
 
-from evalparity.config import PROFILE_ENV
+from evalparity.config import profile_enabled
 from evalparity.files import atomic_target, write_atomic
 
 REQUEST_METHODS = ("loglikelihood", "loglikelihood_rolling", "generate_until")
@@ -83,11 +82,11 @@ class PhaseClock:
 
 
 def profiled(fn, out_dir, *args, **kwargs):
-    """``fn(*args, **kwargs)``, under cProfile when ``$EVALPARITY_PROFILE`` is set: the cell folder then gets
+    """``fn(*args, **kwargs)``, under cProfile when ``$EVALPARITY_PROFILE`` is on (1): the cell folder then gets
     ``profile.pstats`` and ``profile.txt`` (the top 40 functions by cumulative and by own time). For
     diagnosing where a cell's time goes (``scripts/gpu/issue19_run.sh``, ``MODE=profile``); cProfile slows
     Python-heavy code, so a profiled cell's timings are not its real ones."""
-    if not os.environ.get(PROFILE_ENV):
+    if not profile_enabled():
         return fn(*args, **kwargs)
     import cProfile
     import io

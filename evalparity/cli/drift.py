@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
-from evalparity import rundir
-from evalparity.cli.options import Device
-from evalparity.cli.output import console
+from evalparity import config, rundir
+from evalparity.cli.options import Device, at_least, positive_finite
+from evalparity.cli.output import console, safe
 from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, DRIFT, REPORT, SPEC_FILE, STATS, VERDICTS_FILE
 from evalparity.devices import resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
@@ -36,7 +36,7 @@ def drift(
     """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
     from evalparity.drift import prompts_from_file, prompts_from_run, run_drift  # heavy: pandas, torch
 
-    check_arguments(run_dir, prompts, n_prompts)
+    check_arguments(run_dir, prompts, n_prompts, gen_tokens=gen_tokens, threshold=threshold, max_length=max_length)
     if run_dir is not None:
         check_is_run(run_dir)
     # The folder drift writes into is locked before anything loads: the run's (drift/ and its report), or a
@@ -58,7 +58,7 @@ def drift(
                              gen_tokens=gen_tokens, threshold=threshold, dump=dump, console=console, shown=shown)
 
         results, html = into_run(run_dir, probe) if into else (probe(dest, dest), None)
-    console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {dest}")
+    console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {safe(dest)}")
     for c, s in results.items():
         layers = s["layers"]
         console.print(f"  {c}: rel error layer 1 {layers[1]['rel_error']:.2e}, final {layers[-1]['rel_error']:.2e}, "
@@ -66,7 +66,7 @@ def drift(
                       f"mean |Δ logprob| {s['prompt_logprobs']['abs_mean']:.2e}, "
                       f"tokenization mismatches {len(s['tokenization_mismatches'])}")
     if html is not None:
-        console.print(f"report: {html}")
+        console.print(f"report: {safe(html)}")
     if len(results) < len([c for c in todo if c != reference]):
         raise typer.Exit(EXIT_CELL_FAILED)
 
@@ -95,12 +95,18 @@ def into_run(run_dir: Path, probe) -> tuple[dict[str, dict], Path | None]:
     return results, html
 
 
-def check_arguments(run_dir: Path | None, prompts: Path | None, n_prompts: int) -> None:
-    """What only the command line can get wrong, before a model loads: one source of prompts, and some."""
+def check_arguments(run_dir: Path | None, prompts: Path | None, n_prompts: int, *, gen_tokens: int = 0,
+                    threshold: float = 1e-3, max_length: int = 2048) -> None:
+    """What only the command line can get wrong, before a model loads: one source of prompts, and some;
+    numbers in range; the ``EVALPARITY_*`` switches."""
     if (run_dir is None) == (prompts is None):
         raise EvalParityError("give exactly one of --run-dir (prompts from a run) or --prompts FILE")
     if n_prompts < 1:
         raise EvalParityError(f"--n-prompts {n_prompts} must be at least 1")
+    at_least("--gen-tokens", gen_tokens, 0, "tokens; 0 is off")
+    at_least("--max-length", max_length, 1, "tokens of prompt and generation")
+    positive_finite("--threshold", threshold, "1e-3")
+    config.check_environment()
 
 
 def check_is_run(run_dir: Path) -> None:

@@ -7,14 +7,17 @@ Checking. Ranges and choices are checked by the code that owns them (``StatsOpti
 a bad value is an ``EvalParityError``, one line saying how to fix it, exit 2 (``cli.main``). typer's
 ``min``/``max`` and enums are not used: they would add ``[x>=1]`` and choice lists to ``--help`` and answer a
 bad value with click's generic "Invalid value" instead (tests/test_cli_errors.py asserts the messages).
+The helpers at the end (``at_least``, ``check_seed``, ``positive_finite``) are those checks' shared wording.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
 
+from evalparity.errors import EvalParityError
 from evalparity.stats.options import MARGIN as MARGIN  # re-exported: --margin's default, as typed
 from evalparity.stats.options import StatsOptions
 
@@ -50,3 +53,26 @@ def stats_options(*, reference: str, margin: str, ll_tolerance: float, alpha: fl
     anything: ``StatsOptions`` holds the rules, so ``run``, ``report`` and ``compare`` cannot disagree."""
     return StatsOptions.from_cli(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
                                  multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs, direction=direction)
+
+
+# ------------------------------------------------------------------ ranges of numeric options
+SEED_MAX = 2**32 - 1  # numpy takes seeds in [0, 2**32 - 1]; a cell given another fails in lm-eval's seeding
+
+
+def at_least(flag: str, value: int | None, low: int, what: str = "") -> None:
+    """An integer option (None: not given) is ``low`` or more, else one line naming the flag and the
+    smallest value, exit 2; ``what`` says what the number counts, for the message."""
+    if value is not None and value < low:
+        raise EvalParityError(f"{flag} {value} must be at least {low}{f' ({what})' if what else ''}")
+
+
+def check_seed(flag: str, seed: int) -> None:
+    """A seed that numpy, torch and lm-eval all take."""
+    if not 0 <= seed <= SEED_MAX:
+        raise EvalParityError(f"{flag} {seed} is not a seed: give a whole number from 0 to {SEED_MAX}")
+
+
+def positive_finite(flag: str, value: float, example: str) -> None:
+    """A float option that must be a finite number above 0 (typer reads 'nan' and 'inf' as floats)."""
+    if not (math.isfinite(value) and value > 0):
+        raise EvalParityError(f"{flag} {value:g} must be a finite number above 0, e.g. {flag} {example}")

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from evalparity import memplan, records, rundir
+from evalparity import config, memplan, records, rundir
 from evalparity import tasks as tasks_mod
 from evalparity.cli.options import (
     FAIL_ON_INCONCLUSIVE,
@@ -35,9 +35,11 @@ from evalparity.cli.options import (
     Margin,
     Multiple,
     Reference,
+    at_least,
+    check_seed,
     stats_options,
 )
-from evalparity.cli.output import console
+from evalparity.cli.output import console, safe
 from evalparity.cli.report import stats_and_report
 from evalparity.config import ATTEMPTS, SPEC_FILE
 from evalparity.data import embedded, mirrors
@@ -108,7 +110,8 @@ def run(
                          multiple=multiple, direction=direction, cluster=cluster, gate_logprobs=gate_logprobs)
     task_list, limit, num_fewshot, max_gen_toks = embedded_default(model, tasks, limit, num_fewshot, max_gen_toks)
     limit, task_limits, bs = check_arguments(tasks, task_list, limit, num_fewshot, max_gen_toks, tensor_parallel,
-                                             cells_per_gpu, task_limit, batch_size)
+                                             cells_per_gpu, task_limit, batch_size, max_length=max_length, seed=seed,
+                                             drift=drift, shards=shards)
     run_dir = out or default_out(model)
     lock = rundir.acquire(run_dir)  # a directory this run created is removed again if it fails before writing
     head = None
@@ -169,11 +172,12 @@ def embedded_default(model: str | None, tasks: str | None, limit: int | None, nu
 
 def check_arguments(tasks: str | None, task_list: list[str], limit: int | None, num_fewshot: int | None,
                     max_gen_toks: int | None, tensor_parallel: int, cells_per_gpu: int | None,
-                    task_limit: list[str] | None, batch_size: str | None):
-    """Every check that needs nothing but the arguments, in one place and before anything is locked or
-    started, so that a typo costs nothing: one line, exit 2. Returns what the checks parsed: (limit, task
-    limits, batch size or None for the device's default). What needs more (the device, the run directory,
-    the tasks' data) is checked by the step that has it."""
+                    task_limit: list[str] | None, batch_size: str | None, *, max_length: int = 2048,
+                    seed: int = 0, drift: int = 0, shards: int = 1):
+    """Every check that needs nothing but the arguments (and the ``EVALPARITY_*`` switches), in one place and
+    before anything is locked or started, so that a typo costs nothing: one line, exit 2. Returns what the
+    checks parsed: (limit, task limits, batch size or None for the device's default). What needs more (the
+    device, the run directory, the tasks' data) is checked by the step that has it."""
 
     if tasks is not None and not task_list:
         raise EvalParityError("--tasks is empty: give lm-eval task or group names, e.g. --tasks hellaswag")
@@ -184,6 +188,11 @@ def check_arguments(tasks: str | None, task_list: list[str], limit: int | None, 
         raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
     if tensor_parallel < 1 or (cells_per_gpu is not None and cells_per_gpu < 1):
         raise EvalParityError("--tensor-parallel and --cells-per-gpu must be at least 1")
+    at_least("--max-length", max_length, 1, "tokens of context")
+    at_least("--drift", drift, 0, "prompts; 0 is off")
+    at_least("--shards", shards, 1)
+    check_seed("--seed", seed)
+    config.check_environment()
     task_limits = parse_task_limits(task_limit or [])
     bs = parse_batch_size(batch_size) if batch_size is not None else None
     return limit, task_limits, bs
@@ -292,7 +301,7 @@ def preflight(task_list: list[str], embedded_tasks: bool, include_path: list[str
     tm = tasks_mod.task_manager(include_path or [])
     task_list, task_aliases = tasks_mod.resolve_names(task_list, tm)
     for typed, real in task_aliases.items():
-        console.print(f"task {typed!r} is lm-eval's group {real!r}: running {real}")
+        console.print(f"task {safe(repr(typed))} is lm-eval's group {safe(repr(real))}: running {safe(real)}")
     plan = tasks_mod.preflight(task_list, tm, roots, limit, num_fewshot)
     unknown_limits = [t for t, _ in task_limits if t not in plan.leaves and t not in plan.groups]
     if unknown_limits:
@@ -371,7 +380,7 @@ def report_outcomes(run_dir: Path, outcomes) -> list[str]:
         print_attempts(run_dir, failed, {o.name: o.meta for o in outcomes})
         disk_full = [o.name for o in outcomes if o.status == "failed" and disk_is_full(o.meta.get("error"))]
         if disk_full:
-            console.print(f"[red]{', '.join(disk_full)}: the disk holding {run_dir} is full (or over its quota): "
+            console.print(f"[red]{', '.join(disk_full)}: the disk holding {safe(run_dir)} is full (or over its quota): "
                           "free space there, then rerun the same command[/red]", soft_wrap=True, highlight=False)
     return failed
 
@@ -388,14 +397,14 @@ def print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) -> 
         for folder, unit in units:
             for a in cells.attempt_history(run_dir, unit, folder):
                 last = a.get("error")
-                console.print(f"  {unit} attempt {a.get('attempt')}: {a.get('error') or 'no reason recorded'}"
-                              f" (log: {a.get('log_path') or 'none written'})", soft_wrap=True, highlight=False)
+                console.print(f"  {unit} attempt {safe(a.get('attempt'))}: {safe(a.get('error') or 'no reason recorded')}"
+                              f" (log: {safe(a.get('log_path') or 'none written')})", soft_wrap=True, highlight=False)
         now = metas.get(name, {}).get("error")
         if last is None or (now and now != last and metas.get(name, {}).get("unrecorded")):
             log = run_dir / "cells" / name / "cell.log"
             where = f" (log: {log.relative_to(run_dir)})" if last is None and log.is_file() \
                 and not metas.get(name, {}).get("unrecorded") else ""
-            console.print(f"  {name}: {now or 'no reason recorded'}{where}", soft_wrap=True, highlight=False)
+            console.print(f"  {name}: {safe(now or 'no reason recorded')}{safe(where)}", soft_wrap=True, highlight=False)
 
 
 def disk_is_full(error) -> bool:
@@ -412,7 +421,7 @@ def check_enough_cells(outcomes, opts, single_cell: bool) -> None:
         console.print(f"one cell, {ok[0].name}, finished: no comparison made (--single-cell)")
         raise typer.Exit(0)
     if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
-        console.print(f"[red]not enough finished cells to compare (reference {opts.reference})[/red]")
+        console.print(f"[red]not enough finished cells to compare (reference {safe(opts.reference)})[/red]")
         raise typer.Exit(EXIT_CELL_FAILED)
 
 
