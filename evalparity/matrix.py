@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape  # task names and errors in the table: text, never markup
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -34,6 +35,7 @@ from evalparity.config import (
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.placement import Job
+from evalparity.printable import visible
 from evalparity.runlog import RunLog
 from evalparity.spec import RunSpec
 
@@ -371,8 +373,8 @@ def summary_table(outcomes: list[CellOutcome]) -> Table:
             for k, v in vals.items():
                 metric, _, filt = k.partition(",")
                 if metric in ("acc", "acc_norm", "exact_match") and isinstance(v, float):
-                    agg.append(f"{task} {metric}{'' if filt in ('', 'none') else '/' + filt}={v:.3f}")
-        status = o.status if o.status != "failed" else f"[red]failed[/red]: {m.get('error', '')[:60]}"
+                    agg.append(escape(visible(f"{task} {metric}{'' if filt in ('', 'none') else '/' + filt}={v:.3f}")))
+        status = o.status if o.status != "failed" else f"[red]failed[/red]: {escape(visible(m.get('error', '')[:60]))}"
         row = [o.name, status, where(m), _num(m.get("load_s")), _num(m.get("eval_s")), _num(m.get("wall_s")),
                _num(m.get("peak_rss_gib"), 2), "\n".join(agg[:6]) + ("\n..." if len(agg) > 6 else "")]
         t.add_row(*(row if show_where else row[:2] + row[3:]))
