@@ -110,3 +110,88 @@ def test_usage_errors_are_one_line(args, needle):
     """typer/click's own usage errors (a value of the wrong type, an unknown option or command) too."""
     line = one_line_error(evalparity(*args))
     assert needle in line and "--help" in line
+
+
+# ------------------------------------------------------------------ checked where typed, before anything loads
+@pytest.mark.parametrize("extra,needle", [
+    (["--max-length", "-5"], "--max-length -5 must be at least 1"),
+    (["--max-length", "0"], "--max-length 0 must be at least 1"),
+    (["--seed", "-1"], "--seed -1 is not a seed"),
+    (["--seed", str(2**32)], f"--seed {2**32} is not a seed"),
+    (["--drift", "-1"], "--drift -1 must be at least 0"),
+    (["--margin", "1pp,acc=1pp,acc=40pp"], "--margin names acc twice"),
+    (["--margin", "1pp,2pp"], "gives the proportion margin twice"),
+    (["--margin", "1e-160"], "below the smallest margin"),
+    (["--margin", "1e309"], "is not a finite number"),
+    (["--margin", "1pp,perplexity=1e300"], "above the largest margin"),
+    (["--margin", "loglikelihood=0.1"], "use --ll-tolerance 0.1"),
+    (["--ll-tolerance", "nan"], "--ll-tolerance nan is not a tolerance"),
+    (["--ll-tolerance", "1e-300"], "--ll-tolerance 1e-300 is not a tolerance"),
+])
+def test_numbers_out_of_range_fail_before_the_model(tmp_path, extra, needle):
+    """The model path does not exist: each check must answer before the model is looked for (was: the
+    model's error, or every cell loaded and failed with an empty AssertionError for --max-length -5)."""
+    out = tmp_path / "run"
+    line = one_line_error(evalparity("run", "--model", str(tmp_path / "no-model"), "--tasks", "x", "--out", str(out),
+                                     *extra))
+    assert needle in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--gen-tokens", "-1"], "--gen-tokens -1 must be at least 0"),
+    (["--max-length", "0"], "--max-length 0 must be at least 1"),
+    (["--threshold", "nan"], "--threshold nan must be a finite number above 0"),
+    (["--threshold", "0"], "--threshold 0 must be a finite number above 0"),
+])
+def test_drift_numbers_out_of_range(tmp_path, extra, needle):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    line = one_line_error(evalparity("drift", "--prompts", str(prompts), "--model", str(tmp_path / "no-model"),
+                                     "--out", str(tmp_path / "d"), *extra))
+    assert needle in line
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"EVALPARITY_CACHE": "/dev/null"}, "$EVALPARITY_CACHE=/dev/null is not a directory"),
+    ({"EVALPARITY_CACHE": "/dev/null/cache"}, "$EVALPARITY_CACHE=/dev/null/cache is not a directory"),
+    ({"EVALPARITY_PROFILE": "maybe"}, "$EVALPARITY_PROFILE='maybe' is not a switch"),
+    ({"EVALPARITY_DATASETS_DIR": "/dev/null"}, "$EVALPARITY_DATASETS_DIR=/dev/null is not a directory"),
+])
+def test_bad_environment_switches_are_one_line(tmp_path, env, needle):
+    out = tmp_path / "run"
+    line = one_line_error(evalparity("run", "--model", str(tmp_path / "no-model"), "--tasks", "x", "--out", str(out),
+                                     env=env))
+    assert needle in line
+    assert not out.exists()
+
+
+def test_bad_cache_for_models_prepare(tmp_path):
+    """Was: a NotADirectoryError traceback."""
+    cache = tmp_path / "a-file"
+    cache.write_text("")
+    line = one_line_error(evalparity("models", "prepare", env={"EVALPARITY_CACHE": str(cache)}))
+    assert f"$EVALPARITY_CACHE={cache} is not a directory" in line
+
+
+def test_unwritable_cache(tmp_path):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    cache = tmp_path / "ro"
+    cache.mkdir()
+    cache.chmod(0o500)
+    line = one_line_error(evalparity("models", "prepare", env={"EVALPARITY_CACHE": str(cache / "sub")}))
+    assert "is not writable" in line
+
+
+def test_a_misspelt_metric_in_margin_is_refused(tmp_path):
+    """Was: `--margin 1pp,perplexty=0.05` exited as if no margin had been given for it."""
+    from synthetic import make_run
+
+    run = make_run(tmp_path / "run", n_tasks=2, cells=["hf-fp32", "vllm-fp32"], docs_per_task=30)
+    line = one_line_error(evalparity("report", str(run), "--margin", "1pp,acc_nrom=2pp"))
+    assert "--margin names acc_nrom" in line and "use one of acc " in line
+    proc = evalparity("report", str(run), "--margin", "1pp,acc=2pp")
+    assert proc.returncode in (0, 3, 4) and "Traceback" not in proc.stderr, proc.stderr
