@@ -18,7 +18,7 @@ def exact(n: int, psi: float, d: float, m: float):
 
 
 @pytest.mark.parametrize("psi,m", [(0.002, 0.01), (0.005, 0.01), (0.01, 0.01), (0.05, 0.01), (0.005, 0.02),
-                                   (0.05, 0.02), (0.2, 0.02), (0.4, 0.05)])
+                                   (0.05, 0.02), (0.2, 0.02), (0.4, 0.05), (0.002, 0.05)])
 @pytest.mark.parametrize("target", [0.8, 0.9])
 def test_planned_n_reaches_the_power_under_the_exact_rule(psi, m, target):
     """The audit: ψ = 0.5 % printed 612 docs, where the exact P(EQUIVALENT) is 0.36. The variance at the
