@@ -30,30 +30,19 @@ import time
 import traceback
 from pathlib import Path
 
-from evalparity import __version__, backends, lmeval_patches, records, samples, tasks
+from evalparity import __version__, backends, lmeval_patches, samples, tasks
 from evalparity.backends import precision
 from evalparity.config import (
-    CELLS,
-    FAILED_SUFFIX,
-    LM_EVAL_DIR,
-    LM_EVAL_RESULTS,
-    LOG_FILE,
     PLACEMENT_ENV,
-    PROGRESS_FILE,
     REASON_FD_ENV,
-    SPEC_FILE,
-    TABLE_FILE,
-    TMP_PREFIX,
-    TRASH_PREFIX,
-    kill_point,
     unit_location,
 )
 from evalparity.data import mirrors
 from evalparity.errors import EvalParityError
-from evalparity.files import read_json, write_json
+from evalparity.files import write_json
 from evalparity.phases import PhaseClock, profiled
-from evalparity.records import STATUS_FAILED, STATUS_OK
-from evalparity.rundir import attempts_dir, check_name, check_name_ok
+from evalparity.rundir import layout, records, units
+from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
 from evalparity.spec import CellSpec, RunSpec
 
 logger = logging.getLogger(__name__)
@@ -66,75 +55,8 @@ def check_readable(run_dir: Path) -> records.VerifiedRun:
     if run.kind == "compare" and run.incomplete:  # an interrupted `compare`: its rerun redoes it all
         raise records.incomplete_error(run, "rerun the same `evalparity compare` to redo it")
     for name in run.cells:
-        samples.check_table(run_dir / CELLS / name / TABLE_FILE)
+        samples.check_table(layout.table(layout.cell_dir(run_dir, name)))
     return run
-
-
-def read_cell_json(cell_dir: Path) -> dict | None:
-    """A cell's record as a dict, or None when it is missing, unreadable or not a record."""
-    rec = records.read_cell(cell_dir)
-    return rec.to_json() if rec else None
-
-
-def is_done(run_dir: Path, name: str, folder: str = CELLS, identity: str | None = None) -> bool:
-    """Whether the unit finished. With ``identity`` (``RunSpec.identity``), only if it finished under that
-    spec and model: a cell of another spec or model is never taken for this one's."""
-    return records.is_done(run_dir / folder / name, identity)
-
-
-def tmp_dir(run_dir: Path, name: str, folder: str = CELLS) -> Path:
-    return run_dir / folder / f"{TMP_PREFIX}{check_name(name)}"
-
-
-def publish(run_dir: Path, name: str, status: str, folder: str = CELLS) -> Path:
-    """Move the temp folder into place. A failed attempt never replaces a finished cell: it is kept
-    beside it as ``<name>.failed``. Shards of a sharded cell live in ``shards/`` until they are merged."""
-    src = tmp_dir(run_dir, name, folder)  # checks the name: the target below is replaced, so it must be ours
-    final = run_dir / folder / name
-    if status != STATUS_OK:
-        with contextlib.suppress(OSError):  # a full disk must not stop the attempt from being recorded
-            archive_attempt(run_dir, name, folder)
-    if status != STATUS_OK and is_done(run_dir, name, folder):
-        final = run_dir / folder / f"{name}{FAILED_SUFFIX}"
-    trash = None
-    if final.exists():
-        trash = final.with_name(f"{TRASH_PREFIX}{final.name}-{os.getpid()}")
-        final.replace(trash)
-    kill_point(f"publish-cell:{name}")
-    src.replace(final)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
-    return final
-
-
-def archive_attempt(run_dir: Path, name: str, folder: str = CELLS) -> None:
-    """Keep a failed attempt's reason and log as ``attempts/<folder>/<name>/attempt-N.{json,log}``: the next
-    attempt replaces the cell's own folder, and a failure that comes and goes is only diagnosable from all
-    of them."""
-    src = tmp_dir(run_dir, name, folder)
-    hist = attempts_dir(run_dir, name, folder)
-    hist.mkdir(parents=True, exist_ok=True)
-    n = 1 + len(list(hist.glob("attempt-*.json")))
-    log = src / LOG_FILE
-    if log.exists():
-        shutil.copyfile(log, hist / f"attempt-{n}.log")
-    meta = read_cell_json(src) or {}
-    write_json(hist / f"attempt-{n}.json", {"attempt": n, "error": meta.get("error"), "finished": meta.get("finished"),
-                                            "log": f"attempt-{n}.log" if log.exists() else None})
-
-
-def attempt_history(run_dir: Path, name: str, folder: str = CELLS) -> list[dict]:
-    """Every recorded failed attempt of a unit, oldest first, with its log's path relative to the run."""
-    hist = attempts_dir(run_dir, name, folder)
-    out = []
-    for p in hist.glob("attempt-*.json") if hist.is_dir() else []:
-        meta = read_json(p)
-        if meta:
-            log = meta.get("log")
-            meta["log_path"] = str((hist / log).relative_to(run_dir)) \
-                if isinstance(log, str) and check_name_ok(log) and (hist / log).is_file() else None
-            out.append(meta)
-    return sorted(out, key=lambda m: m.get("attempt") if isinstance(m.get("attempt"), int) else 0)
 
 
 def failed_meta(cell: CellSpec, error: str, **extra) -> dict:
@@ -359,7 +281,7 @@ def _bos_added(lm) -> bool | None:
 def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
              shard: tuple[int, int] = (0, 1), out: Path | None = None) -> dict:
     backend = backends.get(cell.backend)
-    out = out or tmp_dir(run_dir, cell.name)
+    out = out or units.tmp_dir(run_dir, cell.name)
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
                   "tag": cell.tag, "tf32": cell.tf32, "base_cell": cell.base_name, "model": spec.model,
                   "model_path": model_path, "spec_identity": spec.identity(),
@@ -397,7 +319,7 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     meta["settings"]["template_cache"] = lmeval_patches.cache_templates()
     clock = PhaseClock(lm)
     progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
-    tracker = EvaluationTracker(output_path=str(out / LM_EVAL_DIR))
+    tracker = EvaluationTracker(output_path=str(layout.lm_eval_dir(out)))
     cpu1 = cpu_usage()
     seed = spec.alignment.seed
     sharded = shard[1] > 1
@@ -423,12 +345,12 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     tracker.save_results_aggregated(results=results, samples=task_samples)
     for task_name in results["configs"]:
         tracker.save_results_samples(task_name=task_name, samples=task_samples[task_name])
-    lm_results, written = _saved(out / LM_EVAL_DIR, task_samples)
+    lm_results, written = _saved(layout.lm_eval_dir(out), task_samples)
     table = samples.samples_to_table(written, lm_results, gen_ids)
     table.insert(0, "cell", cell.name)
-    samples.write_table(table, out / TABLE_FILE)
+    samples.write_table(table, layout.table(out))
     meta["table"] = records.seal_table(out, len(table)).to_json()
-    write_json(out / LM_EVAL_RESULTS, {k: lm_results.get(k) for k in
+    write_json(layout.lm_eval_results(out), {k: lm_results.get(k) for k in
                                                ("results", "groups", "group_subtasks", "configs", "versions",
                                                 "n-shot", "higher_is_better", "n-samples")})
     meta["write_s"] = time.perf_counter() - t2
@@ -502,19 +424,19 @@ def _main(argv: list[str] | None) -> int:
     if len(argv) > 4 and argv[3] == "--shard":
         k, n = argv[4].split("/")
         shard = (int(k), int(n))
-    spec = RunSpec.from_json(json.loads((run_dir / SPEC_FILE).read_text()))
+    spec = records.read_spec(run_dir)
     cell = next(c for c in spec.cells if c.name == name)
     folder, unit = unit_location(name, *shard)
-    out = tmp_dir(run_dir, unit, folder)
+    out = units.tmp_dir(run_dir, unit, folder)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    log = open(out / LOG_FILE, "a", buffering=1)
+    log = open(layout.log_file(out), "a", buffering=1)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    progress = ProgressFile(out / PROGRESS_FILE)
+    progress = ProgressFile(layout.progress_file(out))
     progress.hook_tqdm()
     t0 = time.perf_counter()
     try:
@@ -533,12 +455,12 @@ def _main(argv: list[str] | None) -> int:
         why = meta.get("error") or "it finished, but its results could not be kept"
         tell_parent(f"{why}; its cell.json could not be written ({err.strerror or err})")
         return 1
-    (out / PROGRESS_FILE).unlink(missing_ok=True)
+    layout.progress_file(out).unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         log.flush()
     if meta["status"] != STATUS_OK:
         tell_parent(meta["error"])
-    publish(run_dir, unit, meta["status"], folder)
+    units.publish(run_dir, unit, meta["status"], folder)
     return 0 if meta["status"] == STATUS_OK else 1
 
 

@@ -14,11 +14,11 @@ import re
 import shutil
 from pathlib import Path
 
-from evalparity import cells, records, samples
-from evalparity.config import CELLS, COMPARE_FILE, LM_EVAL_RESULTS, TABLE_FILE
+from evalparity import samples
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
-from evalparity.rundir import check_name, contents, recover_outputs
+from evalparity.rundir import check_name, contents, layout, records, recover_outputs, units
+from evalparity.rundir.records import STATUS_OK
 from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE
 
 logger = logging.getLogger(__name__)
@@ -55,17 +55,17 @@ def claim_out(run_dir: Path, inputs: list[str], names: list[str], record: dict |
     ``record``: more to keep in compare.json (not part of the comparison's identity)."""
     ident = {"schema": "evalparity.compare/1", "inputs": inputs, "names": names}
     if contents(run_dir):
-        if not (run_dir / COMPARE_FILE).is_file():
+        if not layout.compare_file(run_dir).is_file():
             raise EvalParityError(f"--out {run_dir} exists and does not hold an evalparity comparison: use another "
                                   "--out (or an empty directory)")
-        old = records.check_compare_json(run_dir / COMPARE_FILE, f"use another --out, or remove {run_dir}")
+        old = records.check_compare_json(layout.compare_file(run_dir), f"use another --out, or remove {run_dir}")
         if old["inputs"] != ident["inputs"] or old["names"] != names:
             was = ", ".join(f"{n}={p}" for n, p in zip(old["names"], old["inputs"]))
             raise EvalParityError(f"--out {run_dir} holds another comparison ({was}): use another --out, or remove "
                                   "that directory")
     recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
-    (run_dir / CELLS).mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / COMPARE_FILE, ident | (record or {}))
+    layout.cells_dir(run_dir).mkdir(parents=True, exist_ok=True)
+    write_json(layout.compare_file(run_dir), ident | (record or {}))
 
 
 def sha256_file(path: Path) -> str:
@@ -145,18 +145,18 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
     sources = [input_id(*i) for i in inputs]
     claim_out(run_dir, sources, final, {MISSING_TASKS: missing})
     for name, source, (_, _, results, _, _) in zip(final, sources, loaded):
-        tmp = cells.tmp_dir(run_dir, name)
+        tmp = units.tmp_dir(run_dir, name)
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         t = tables[name].copy()
         t.insert(0, "cell", name)
-        samples.write_table(t, tmp / TABLE_FILE)
+        samples.write_table(t, layout.table(tmp))
         cfg = results.get("config", {}) or {}
-        write_json(tmp / LM_EVAL_RESULTS, {k: results.get(k) for k in ("results", "configs", "config")})
+        write_json(layout.lm_eval_results(tmp), {k: results.get(k) for k in ("results", "configs", "config")})
         batch = cfg.get("batch_size")
         records.write_cell(tmp, {
-            "cell": name, "status": cells.STATUS_OK, "source": source, "tag": "", "base_cell": name,
+            "cell": name, "status": STATUS_OK, "source": source, "tag": "", "base_cell": name,
             "backend": str(cfg["model"]) if cfg.get("model") else None, "model_args": cfg.get("model_args"),
             "batch_size": batch if isinstance(batch, (int, str)) and not isinstance(batch, bool) else None,
             "versions": {"lm_eval": (results.get("lm_eval_version") or "?")},
@@ -164,5 +164,5 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
             "spec_identity": records.compare_identity(sources, final),  # what compare.json names
             "table": records.seal_table(tmp, len(t)).to_json(),
         })
-        cells.publish(run_dir, name, cells.STATUS_OK)
+        units.publish(run_dir, name, STATUS_OK)
     return final

@@ -19,16 +19,12 @@ from rich.markup import escape  # task names and errors in the table: text, neve
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evalparity import backends, cells, records, rundir, shards
+from evalparity import backends, cells, rundir, shards
 from evalparity import placement as pl
 from evalparity.config import (
     ATTEMPTS,
     CELLS,
-    FAILED_SUFFIX,
-    LOG_FILE,
     PORT_BASE_ENV,
-    PROGRESS_FILE,
-    SPEC_FILE,
     job_port_base,
     unit_location,
 )
@@ -36,6 +32,8 @@ from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.placement import Job
 from evalparity.printable import visible
+from evalparity.rundir import layout, records, units
+from evalparity.rundir.records import STATUS_FAILED
 from evalparity.runlog import RunLog
 from evalparity.spec import RunSpec
 
@@ -56,7 +54,7 @@ def _check_cell_settings(run_dir: Path, old: RunSpec, new: RunSpec, force: bool)
     before = {c.name: c for c in old.cells}
     for c in new.cells:
         was = before.get(c.name)
-        if was is None or force or not cells.is_done(run_dir, c.name, identity=new.identity()):
+        if was is None or force or not units.is_done(run_dir, c.name, identity=new.identity()):
             continue
         for what, a, b in (("--batch-size", was.batch_size, c.batch_size), ("--shards", was.shards, c.shards)):
             if str(a) != str(b):
@@ -75,7 +73,7 @@ def set_aside_forced(run_dir: Path, spec: RunSpec) -> list[str]:
         units = [unit_location(cell.name)] + [unit_location(cell.name, k, cell.shards) for k in range(cell.shards)
                                               if cell.shards > 1]
         for folder, unit in units:
-            src = run_dir / folder / unit
+            src = layout.unit_dir(run_dir, unit, folder)
             if not src.exists() and not src.is_symlink():
                 continue
             dest = rundir.attempts_dir(run_dir, unit, folder) / f"superseded-{stamp}"
@@ -89,16 +87,10 @@ def set_aside_forced(run_dir: Path, spec: RunSpec) -> list[str]:
 
 def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
     """Create the run directory and its spec.json, or check that an existing one is the same spec."""
-    path = run_dir / SPEC_FILE
+    path = layout.spec_file(run_dir)
     if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except json.JSONDecodeError:
-            raise EvalParityError(f"{path} is corrupt: remove it or use another --out") from None
-        try:
-            old_spec = RunSpec.from_json(old)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise EvalParityError(f"{path} is not a spec evalparity can read: remove it or use another --out") from None
+        old = records.check_spec(path)  # one line naming the file when it is corrupt or of another shape
+        old_spec = RunSpec.from_json(old)
         if old_spec.identity() != spec.identity():
             a, b = old_spec.to_json(), spec.to_json()
             diff = next((k for k in a if k != "cells" and a[k] != b.get(k)), "settings")
@@ -121,7 +113,7 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
         return
     if rundir.contents(run_dir):
         raise EvalParityError(f"{run_dir} exists and is not an evalparity run directory: use another --out")
-    (run_dir / CELLS).mkdir(parents=True, exist_ok=True)
+    layout.cells_dir(run_dir).mkdir(parents=True, exist_ok=True)
     write_json(path, spec.to_json())
 
 
@@ -188,8 +180,8 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
     merge_only: list = []
     gpus = spec.tensor_parallel / cells_per_gpu if spec.device != "cpu" else 0.0
     for cell in spec.cells:
-        if cells.is_done(run_dir, cell.name, identity=spec.identity()) and not force:
-            meta = cells.read_cell_json(run_dir / CELLS / cell.name) or {}
+        if units.is_done(run_dir, cell.name, identity=spec.identity()) and not force:
+            meta = units.read_cell_json(layout.cell_dir(run_dir, cell.name)) or {}
             done[cell.name] = CellOutcome(cell.name, "skipped", 0.0, meta)
             continue
         env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline)
@@ -256,7 +248,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                         outcomes[job.cell] = _cell_outcome(run_dir, by_name[job.cell], wall, unrecorded)
                         bar.update(overall, advance=1)
                 for job in executor.running():
-                    progress = cells.tmp_dir(run_dir, job.unit, job.location[0]) / PROGRESS_FILE
+                    progress = layout.progress_file(units.tmp_dir(run_dir, job.unit, job.location[0]))
                     if _show(bar, inner[job.unit], job.unit, progress):
                         started.setdefault(job.unit, time.perf_counter())
                 time.sleep(0.5)
@@ -275,7 +267,7 @@ def _settle(run_dir: Path, cell, end, wall: float, unrecorded: dict[str, dict]) 
     """A job has ended: if its process died before publishing, record that (or, when the record cannot be
     written, keep it in ``unrecorded``); return its status."""
     folder, unit = end.job.location
-    if cells.tmp_dir(run_dir, unit, folder).exists():
+    if units.tmp_dir(run_dir, unit, folder).exists():
         meta = _record_crash(run_dir, cell, end, wall)
         if meta is not None:
             unrecorded[unit] = meta
@@ -309,8 +301,8 @@ def _merge(run_dir: Path, cell, wall: float) -> CellOutcome:
 
 def _final_meta(run_dir: Path, unit: str, folder: str) -> dict:
     """The newest outcome of a unit: its published folder, or the ``.failed`` one beside a finished cell."""
-    meta = cells.read_cell_json(run_dir / folder / unit) or {}
-    failed_meta = cells.read_cell_json(run_dir / folder / f"{unit}{FAILED_SUFFIX}")
+    meta = units.read_cell_json(layout.unit_dir(run_dir, unit, folder)) or {}
+    failed_meta = units.read_cell_json(layout.failed_dir(run_dir, unit, folder))
     if failed_meta and failed_meta.get("finished", "") > meta.get("finished", ""):
         meta = failed_meta
     return meta
@@ -337,7 +329,7 @@ def _record_crash(run_dir: Path, cell, end, wall: float) -> dict | None:
     record cannot be written either, return it, to be kept in memory and printed; the job's folder (and
     its log, if any) stays where it is until the cell is rerun."""
     folder, unit = end.job.location
-    tmp = cells.tmp_dir(run_dir, unit, folder)
+    tmp = units.tmp_dir(run_dir, unit, folder)
     code = end.returncode
     why = end.error or f"the cell process exited with code {code} without saying why"
     if code is not None and code < 0:
@@ -347,11 +339,11 @@ def _record_crash(run_dir: Path, cell, end, wall: float) -> dict | None:
                              placement=end.placement)
     try:
         records.write_cell(tmp, meta)
-        (tmp / PROGRESS_FILE).unlink(missing_ok=True)
-        cells.publish(run_dir, unit, cells.STATUS_FAILED, folder)
+        layout.progress_file(tmp).unlink(missing_ok=True)
+        units.publish(run_dir, unit, STATUS_FAILED, folder)
         return None
     except OSError as err:
-        log = tmp / LOG_FILE
+        log = layout.log_file(tmp)
         meta["error"] = (f"{why}; this failure could not be recorded in {run_dir} either ({err.strerror or err})"
                          + (f"; its log so far: {log}" if log.is_file() and log.stat().st_size else ""))
         meta["unrecorded"] = True

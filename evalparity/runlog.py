@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from evalparity.config import RUN_FILE
 from evalparity.files import write_json
+from evalparity.rundir import layout
 
 
 class RunLog:
@@ -45,7 +45,7 @@ class RunLog:
             return
         total = time.perf_counter() - self.t0
         try:
-            write_json(self.run_dir / RUN_FILE, {
+            write_json(layout.run_file(self.run_dir), {
                 "argv": sys.argv[1:], "started": self.started, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "total_s": round(total, 3), "stages_s": self.stages,
                 "outside_stages_s": round(total - sum(self.stages.values()), 3), **self.facts})

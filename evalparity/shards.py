@@ -21,20 +21,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalparity import cells, records, samples
-from evalparity.config import LM_EVAL_RESULTS, LOG_FILE, TABLE_FILE, unit_location
+from evalparity import samples
+from evalparity.config import unit_location
 from evalparity.files import write_json
+from evalparity.rundir import layout, records, units
+from evalparity.rundir.records import STATUS_OK
 from evalparity.spec import CellSpec
 
 
 def shard_dirs(run_dir: Path, cell: CellSpec) -> list[Path]:
-    return [run_dir.joinpath(*unit_location(cell.name, k, cell.shards)) for k in range(cell.shards)]
+    return [layout.unit_dir(run_dir, name, folder) for folder, name in
+            (unit_location(cell.name, k, cell.shards) for k in range(cell.shards))]
 
 
 def pending_shards(run_dir: Path, cell: CellSpec, force: bool, identity: str | None = None) -> list[int]:
     def done(k: int) -> bool:
         folder, name = unit_location(cell.name, k, cell.shards)
-        return cells.is_done(run_dir, name, folder, identity)
+        return units.is_done(run_dir, name, folder, identity)
 
     return [k for k in range(cell.shards) if force or not done(k)]
 
@@ -64,20 +67,20 @@ def aggregate(table: pd.DataFrame) -> dict[str, dict[str, float]]:
 def merge(run_dir: Path, cell: CellSpec) -> dict:
     """Write and publish ``cells/<cell>`` from its finished shards; return its cell.json."""
     dirs = shard_dirs(run_dir, cell)
-    metas = [cells.read_cell_json(d) or {} for d in dirs]
-    table = merge_tables([samples.read_table(d / TABLE_FILE) for d in dirs])
-    out = cells.tmp_dir(run_dir, cell.name)
+    metas = [units.read_cell_json(d) or {} for d in dirs]
+    table = merge_tables([samples.read_table(layout.table(d)) for d in dirs])
+    out = units.tmp_dir(run_dir, cell.name)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    samples.write_table(table, out / TABLE_FILE)
+    samples.write_table(table, layout.table(out))
     seal = records.seal_table(out, len(table))
-    (out / LOG_FILE).write_text("".join(f"shard {k}: {d.relative_to(run_dir)}/{LOG_FILE}\n"
+    layout.log_file(out).write_text("".join(f"shard {k}: {layout.log_file(d).relative_to(run_dir)}\n"
                                           for k, d in enumerate(dirs)))
     first = metas[0]
     meta = {k: v for k, v in first.items() if k not in ("shard", "placement", "pid", "aggregate", "n_rows")}
     meta |= {
-        "status": cells.STATUS_OK,
+        "status": STATUS_OK,
         "shards": [{"index": k, "dir": str(d.relative_to(run_dir)), "n_rows": m.get("n_rows"),
                     "load_s": m.get("load_s"), "eval_s": m.get("eval_s"), "wall_s": m.get("wall_s"),
                     "peak_rss_gib": m.get("peak_rss_gib"), "peak_gpu_gib": m.get("peak_gpu_gib"),
@@ -95,6 +98,6 @@ def merge(run_dir: Path, cell: CellSpec) -> dict:
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     records.write_cell(out, meta)
-    write_json(out / LM_EVAL_RESULTS, {"results": meta["aggregate"], "shards": cell.shards})
-    cells.publish(run_dir, cell.name, cells.STATUS_OK)
+    write_json(layout.lm_eval_results(out), {"results": meta["aggregate"], "shards": cell.shards})
+    units.publish(run_dir, cell.name, STATUS_OK)
     return meta

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from evalparity import records
+from evalparity.rundir import records
 from evalparity.samples import write_table
 from evalparity.spec import Alignment, CellSpec, RunSpec, parse_dtype
 

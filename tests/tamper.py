@@ -47,6 +47,7 @@ MUTATIONS: dict[str, int] = {
     "cell_swap": 2,             # two cells' folders swapped
     "cell_symlink": 2,          # a cell folder replaced by a link to another's
     "cell_from_other_run": 1,   # a cell folder from another model's run
+    "cell_link_other_run": 1,   # a cell folder replaced by a link to another model's run's
     "cell_extra": 2,            # a copy of a cell under a new name in cells/
     "cell_delete": 1,           # a cell folder removed
     "cell_json_edit": 3,        # cell, key, value
@@ -90,7 +91,8 @@ def _rm(p: Path) -> None:
 
 
 def apply(run: Path, mutation: tuple[str, tuple[int, ...]], other: Path, outside: Path) -> None:
-    """Carry out one mutation on ``run``; ``other`` is a run of another model with the same cell names;
+    """Carry out one mutation on ``run``; ``other`` is a run of another model with the same cell names and
+    documents (so its cells align with these: only their records can tell them apart);
     ``outside`` a folder beside the run that no command may touch (links may point into a copy there)."""
     name, args = mutation
     a = list(args) + [0, 0, 0]
@@ -100,6 +102,8 @@ def apply(run: Path, mutation: tuple[str, tuple[int, ...]], other: Path, outside
         return
     d = run / "cells" / cell if cell else None
     table = d / "samples.parquet" if d else None
+    if d is not None and d.is_symlink() and name.startswith(("table_", "cell_json", "cell_extra")):
+        return  # writing through a link would damage the folder it points to (another run), not this one
     if name.startswith("table_") and name not in ("table_delete", "table_copy_from", "table_from_other_run"):
         if not table.is_file() or table.is_symlink():
             return
@@ -148,6 +152,9 @@ def apply(run: Path, mutation: tuple[str, tuple[int, ...]], other: Path, outside
     elif name == "cell_from_other_run":
         _rm(d)
         shutil.copytree(other / "cells" / cell, d)
+    elif name == "cell_link_other_run":
+        _rm(d)
+        d.symlink_to((other / "cells" / cell).resolve())
     elif name == "cell_extra":
         shutil.copytree(d, run / "cells" / f"{cell}-copy{a[1] % 3}", dirs_exist_ok=True)
     elif name == "cell_delete":

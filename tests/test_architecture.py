@@ -40,7 +40,7 @@ STAGES: list[tuple[str, ...]] = [
      "evalparity.shapes",  # what the memory plan and the backends share: model shapes, dtype sizes
      "evalparity.backends.registry",  # backend names only: spec checks them; the modules load when picked
      "evalparity.backends.base"),  # the contract the registry checks: a Protocol, typing only at run time
-    ("evalparity.spec", "evalparity.rundir", "evalparity.records", "evalparity.runlog", "evalparity.stats.options"),
+    ("evalparity.spec", "evalparity.rundir", "evalparity.runlog", "evalparity.stats.options"),
     ("evalparity.data", "evalparity.task_index", "evalparity.tasks", "evalparity.models", "evalparity.devices",
      "evalparity.memplan"),
     ("evalparity.backends",),
@@ -296,3 +296,46 @@ def test_the_cli_starts_without_heavy_libraries():
     assert proc.returncode == 0, proc.stderr
     loaded = {name.split(".")[0] for name in json.loads(proc.stdout)}
     assert not loaded & set(HEAVY), f"import evalparity.cli loads {sorted(loaded & set(HEAVY))}"
+
+
+# ---------------------------------------------------------------- the run folder's one door
+RUN_FOLDER_NAMES = {"CELLS", "SHARDS", "ATTEMPTS", "STATS", "REPORT", "DRIFT", "SPEC_FILE", "COMPARE_FILE", "RUN_FILE",
+                    "CELL_FILE", "TABLE_FILE", "LOG_FILE", "PROGRESS_FILE", "LM_EVAL_DIR", "LM_EVAL_RESULTS",
+                    "VERDICTS_FILE", "FAILED_SUFFIX", "TMP_PREFIX"}
+RUN_FOLDER_STRINGS = {"cells", "shards", "attempts", "stats", "report", "drift", "figures", "spec.json",
+                      "compare.json", "run.json", "cell.json", "samples.parquet", "cell.log", "progress.json",
+                      "lm_eval", "lm_eval_results.json", "verdicts.json", "prompts.json"}
+
+
+def _path_spellings(tree: ast.AST) -> list[tuple[int, str]]:
+    """``x / NAME`` or ``x / "name"`` where the right side names a part of a run folder."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            r = node.right
+            if isinstance(r, ast.Name) and r.id in RUN_FOLDER_NAMES:
+                out.append((node.lineno, r.id))
+            elif isinstance(r, ast.Constant) and r.value in RUN_FOLDER_STRINGS:
+                out.append((node.lineno, repr(r.value)))
+            elif isinstance(r, ast.JoinedStr) and any(isinstance(v, ast.FormattedValue) and isinstance(v.value, ast.Name)
+                                                      and v.value.id in RUN_FOLDER_NAMES for v in r.values):
+                out.append((node.lineno, ast.unparse(r)))
+    return out
+
+
+def test_only_the_run_folder_package_spells_run_folder_paths():
+    """Issue 25: every path in a run folder comes from ``evalparity.rundir.layout`` (and every read and write
+    of its records from ``evalparity.rundir``), so no module outside the package joins a run folder's names
+    itself."""
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("evalparity/rundir/") or rel == "evalparity/config.py":
+            continue
+        bad += [f"{rel}:{line}: / {what}" for line, what in _path_spellings(ast.parse(path.read_text()))]
+    assert not bad, "run-folder paths spelt outside evalparity/rundir (use rundir.layout):\n" + "\n".join(bad)
+
+
+def test_the_path_finder_finds_what_it_looks_for():
+    tree = ast.parse('a = run / CELLS / name\nb = run / "spec.json"\nc = run / f"{CELLS}"\nd = run / "other"\n')
+    assert sorted(w for _, w in _path_spellings(tree)) == sorted(["CELLS", "'spec.json'", "f'{CELLS}'"])

@@ -189,7 +189,8 @@ def test_report_on_a_truncated_file_is_one_line(syn_run, victim):
     before = snapshot(syn_run)
     proc = evalparity("report", str(syn_run))
     line = one_line_error(proc)
-    assert proc.returncode == 2 and "truncated or corrupt" in line and victim.split("/")[-1] in line, line
+    says = "not the table its cell wrote" if victim.endswith(".parquet") else "truncated or corrupt"  # its seal
+    assert proc.returncode == 2 and says in line and victim.split("/")[-1] in line, line
     assert snapshot(syn_run) == before  # the earlier report is left whole
     record(f"report with a truncated {victim.split('/')[-1]}", "exit 2, one line naming it; old report kept")
 
@@ -364,7 +365,8 @@ CORRUPT = {
                                   "record of cell 'hf-fp32'"),
     "cell.json: settings a string": ("cells/vllm-fp32/cell.json",
                                      b'{"cell": "vllm-fp32", "status": "ok", "settings": "x"}', "'settings'"),
-    "samples.parquet: random bytes": ("cells/vllm-fp32/samples.parquet", _random_bytes(), "not the table its cell wrote"),
+    "samples.parquet: random bytes": ("cells/vllm-fp32/samples.parquet", _random_bytes(),
+                                      "not the table its cell wrote"),
     "samples.parquet: another table": ("cells/vllm-fp32/samples.parquet", _other_parquet(),
                                        "not the table its cell wrote"),
     "spec.json: random bytes": ("spec.json", _random_bytes(), "truncated or corrupt"),

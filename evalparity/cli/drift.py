@@ -11,11 +11,11 @@ import typer
 from evalparity import config, rundir
 from evalparity.cli.options import Device, at_least, positive_finite
 from evalparity.cli.output import console, safe
-from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, DRIFT, REPORT, SPEC_FILE, STATS, VERDICTS_FILE
+from evalparity.config import DRIFT, REPORT
 from evalparity.devices import resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
-from evalparity.files import read_json
 from evalparity.models import resolve_model
+from evalparity.rundir import layout, records
 from evalparity.spec import split_list
 
 
@@ -42,7 +42,7 @@ def drift(
     # The folder drift writes into is locked before anything loads: the run's (drift/ and its report), or a
     # folder of its own (--out, or without a run), the run then only read.
     into = run_dir is not None and out is None
-    dest = run_dir / DRIFT if into else out or Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}"
+    dest = layout.drift_dir(run_dir) if into else out or Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}"
     lock = rundir.acquire(run_dir, create=False, flag="--run-dir") if into else rundir.acquire(dest, flag="--out")
     with lock:
         if run_dir is not None and model is None:
@@ -78,13 +78,13 @@ def into_run(run_dir: Path, probe) -> tuple[dict[str, dict], Path | None]:
     results and the report's path (None when the run has no statistics yet: ``report`` writes it later)."""
     from evalparity.report import write_report  # heavy: pandas, jinja2, matplotlib
 
-    with_report = (run_dir / STATS / VERDICTS_FILE).exists()
+    with_report = layout.verdicts_file(run_dir).exists()
     names = (DRIFT, REPORT) if with_report else (DRIFT,)
     staged = ""
     try:
         with rundir.staged_outputs(run_dir, names) as stage:
             staged = str(stage)
-            results = probe(stage / DRIFT, run_dir / DRIFT)
+            results = probe(layout.drift_dir(stage), layout.drift_dir(run_dir))
             html = run_dir / Path(write_report(stage)["html"]).relative_to(stage) if with_report else None
     except EvalParityError as err:  # messages name the run directory, not the staging folder
         raise EvalParityError(str(err).replace(staged, str(run_dir)) if staged else str(err), err.exit_code) from None
@@ -113,20 +113,21 @@ def check_is_run(run_dir: Path) -> None:
     """Drift's results belong beside the verdicts of the model they probe. A folder that is not an
     ``evalparity run`` (a comparison of lm-eval outputs, or no run at all) names no model: refused, where the
     embedded model used to be probed in its place and added to that folder's report."""
-    if not (run_dir / SPEC_FILE).is_file():
-        what = ("a comparison of lm-eval outputs (compare.json), which names no model" if (run_dir / COMPARE_FILE).is_file()
+    if not layout.spec_file(run_dir).is_file():
+        what = ("a comparison of lm-eval outputs (compare.json), which names no model" if layout.compare_file(run_dir).is_file()
                 else "not a run directory of `evalparity run` (no spec.json)")
         raise EvalParityError(f"--run-dir {run_dir} is {what}: there is no model to probe; pass --model and "
                               "--prompts instead")
 
 
 def run_model(run_dir: Path) -> str:
-    """The model a run's cells loaded (their ``model_path``), else the one its spec names, so that drift probes
-    the model the verdicts are about."""
-    found = next((m["model_path"] for p in sorted((run_dir / CELLS).glob(f"*/{CELL_FILE}"))
-                  if isinstance((m := read_json(p) or {}).get("model_path"), str)), None)
-    spec_model = (read_json(run_dir / SPEC_FILE) or {}).get("model")
+    """The model a run's verified cells loaded (their ``model_path``), else the one its spec names, so that
+    drift probes the model the verdicts are about; a run that does not verify (``records.verify_run``) is
+    refused like ``report`` refuses it."""
+    run = records.verify_run(run_dir)
+    found = next((p for r in run.cells.values() if isinstance(p := r.extra.get("model_path"), str)), None)
+    spec_model = run.model
     if found is None and not isinstance(spec_model, str):
-        raise EvalParityError(f"{run_dir / SPEC_FILE} names no model and no cell of the run recorded one: pass "
+        raise EvalParityError(f"{layout.spec_file(run_dir)} names no model and no cell of the run recorded one: pass "
                               "--model")
     return found or spec_model

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from evalparity import rundir
+from evalparity import config, rundir
 from evalparity.cli.options import (
     FAIL_ON_INCONCLUSIVE,
     MARGIN,
@@ -26,6 +26,7 @@ from evalparity.cli.options import (
 )
 from evalparity.cli.output import console, sign_off
 from evalparity.errors import EvalParityError
+from evalparity.rundir import layout
 from evalparity.runlog import RunLog
 
 
@@ -43,8 +44,9 @@ def report(
 ) -> None:
     """Recompute the statistics of a run directory and write report.md, report.html and verdicts.json."""
 
-    if not (run_dir / "cells").is_dir():
-        raise EvalParityError(f"{run_dir} is not a run directory (no cells/ folder): give the --out of a run")
+    if not any(p.exists() for p in (layout.spec_file(run_dir), layout.compare_file(run_dir), layout.cells_dir(run_dir))):
+        raise EvalParityError(f"{run_dir} is not a run directory (no spec.json, compare.json or cells/): give the --out "
+                              "of a run")
     opts = stats_options(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
                          multiple=multiple, direction=direction, cluster=cluster, gate_logprobs=gate_logprobs)
     with rundir.acquire(run_dir, create=False, flag="run directory"):
@@ -66,7 +68,7 @@ def stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, timings: R
     rundir.recover_outputs(run_dir)  # a report whose publish a kill interrupted is finished first
     cells.check_readable(run_dir)
     try:
-        with rundir.staged_outputs(run_dir, ("stats", "report")) as stage:
+        with rundir.staged_outputs(run_dir, (config.STATS, config.REPORT)) as stage:
             console.print("statistics ...")
             with timings.stage("statistics"):
                 result = compute(stage, opts, source=run_dir)

@@ -10,7 +10,6 @@ any model loads; and the exit code says the worst of the cells and the sign-off.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from evalparity import config, memplan, records, rundir
+from evalparity import config, memplan, rundir
 from evalparity import tasks as tasks_mod
 from evalparity.cli.options import (
     FAIL_ON_INCONCLUSIVE,
@@ -41,11 +40,12 @@ from evalparity.cli.options import (
 )
 from evalparity.cli.output import console, safe
 from evalparity.cli.report import stats_and_report
-from evalparity.config import ATTEMPTS, SPEC_FILE
+from evalparity.config import CELLS, DRIFT, SHARDS
 from evalparity.data import embedded, mirrors
 from evalparity.devices import check_dtypes, resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.models import resolve_model
+from evalparity.rundir import layout, records, units
 from evalparity.runlog import RunLog
 from evalparity.spec import (
     Alignment,
@@ -209,8 +209,8 @@ def default_out(model: str | None) -> Path:
 def check_resumed_spec(run_dir: Path) -> None:
     """A run directory to resume must have a readable spec at all, before Ray or a model starts; whether it
     is the same spec is checked later, against the one this run builds (``matrix.prepare_run_dir``)."""
-    if (run_dir / SPEC_FILE).exists():
-        records.check_spec(run_dir / SPEC_FILE)
+    if layout.spec_file(run_dir).exists():
+        records.check_spec(layout.spec_file(run_dir))
 
 
 def start_ray_early(device: str, tensor_parallel: int, ray: str | None, cells_per_gpu: int | None, n_jobs: int):
@@ -244,11 +244,10 @@ def plan_cells(run_dir: Path, dev: str, backends: str, dtypes: str, bs, repeat: 
 def other_cells(run_dir: Path, cell_specs) -> list[str]:
     """Cells an existing run directory's spec holds besides ``cell_specs`` (a run may add one cell to them)."""
 
-    try:
-        old = json.loads((run_dir / "spec.json").read_text())
-        return [c["name"] for c in old.get("cells", []) if c["name"] not in {x.name for x in cell_specs}]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    if not layout.spec_file(run_dir).exists():
         return []
+    old = records.read_spec(run_dir)  # checked (check_resumed_spec has refused an unreadable one already)
+    return [c.name for c in old.cells if c.name not in {x.name for x in cell_specs}]
 
 
 def go_offline_without_hub() -> bool:
@@ -388,20 +387,18 @@ def report_outcomes(run_dir: Path, outcomes) -> list[str]:
 def print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) -> None:
     """Every failed attempt of each failed cell (or its shards), each with its reason and kept log, and this
     run's own when it could not be recorded (a full disk): never a log path that does not exist."""
-    from evalparity import cells  # heavy: pandas (cells -> samples); loaded by the run already
-
     for name in failed:
-        units = [("cells", name)] + [("shards", p.name) for p in
-                                     sorted((run_dir / ATTEMPTS / "shards").glob(f"{name}.*of*"))]
+        shards = layout.attempts_dir(run_dir, name, SHARDS).parent
+        tried = [(CELLS, name)] + [(SHARDS, p.name) for p in sorted(shards.glob(f"{name}.*of*"))]
         last = None
-        for folder, unit in units:
-            for a in cells.attempt_history(run_dir, unit, folder):
+        for folder, unit in tried:
+            for a in units.attempt_history(run_dir, unit, folder):
                 last = a.get("error")
                 console.print(f"  {unit} attempt {safe(a.get('attempt'))}: {safe(a.get('error') or 'no reason recorded')}"
                               f" (log: {safe(a.get('log_path') or 'none written')})", soft_wrap=True, highlight=False)
         now = metas.get(name, {}).get("error")
         if last is None or (now and now != last and metas.get(name, {}).get("unrecorded")):
-            log = run_dir / "cells" / name / "cell.log"
+            log = layout.log_file(layout.cell_dir(run_dir, name))
             where = f" (log: {log.relative_to(run_dir)})" if last is None and log.is_file() \
                 and not metas.get(name, {}).get("unrecorded") else ""
             console.print(f"  {name}: {safe(now or 'no reason recorded')}{safe(where)}", soft_wrap=True, highlight=False)
@@ -431,9 +428,10 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
     into RUN_DIR/drift, before the report so that the report shows it."""
     from evalparity.drift import prompts_from_run, run_drift  # heavy: torch; only with --drift
 
-    with timings.stage("drift"):
+    with timings.stage("drift"), rundir.staged_outputs(run_dir, (DRIFT,)) as stage:  # drift/ published whole
         run_drift(str(model_path), prompts_from_run(run_dir, n_prompts), [c.name for c in cell_specs if not c.tag],
-                  run_dir / "drift", reference=opts.reference, device=dev, max_len=max_len, console=console)
+                  layout.drift_dir(stage), reference=opts.reference, device=dev, max_len=max_len, console=console,
+                  shown=layout.drift_dir(run_dir))
 
 
 def exit_code(failed: list[str], code: int) -> int:

@@ -23,12 +23,13 @@ from evalparity import backends, procs
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.matrix import cell_environment
+from evalparity.rundir import layout, records
 from evalparity.spec import CellSpec, RunSpec, parse_backend, parse_dtype
 
 
 def prompts_from_run(run_dir: Path, n: int, seed: int = 0) -> list[str]:
     """Up to ``n`` distinct scored sequences (prompt + first continuation) from the run's reference cell."""
-    cells = sorted((run_dir / "cells").glob("*/samples.parquet"))
+    cells = [t for _, t in records.finished_tables(run_dir)]
     if not cells:
         raise EvalParityError(f"{run_dir} has no finished cells to take prompts from: run it first, or pass --prompts")
     t = pd.read_parquet(cells[0])
@@ -79,10 +80,10 @@ def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, 
     for c in todo:
         parse_cell(c)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "spec.json", {"model_path": model_path, "reference": reference, "cells": todo,
+    write_json(layout.drift_spec(out), {"model_path": model_path, "reference": reference, "cells": todo,
                                    "device": device, "max_len": max_len, "gen_tokens": gen_tokens,
                                    "threshold": threshold, "n_prompts": len(prompts), "dump": dump})
-    write_json(out / "prompts.json", {"prompts": prompts})
+    write_json(layout.drift_prompts(out), {"prompts": prompts})
     results = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
         for c in todo:
@@ -91,13 +92,13 @@ def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, 
             env = os.environ | cell_environment(spec, backends.get(b).environment(spec, spec.cells[0]), offline=True)
             task = bar.add_task(f"drift {c} vs {reference}", total=len(prompts))
             t0 = time.perf_counter()
-            with open(out / f"{c}.log", "w") as log:
+            with open(layout.drift_log(out, c), "w") as log:
                 proc = procs.popen([sys.executable, "-m", "evalparity.drift.worker", str(out), c],
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
                 try:
                     while proc.poll() is None:
                         try:
-                            st = json.loads((out / f".{c}.progress.json").read_text())
+                            st = json.loads(layout.drift_progress(out, c).read_text())
                             bar.update(task, completed=st.get("n", 0))
                         except (OSError, json.JSONDecodeError):
                             pass
@@ -107,10 +108,10 @@ def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, 
                     raise
                 procs.ended(proc)
             wall = time.perf_counter() - t0
-            path = out / f"{c}.json"
+            path = layout.drift_summary(out, c)
             if proc.returncode != 0 or not path.exists():
-                tail = (out / f"{c}.log").read_text().strip().splitlines()[-1:] or ["no output"]
-                console.print(f"[red]drift {c} failed[/red]: {tail[0][:200]} (log: {shown / (c + '.log')})")
+                tail = layout.drift_log(out, c).read_text().strip().splitlines()[-1:] or ["no output"]
+                console.print(f"[red]drift {c} failed[/red]: {tail[0][:200]} (log: {layout.drift_log(shown, c)})")
                 continue
             results[c] = json.loads(path.read_text())
             bar.update(task, completed=len(prompts), description=f"drift {c} vs {reference}: {wall:.0f}s")

@@ -16,6 +16,7 @@ from evalparity.cells import ProgressFile
 from evalparity.drift import parse_cell
 from evalparity.drift.measure import DriftAccumulator
 from evalparity.files import write_json
+from evalparity.rundir import layout
 
 
 class WithPrecision:
@@ -49,9 +50,9 @@ def make_probe(backend: str, dtype: str, tf32: bool, spec: dict) -> WithPrecisio
 
 def main(argv: list[str]) -> int:
     out, cell = Path(argv[0]), argv[1]
-    spec = json.loads((out / "spec.json").read_text())
-    prompts = json.loads((out / "prompts.json").read_text())["prompts"]
-    progress = ProgressFile(out / f".{cell}.progress.json")
+    spec = json.loads(layout.drift_spec(out).read_text())
+    prompts = json.loads(layout.drift_prompts(out).read_text())["prompts"]
+    progress = ProgressFile(layout.drift_progress(out, cell))
     t0 = time.perf_counter()
     ref = make_probe(*parse_cell(spec["reference"]), spec)
     other = make_probe(*parse_cell(cell), spec)
@@ -61,8 +62,8 @@ def main(argv: list[str]) -> int:
     acc = probe_prompts(ref, other, prompts, spec["max_len"], spec["gen_tokens"], progress, dump)
     summary = acc.summary(spec["threshold"]) | {"cell": cell, "reference": spec["reference"], "load_s": load_s,
                                                 "probe_s": time.perf_counter() - t1}
-    write_json(out / f"{cell}.json", summary)
-    (out / f".{cell}.progress.json").unlink(missing_ok=True)
+    write_json(layout.drift_summary(out, cell), summary)
+    layout.drift_progress(out, cell).unlink(missing_ok=True)
     return 0
 
 

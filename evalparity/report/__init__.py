@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalparity.config import REPORT
 from evalparity.files import write_atomic
 from evalparity.report.build import build_context, load_drift
 from evalparity.report.formatting import COLORS
 from evalparity.report.markdown import md_escape, md_fence
 from evalparity.report.render import render_html, render_markdown
+from evalparity.rundir import layout
 
 __all__ = ["COLORS", "load_drift", "md_escape", "md_fence", "write_report"]
 
@@ -33,8 +33,8 @@ def write_report(run_dir: Path) -> dict[str, Path]:
     """Write the report of ``run_dir`` (after the statistics stage); returns the paths of report.md,
     report.html and the figures folder."""
     run_dir = Path(run_dir)
-    out = run_dir / REPORT
-    figdir = out / "figures"
+    out = layout.report_dir(run_dir)
+    figdir = layout.figures_dir(run_dir)
     ctx = build_context(run_dir, figdir)  # reads stats/verdicts.json first: a run without one fails here
     figdir.mkdir(parents=True, exist_ok=True)  # also when no figure was drawn
     md_path, html_path = out / "report.md", out / "report.html"

@@ -10,36 +10,28 @@ from pathlib import Path
 
 import pandas as pd
 
-from evalparity import records
-from evalparity.config import CELLS, DRIFT, SPEC_FILE, STATS, VERDICTS_FILE
+from evalparity.files import read_json
 from evalparity.report import figures, sections
 from evalparity.report.context import Drift, Figure, ReportContext
+from evalparity.rundir import layout, records
 
 
 def read_stats(run_dir: Path, name: str) -> pd.DataFrame:
     """``stats/<name>.parquet``, or an empty table when the statistics stage wrote none."""
-    p = run_dir / STATS / f"{name}.parquet"
+    p = layout.stats_table(run_dir, name)
     return pd.read_parquet(p) if p.exists() else pd.DataFrame()
 
 
 def load_cells(run_dir: Path, names: list[str]) -> dict[str, dict]:
     """The records of the cells the statistics used (``verdicts.json``'s ``cells``, verified by
     ``records.verify_run`` when they were computed), by cell name in sorted order."""
-    recs = {n: records.read_cell(run_dir / CELLS / n) for n in sorted(names)}
+    recs = {n: records.read_cell(layout.cell_dir(run_dir, n)) for n in sorted(names)}
     return {n: r.to_json() for n, r in recs.items() if r is not None}
 
 
 def load_drift(run_dir: Path) -> dict[str, dict]:
     """``evalparity drift``'s per-cell summaries (``drift/<cell>.json``), by cell; empty without a drift run."""
-    d = run_dir / DRIFT
-    if not d.is_dir():
-        return {}
-    out = {}
-    for p in sorted(d.glob("*.json")):
-        if p.name in ("spec.json", "prompts.json"):
-            continue
-        out[p.stem] = json.loads(p.read_text())
-    return out
+    return records.read_drift_summaries(layout.drift_dir(run_dir))
 
 
 def figure(path: Path | None, alt: str) -> Figure | None:
@@ -79,10 +71,10 @@ def _drift(run_dir: Path, figdir: Path) -> Drift | None:
 
 def build_context(run_dir: Path, figdir: Path) -> ReportContext:
     """The report of ``run_dir``, figures drawn into ``figdir`` (``report/figures``)."""
-    verdicts = json.loads((run_dir / STATS / VERDICTS_FILE).read_text())
+    verdicts = json.loads(layout.verdicts_file(run_dir).read_text())
     comp = read_stats(run_dir, "comparisons")
     flipped = read_stats(run_dir, "flipped_samples")
-    spec = json.loads((run_dir / SPEC_FILE).read_text()) if (run_dir / SPEC_FILE).exists() else {}
+    spec = read_json(layout.spec_file(run_dir)) or {}
     return ReportContext(
         model=str(verdicts.get("model")),
         sign_off=sections.sign_off(verdicts),

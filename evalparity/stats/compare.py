@@ -25,11 +25,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sps
 
-from evalparity import records
 from evalparity import samples as samples_mod
-from evalparity.config import CELLS, SPEC_FILE, STATS, TABLE_FILE, VERDICTS_FILE
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
 from evalparity.files import read_json, write_json
+from evalparity.rundir import layout, records
 from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, verdict
 from evalparity.stats.options import StatsOptions, check_metric_names
 from evalparity.stats.record import SCHEMA, Comparison, columns
@@ -64,7 +63,7 @@ def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict],
     run = records.verify_run(run_dir)
     tables, metas = {}, {}
     for name, rec in run.cells.items():
-        path = run_dir / CELLS / name / TABLE_FILE
+        path = layout.table(layout.cell_dir(run_dir, name))
         table = samples_mod.read_table(path)
         fix = f"remove {path.parent} and rerun the same command to redo that cell"
         cells_in = sorted(map(str, table["cell"].unique())) if "cell" in table else []
@@ -401,17 +400,18 @@ def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> St
         status = verdict.INCOMPLETE
         reason = (f"{len(missing)} cell(s) of the run cannot be used ({'; '.join(f'{c}: {w}' for c, w in missing)}): "
                   f"rerun to finish them; the verdicts below are for the others only ({reason})")
-    out = run_dir / STATS
+    out = layout.stats_dir(run_dir)
     out.mkdir(exist_ok=True)
-    samples_mod.write_table(comp, out / "comparisons.parquet")
+    samples_mod.write_table(comp, layout.stats_table(run_dir, "comparisons"))
     for name, data in (("deltas", delta_rows), ("flips", flip_rows), ("generations", gen_rows),
                        ("delta_histogram", hist_rows)):
-        samples_mod.write_table(pd.DataFrame(data), out / f"{name}.parquet")
-    samples_mod.write_table(pd.concat(flipped) if flipped else pd.DataFrame(), out / "flipped_samples.parquet")
+        samples_mod.write_table(pd.DataFrame(data), layout.stats_table(run_dir, name))
+    samples_mod.write_table(pd.concat(flipped) if flipped else pd.DataFrame(),
+                            layout.stats_table(run_dir, "flipped_samples"))
     samples_mod.write_table(pd.DataFrame(divs, columns=["kind", "reference", "cell", "task", "position"]),
-                            out / "first_divergence.parquet")
+                            layout.stats_table(run_dir, "first_divergence"))
     summary = StatsSummary(status, reason, comp, tuple(missing))
-    write_json(out / VERDICTS_FILE, verdicts_document(run_dir, records, opts, summary, metas))
+    write_json(layout.verdicts_file(run_dir), verdicts_document(run_dir, records, opts, summary, metas))
     return summary
 
 
@@ -535,7 +535,7 @@ def _gating(pending: list[Pending], opts: StatsOptions) -> np.ndarray:
 def verdicts_document(run_dir: Path, records: list[Comparison], opts: StatsOptions, summary: StatsSummary,
                       metas: dict[str, dict]) -> dict:
     """The ``verdicts.json`` schema (documented in the README): one record per comparison + sign-off."""
-    spec = read_json(run_dir / SPEC_FILE) or {}
+    spec = read_json(layout.spec_file(run_dir)) or {}
     return {
         "schema": SCHEMA,
         "model": spec.get("model"),

@@ -1,36 +1,24 @@
-"""What keeps a run directory one experiment's: safe names, an exclusive lock, whole outputs after a kill, the
-model's fingerprint.
+"""One process at a time in a run folder, and whole outputs after a kill.
 
-It imports nothing of evalparity but the leaf modules (``errors``, ``config``, ``files``), so that ``cells``,
-``matrix``, ``importer`` and ``cli`` can all use it without an import cycle.
-
-- **Names.** Every name that becomes a path (cell names, ``compare --name``, repeat tags, shard units) is
-  checked against one grammar, so that no name can point outside ``cells/`` (``../../victim``) or into a
-  folder of its own (``org/model``).
-- **Lock.** One process at a time works in a run directory. The lock is a file created with ``link(2)``
-  (``O_EXCL`` where hard links are unsupported), both atomic on local filesystems and on NFS, which is where
-  a Ray cluster's shared run directory lives; ``flock``/``fcntl`` locks are not reliable there. It holds the
-  holder's host, pid and start time, so a second run can name it, and a lock left by a dead process of
-  this host (SIGKILL, OOM) is taken over. A lock from another host cannot be checked: it is reported.
-- **Kills.** ``stats/`` and ``report/`` are written into a staging folder and swapped in together
-  (``staged_outputs``); the next command that holds the lock finishes or removes what a killed one left
-  (``recover_outputs``): a half-done swap, folders moved aside, staging folders.
-- **Fingerprint.** What the cells' results depend on besides the spec: the model's resolved source and its
-  files' contents. Hashing a 100 GB model takes minutes, so each file's hash is cached under the evalparity
-  cache directory, keyed by its resolved path, size, mtime, ctime and inode: a file rewritten in place
-  changes at least its ctime, so it is hashed again.
+- **Lock.** The lock is a file created with ``link(2)`` (``O_EXCL`` where hard links are unsupported), both
+  atomic on local filesystems and on NFS, which is where a Ray cluster's shared run directory lives;
+  ``flock``/``fcntl`` locks are not reliable there. It holds the holder's host, pid and start time, so a
+  second run can name it, and a lock left by a dead process of this host (SIGKILL, OOM) is taken over. A lock
+  from another host cannot be checked: it is reported.
+- **Kills.** ``stats/``, ``report/`` and ``drift/`` are written into a staging folder and swapped in together
+  (``staged_outputs``); the staging folder's name goes into the lock's record, and the next command that
+  takes the lock over finishes or removes what a killed one left (``recover_outputs``), and nothing else.
+- **Where a run may be.** Not inside another run (``check_not_inside_a_run``), not below a file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import os
 import platform
-import re
 import secrets
 import shutil
 import sys
@@ -39,58 +27,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalparity import config
 from evalparity.config import (
-    ATTEMPTS,
     CELLS,
     COMMITTED,
-    COMPARE_FILE,
     LOCK_NAME,
     OUTPUT_NAMES,
     SHARDS,
-    SPEC_FILE,
     STAGE_PREFIX,
     TRASH_PREFIX,
     kill_point,
 )
 from evalparity.errors import EvalParityError
 from evalparity.files import read_json, write_json
+from evalparity.rundir import layout
+from evalparity.rundir.names import check_name_ok
 
 logger = logging.getLogger(__name__)
-
-# ---------------------------------------------------------------- names
-NAME_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
-NAME_RULE = "letters, digits and . _ - only, not starting with a dot, at most 100 characters"
-
-
-def check_name(name: str, what: str = "cell name") -> str:
-    """``name`` if it is safe as one path component, else a one-line error naming the rule.
-
-    Why one grammar: a name with a slash or ``..`` makes ``cells/<name>`` point elsewhere, and the publish
-    step replaces (deletes) whatever is at that path."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise EvalParityError(f"{what} {name!r} is not a safe name: use {NAME_RULE} (e.g. hf-fp32)")
-    return name
-
-
-def child(root: Path, name: str, what: str = "cell name") -> Path:
-    """``root / name`` for a checked ``name``; the result is always directly inside ``root``."""
-    return root / check_name(name, what)
-
-
-def check_name_ok(name: str) -> bool:
-    """Whether ``name`` is a safe path component (``check_name``), without raising."""
-    try:
-        check_name(name)
-        return True
-    except Exception:  # noqa: BLE001 - EvalParityError: not a plain file name
-        return False
-
-
-def attempts_dir(run_dir: Path, name: str, folder: str = CELLS) -> Path:
-    """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
-    statistics take every folder for a cell of the run."""
-    return run_dir / ATTEMPTS / folder / check_name(name)
 
 
 # ---------------------------------------------------------------- the output directory
@@ -120,7 +72,7 @@ def check_not_inside_a_run(path: Path, flag: str = "--out") -> None:
     """Refuse an output folder inside another run or comparison: that run's next ``report`` replaces its
     ``stats/`` and ``report/`` whole, and a folder in its ``cells/`` is read as one of its cells."""
     for q in Path(path).resolve().parents:
-        if (q / SPEC_FILE).is_file() or (q / COMPARE_FILE).is_file() or (q / LOCK_NAME).is_file():
+        if layout.spec_file(q).is_file() or layout.compare_file(q).is_file() or (q / LOCK_NAME).is_file():
             raise EvalParityError(f"{flag} {path} is inside the run directory {q}, whose own commands replace and read "
                                   f"what is inside it: give {flag} a folder outside any run")
 
@@ -419,7 +371,9 @@ def recover_outputs(run_dir: Path) -> None:
         shutil.rmtree(stage, ignore_errors=True)
         if lock is not None:
             lock.update(stages=[x for x in lock.info.get("stages", []) if x != stage.name])
-    for folder in (run_dir, run_dir / CELLS, run_dir / SHARDS):
+    for folder in (run_dir, layout.cells_dir(run_dir), layout.shards_dir(run_dir)):
+        if folder.is_symlink():  # not the run's own folder: what is behind it is none of this command's
+            continue
         for t in folder.glob(f"{TRASH_PREFIX}*") if folder.is_dir() else []:
             _remove(t)
     _move_old_attempts(run_dir)
@@ -429,11 +383,13 @@ def _move_old_attempts(run_dir: Path) -> None:
     """Attempt histories an earlier evalparity kept as ``cells/<name>.attempts`` (where the statistics took
     them for a cell that never finished) move to ``attempts/cells/<name>``."""
     for folder in (CELLS, SHARDS):
+        if (run_dir / folder).is_symlink():
+            continue
         for old in sorted((run_dir / folder).glob("*.attempts")) if (run_dir / folder).is_dir() else []:
             name = old.name.removesuffix(".attempts")
             if not old.is_dir() or not check_name_ok(name):
                 continue
-            new = attempts_dir(run_dir, name, folder)
+            new = layout.attempts_dir(run_dir, name, folder)
             new.parent.mkdir(parents=True, exist_ok=True)
             if not new.exists():
                 old.replace(new)
@@ -445,129 +401,3 @@ def _move_old_attempts(run_dir: Path) -> None:
                 old.rmdir()
 
 
-# ---------------------------------------------------------------- model fingerprint
-CONFIG_FILES = ("config.json", "generation_config.json", "preprocessor_config.json")
-TOKENIZER_RE = re.compile(r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|"
-                          r"chat_template.*|.*\.model|.*\.tiktoken)$")
-WEIGHT_RE = re.compile(r".*\.(safetensors|bin|pt|pth|gguf|index\.json)$")
-CODE_RE = re.compile(r".*\.py$")  # modelling code of trust_remote_code models
-
-
-def _kind(name: str) -> str | None:
-    if name in CONFIG_FILES:
-        return "config"
-    if WEIGHT_RE.fullmatch(name):
-        return "weights"
-    if TOKENIZER_RE.fullmatch(name):
-        return "tokenizer"
-    if CODE_RE.fullmatch(name):
-        return "code"
-    return None
-
-
-def _load_cache() -> dict:
-    try:
-        data = json.loads(config.fingerprint_cache().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_cache(cache: dict) -> None:
-    path = config.fingerprint_cache()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:  # the cache only saves time: a failure to write it (read-only home) is not an error
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
-            _sha256_chunks(f)
-
-
-def _sha256_chunks(f) -> str:
-    h = hashlib.sha256()
-    for chunk in iter(lambda: f.read(1 << 23), b""):
-        h.update(chunk)
-    return h.hexdigest()
-
-
-@dataclass
-class HashStats:
-    """How much a fingerprint had to read (for the message and the tests)."""
-
-    hashed_bytes: int = 0
-    cached_bytes: int = 0
-    seconds: float = 0.0
-
-
-def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | None = None) -> dict:
-    """The fingerprint of the model folder ``model_path``: ``source`` (the resolved absolute path, or the
-    hub id), the hub revision when the folder is a hub-cache snapshot, and size and sha256 of each config,
-    tokenizer, weight and code file at the top level of the folder; ``digest`` hashes all of it."""
-    folder = Path(model_path)
-    stats = stats or HashStats()
-    revision = folder.name if folder.parent.name == "snapshots" else None
-    files = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and _kind(p.name) and p.is_file())
-    cache = _load_cache()
-    todo = []
-    entries: dict[str, dict] = {}
-    for p in files:
-        real = p.resolve()
-        st = real.stat()
-        key = str(real)
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        hit = cache.get(key)
-        if isinstance(hit, dict) and hit.get("stamp") == stamp and isinstance(hit.get("sha256"), str):
-            entries[p.name] = {"kind": _kind(p.name), "size": st.st_size, "sha256": hit["sha256"]}
-            stats.cached_bytes += st.st_size
-        else:
-            todo.append((p, real, st, stamp))
-    if todo:
-        total = sum(st.st_size for *_, st, _ in todo)
-        if total > 1 << 30:
-            logger.info(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size "
-                        "and mtime) ...")
-        t0 = time.perf_counter()
-        for p, real, st, stamp in todo:
-            digest = _sha256(real)
-            entries[p.name] = {"kind": _kind(p.name), "size": st.st_size, "sha256": digest}
-            cache[str(real)] = {"stamp": stamp, "sha256": digest}
-            stats.hashed_bytes += st.st_size
-        stats.seconds += time.perf_counter() - t0
-        _save_cache(cache)
-    if not any(e["kind"] == "weights" for e in entries.values()):
-        logger.warning(f"no weight files found at the top of {folder}: the fingerprint holds its config "
-                       "and tokenizer only")
-    body = {"source": source, "revision": revision, "files": entries}
-    body["digest"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-    return body
-
-
-def fingerprint_change(old: dict | None, new: dict | None) -> str | None:
-    """What differs between two fingerprints, in words (None when they match)."""
-    if old == new:
-        return None
-    if not old or not new:
-        return "the run was made without a model fingerprint (an older evalparity)"
-    if old.get("source") != new.get("source"):
-        return f"model {old.get('source')} there, {new.get('source')} now"
-    if old.get("revision") != new.get("revision"):
-        return f"revision {old.get('revision')} there, {new.get('revision')} now"
-    a, b = old.get("files", {}), new.get("files", {})
-    for name in sorted(set(a) | set(b)):
-        if name not in a:
-            return f"{b[name].get('kind', 'file')} file {name} is new"
-        if name not in b:
-            return f"{a[name].get('kind', 'file')} file {name} is gone"
-        if a[name] != b[name]:
-            x, y = a[name], b[name]
-            size = f", {x.get('size')} -> {y.get('size')} bytes" if x.get("size") != y.get("size") else ""
-            return (f"{x.get('kind', 'file')} file {name} changed (sha256 {str(x.get('sha256'))[:12]} there, "
-                    f"{str(y.get('sha256'))[:12]} now{size})")
-    return "the fingerprint differs"

@@ -27,10 +27,11 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from evalparity.config import CELL_FILE, CELLS, COMPARE_FILE, FAILED_SUFFIX, SPEC_FILE, TABLE_FILE
+from evalparity.config import COMPARE_FILE, FAILED_SUFFIX, SPEC_FILE
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.files import read_json, write_json
-from evalparity.rundir import check_name, check_name_ok
+from evalparity.rundir import layout
+from evalparity.rundir.names import check_name, check_name_ok
 from evalparity.spec import CellSpec, RunSpec
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
@@ -160,19 +161,19 @@ class CellRecord:
 def write_cell(folder: Path, record: CellRecord | dict) -> CellRecord:
     """Write ``folder/cell.json`` atomically, from a record or a dict that ``CellRecord.from_json`` accepts
     (checked first, so no writer can publish a record its reader would refuse)."""
-    rec = record if isinstance(record, CellRecord) else CellRecord.from_json(record, str(folder / CELL_FILE))
-    write_json(folder / CELL_FILE, rec.to_json())
+    rec = record if isinstance(record, CellRecord) else CellRecord.from_json(record, str(layout.cell_record(folder)))
+    write_json(layout.cell_record(folder), rec.to_json())
     return rec
 
 
 def seal_table(folder: Path, n_rows: int) -> TableSeal:
     """The seal of ``folder/samples.parquet``, just written with ``n_rows`` rows."""
-    return TableSeal.of(folder / TABLE_FILE, n_rows)
+    return TableSeal.of(layout.table(folder), n_rows)
 
 
 def read_cell(folder: Path) -> CellRecord | None:
     """A cell folder's record, or None when it is missing, unreadable or not a record (never taken as done)."""
-    data = read_json(folder / CELL_FILE)
+    data = read_json(layout.cell_record(folder))
     if data is None:
         return None
     try:
@@ -183,7 +184,7 @@ def read_cell(folder: Path) -> CellRecord | None:
 
 def check_cell(folder: Path) -> CellRecord:
     """A cell folder's record, checked: readable, of the right shape, and this folder's cell's record."""
-    path = folder / CELL_FILE
+    path = layout.cell_record(folder)
     fix = f"remove {folder} and rerun the same command to redo that cell"
     try:
         data = _load(path)
@@ -203,7 +204,7 @@ def is_done(folder: Path, identity: str | None = None) -> bool:
     rec = read_cell(folder)
     if rec is None or not rec.ok or (identity is not None and rec.spec_identity != identity):
         return False
-    return (folder / TABLE_FILE).exists()
+    return (layout.table(folder)).exists()
 
 
 # ---------------------------------------------------------------- spec.json and compare.json
@@ -242,7 +243,7 @@ def check_spec(path: Path) -> dict:
 
 def read_spec(run_dir: Path) -> RunSpec:
     """The run's spec, checked (``check_spec``)."""
-    return RunSpec.from_json(check_spec(run_dir / SPEC_FILE))
+    return RunSpec.from_json(check_spec(layout.spec_file(run_dir)))
 
 
 def compare_identity(inputs: list[str], names: list[str]) -> str:
@@ -290,7 +291,7 @@ class VerifiedRun:
 def _spec_of(run_dir: Path) -> tuple[str, dict, str, list[str], dict[str, CellSpec | None], str | None]:
     """(kind, spec, identity, named cells, each named cell's ``CellSpec`` (None in a comparison), model
     fingerprint digest)."""
-    spec_path, compare_path = run_dir / SPEC_FILE, run_dir / COMPARE_FILE
+    spec_path, compare_path = layout.spec_file(run_dir), layout.compare_file(run_dir)
     if spec_path.exists() and compare_path.exists():
         raise EvalParityError(f"{run_dir} holds both a {SPEC_FILE} and a {COMPARE_FILE}: one folder is one run or one "
                               "comparison; rerun into a new --out")
@@ -323,27 +324,28 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
         return "its folder is missing"
     if not folder.is_dir():
         raise _refuse(folder, "a cell is a file, not a folder", "remove it and rerun to redo that cell")
-    if not (folder / CELL_FILE).exists():
+    if not layout.cell_record(folder).exists():
         return "cell.json is missing (it never finished)"
     rec = check_cell(folder)
     if not rec.ok:
         return f"it {rec.status}" + (f" ({rec.error})" if rec.error else "")
+    record = layout.cell_record(folder)
     if rec.spec_identity != identity:
-        raise _refuse(folder / CELL_FILE, f"made under spec identity {rec.spec_identity}, but this run's is {identity} "
+        raise _refuse(record, f"made under spec identity {rec.spec_identity}, but this run's is {identity} "
                       "(a cell copied from another run, or a spec edited by hand)", fix)
     if fingerprint is not None and rec.model_fingerprint != fingerprint:
-        raise _refuse(folder / CELL_FILE, f"made with model fingerprint {rec.model_fingerprint}, but this run's model "
+        raise _refuse(record, f"made with model fingerprint {rec.model_fingerprint}, but this run's model "
                       f"is {fingerprint}", fix)
     want = {} if entry is None else {"backend": entry.backend, "dtype": entry.dtype, "batch_size": entry.batch_size,
                                      "tag": entry.tag or "", "tf32": entry.tf32, "base_cell": entry.base_name}
     for key, value in want.items():
         got = getattr(rec, key) if key != "tag" else (rec.tag or "")
         if got != value:
-            raise _refuse(folder / CELL_FILE, f"its {key} is {got!r}, the spec's is {value!r}", fix)
+            raise _refuse(record, f"its {key} is {got!r}, the spec's is {value!r}", fix)
     if rec.table is None:
-        raise _refuse(folder / CELL_FILE, "it carries no seal of its table (made by an older evalparity, or written "
+        raise _refuse(record, "it carries no seal of its table (made by an older evalparity, or written "
                       "by hand), so its table cannot be verified", fix)
-    table = folder / TABLE_FILE
+    table = layout.table(folder)
     if table.is_symlink():
         raise _refuse(table, "the table is a symbolic link, not the table its cell wrote", fix)
     if not table.exists():
@@ -362,7 +364,7 @@ def verify_run(run_dir: Path) -> VerifiedRun:
     spec names (finished and verified, or listed as incomplete), and no cell folder the spec does not name.
     Raises a one-line ``EvalParityError`` (exit 2) naming the file for anything a rerun would not fix."""
     kind, data, identity, named, entries, fingerprint = _spec_of(run_dir)
-    cells_dir = run_dir / CELLS
+    cells_dir = layout.cells_dir(run_dir)
     if cells_dir.is_symlink():
         raise _refuse(cells_dir, "the cells folder is a symbolic link", "restore the run's own cells/ folder")
     if cells_dir.exists() and not cells_dir.is_dir():
@@ -377,7 +379,7 @@ def verify_run(run_dir: Path) -> VerifiedRun:
     cells: dict[str, CellRecord] = {}
     incomplete: list[tuple[str, str]] = []
     for name in named:
-        got = verify_cell(cells_dir / name, identity, entries[name], fingerprint)
+        got = verify_cell(layout.cell_dir(run_dir, name), identity, entries[name], fingerprint)
         if isinstance(got, str):
             incomplete.append((name, got))
         else:
@@ -391,3 +393,22 @@ def incomplete_error(run: VerifiedRun, fix: str = "rerun the same command to fin
     return EvalParityError(f"{len(run.incomplete)} cell(s) of the {run.kind} cannot be used ({why}): {fix}",
                            EXIT_CELL_FAILED)
 
+
+
+def finished_tables(run_dir: Path) -> list[tuple[str, Path]]:
+    """(cell, its table's path) for every verified, finished cell of the run, by cell name."""
+    run = verify_run(run_dir)
+    return [(name, layout.table(layout.cell_dir(run_dir, name))) for name in sorted(run.cells)]
+
+
+def read_drift_summaries(folder: Path) -> dict[str, dict]:
+    """The per-cell summaries a drift folder holds (``drift/<cell>.json``), by cell; a summary that is not
+    a JSON object naming its own cell is refused in one line."""
+    out = {}
+    for cell, path in layout.drift_summaries(folder):
+        data = read_json(path)
+        if data is None or data.get("cell", cell) != cell:
+            raise EvalParityError(f"{path} is not a drift summary of cell {cell} (truncated, corrupt or another "
+                                  "cell's): rerun `evalparity drift` to redo it")
+        out[cell] = data
+    return out

@@ -1,0 +1,145 @@
+"""The model's fingerprint: what the cells' results depend on besides the spec, the model's resolved source and
+its files' contents. Hashing a 100 GB model takes minutes, so each file's hash is cached under the evalparity
+cache directory, keyed by its resolved path, size, mtime, ctime and inode: a file rewritten in place changes at
+least its ctime, so it is hashed again."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalparity import config
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILES = ("config.json", "generation_config.json", "preprocessor_config.json")
+TOKENIZER_RE = re.compile(r"(tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab.*|merges\.txt|"
+                          r"chat_template.*|.*\.model|.*\.tiktoken)$")
+WEIGHT_RE = re.compile(r".*\.(safetensors|bin|pt|pth|gguf|index\.json)$")
+CODE_RE = re.compile(r".*\.py$")  # modelling code of trust_remote_code models
+
+
+def _kind(name: str) -> str | None:
+    if name in CONFIG_FILES:
+        return "config"
+    if WEIGHT_RE.fullmatch(name):
+        return "weights"
+    if TOKENIZER_RE.fullmatch(name):
+        return "tokenizer"
+    if CODE_RE.fullmatch(name):
+        return "code"
+    return None
+
+
+def _load_cache() -> dict:
+    try:
+        data = json.loads(config.fingerprint_cache().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cache(cache: dict) -> None:
+    path = config.fingerprint_cache()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:  # the cache only saves time: a failure to write it (read-only home) is not an error
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
+            _sha256_chunks(f)
+
+
+def _sha256_chunks(f) -> str:
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 23), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class HashStats:
+    """How much a fingerprint had to read (for the message and the tests)."""
+
+    hashed_bytes: int = 0
+    cached_bytes: int = 0
+    seconds: float = 0.0
+
+
+def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | None = None) -> dict:
+    """The fingerprint of the model folder ``model_path``: ``source`` (the resolved absolute path, or the
+    hub id), the hub revision when the folder is a hub-cache snapshot, and size and sha256 of each config,
+    tokenizer, weight and code file at the top level of the folder; ``digest`` hashes all of it."""
+    folder = Path(model_path)
+    stats = stats or HashStats()
+    revision = folder.name if folder.parent.name == "snapshots" else None
+    files = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and _kind(p.name) and p.is_file())
+    cache = _load_cache()
+    todo = []
+    entries: dict[str, dict] = {}
+    for p in files:
+        real = p.resolve()
+        st = real.stat()
+        key = str(real)
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        hit = cache.get(key)
+        if isinstance(hit, dict) and hit.get("stamp") == stamp and isinstance(hit.get("sha256"), str):
+            entries[p.name] = {"kind": _kind(p.name), "size": st.st_size, "sha256": hit["sha256"]}
+            stats.cached_bytes += st.st_size
+        else:
+            todo.append((p, real, st, stamp))
+    if todo:
+        total = sum(st.st_size for *_, st, _ in todo)
+        if total > 1 << 30:
+            logger.info(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size "
+                        "and mtime) ...")
+        t0 = time.perf_counter()
+        for p, real, st, stamp in todo:
+            digest = _sha256(real)
+            entries[p.name] = {"kind": _kind(p.name), "size": st.st_size, "sha256": digest}
+            cache[str(real)] = {"stamp": stamp, "sha256": digest}
+            stats.hashed_bytes += st.st_size
+        stats.seconds += time.perf_counter() - t0
+        _save_cache(cache)
+    if not any(e["kind"] == "weights" for e in entries.values()):
+        logger.warning(f"no weight files found at the top of {folder}: the fingerprint holds its config "
+                       "and tokenizer only")
+    body = {"source": source, "revision": revision, "files": entries}
+    body["digest"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    return body
+
+
+def fingerprint_change(old: dict | None, new: dict | None) -> str | None:
+    """What differs between two fingerprints, in words (None when they match)."""
+    if old == new:
+        return None
+    if not old or not new:
+        return "the run was made without a model fingerprint (an older evalparity)"
+    if old.get("source") != new.get("source"):
+        return f"model {old.get('source')} there, {new.get('source')} now"
+    if old.get("revision") != new.get("revision"):
+        return f"revision {old.get('revision')} there, {new.get('revision')} now"
+    a, b = old.get("files", {}), new.get("files", {})
+    for name in sorted(set(a) | set(b)):
+        if name not in a:
+            return f"{b[name].get('kind', 'file')} file {name} is new"
+        if name not in b:
+            return f"{a[name].get('kind', 'file')} file {name} is gone"
+        if a[name] != b[name]:
+            x, y = a[name], b[name]
+            size = f", {x.get('size')} -> {y.get('size')} bytes" if x.get("size") != y.get("size") else ""
+            return (f"{x.get('kind', 'file')} file {name} changed (sha256 {str(x.get('sha256'))[:12]} there, "
+                    f"{str(y.get('sha256'))[:12]} now{size})")
+    return "the fingerprint differs"

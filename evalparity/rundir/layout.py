@@ -1,0 +1,172 @@
+"""Where everything in a run folder is: the one place that spells a run folder's paths.
+
+The names are ``config``'s (the layout, in one comment there); every module that needs a path in a run
+folder asks for it here, so a change of layout is a change of this file.
+
+    <run>/spec.json | compare.json            spec_file, compare_file   what the run is (records)
+    <run>/run.json                            run_file                  where the last command's time went
+    <run>/cells/<cell>/                       unit_dir (CELLS)          one cell: cell_record, table, log_file,
+                                                                        lm_eval_dir, lm_eval_results, progress_file
+    <run>/cells/<cell>.failed/                failed_dir                a failed attempt kept beside a finished cell
+    <run>/shards/<cell>.<k>of<n>/             unit_dir (SHARDS)         one shard, until merged
+    <run>/<cells|shards>/.tmp-<unit>/         tmp_dir                   a unit being written
+    <run>/attempts/<cells|shards>/<unit>/     attempts_dir              every failed attempt of a unit
+    <run>/stats/, stats/verdicts.json         stats_dir, verdicts_file, stats_table
+    <run>/report/                             report_dir
+    <run>/drift/                              drift_dir
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evalparity.config import (
+    ATTEMPTS,
+    CELL_FILE,
+    CELLS,
+    COMPARE_FILE,
+    DRIFT,
+    FAILED_SUFFIX,
+    LM_EVAL_DIR,
+    LM_EVAL_RESULTS,
+    LOG_FILE,
+    PROGRESS_FILE,
+    REPORT,
+    RUN_FILE,
+    SHARDS,
+    SPEC_FILE,
+    STATS,
+    TABLE_FILE,
+    TMP_PREFIX,
+    VERDICTS_FILE,
+)
+from evalparity.rundir.names import check_name
+
+
+# ---------------------------------------------------------------- the run folder
+def spec_file(run: Path) -> Path:
+    return Path(run) / SPEC_FILE
+
+
+def compare_file(run: Path) -> Path:
+    return Path(run) / COMPARE_FILE
+
+
+def run_file(run: Path) -> Path:
+    return Path(run) / RUN_FILE
+
+
+def cells_dir(run: Path) -> Path:
+    return Path(run) / CELLS
+
+
+def shards_dir(run: Path) -> Path:
+    return Path(run) / SHARDS
+
+
+def unit_dir(run: Path, name: str, folder: str = CELLS) -> Path:
+    """``cells/<name>`` (or ``shards/<name>``), for a checked ``name``: always directly inside that folder."""
+    return Path(run) / folder / check_name(name)
+
+
+def cell_dir(run: Path, name: str) -> Path:
+    return unit_dir(run, name, CELLS)
+
+
+def tmp_dir(run: Path, name: str, folder: str = CELLS) -> Path:
+    """Where a unit is written before its publish renames it into place."""
+    return Path(run) / folder / f"{TMP_PREFIX}{check_name(name)}"
+
+
+def failed_dir(run: Path, name: str, folder: str = CELLS) -> Path:
+    return Path(run) / folder / f"{check_name(name)}{FAILED_SUFFIX}"
+
+
+def attempts_dir(run: Path, name: str, folder: str = CELLS) -> Path:
+    """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
+    statistics take every folder for a cell of the run."""
+    return Path(run) / ATTEMPTS / folder / check_name(name)
+
+
+def stats_dir(run: Path) -> Path:
+    return Path(run) / STATS
+
+
+def verdicts_file(run: Path) -> Path:
+    return stats_dir(run) / VERDICTS_FILE
+
+
+def stats_table(run: Path, name: str) -> Path:
+    """``stats/<name>.parquet``: one table of the statistics stage."""
+    return stats_dir(run) / f"{name}.parquet"
+
+
+def report_dir(run: Path) -> Path:
+    return Path(run) / REPORT
+
+
+def drift_dir(run: Path) -> Path:
+    return Path(run) / DRIFT
+
+
+# ---------------------------------------------------------------- inside one unit's folder
+def cell_record(unit: Path) -> Path:
+    return Path(unit) / CELL_FILE
+
+
+def table(unit: Path) -> Path:
+    return Path(unit) / TABLE_FILE
+
+
+def log_file(unit: Path) -> Path:
+    return Path(unit) / LOG_FILE
+
+
+def progress_file(unit: Path) -> Path:
+    return Path(unit) / PROGRESS_FILE
+
+
+def lm_eval_dir(unit: Path) -> Path:
+    return Path(unit) / LM_EVAL_DIR
+
+
+def lm_eval_results(unit: Path) -> Path:
+    return Path(unit) / LM_EVAL_RESULTS
+
+
+# ---------------------------------------------------------------- inside a drift folder (drift_dir, or drift --out)
+DRIFT_SPEC, DRIFT_PROMPTS = "spec.json", "prompts.json"
+
+
+def drift_spec(folder: Path) -> Path:
+    """What the drift workers probe: model, reference, cells and their settings."""
+    return Path(folder) / DRIFT_SPEC
+
+
+def drift_prompts(folder: Path) -> Path:
+    return Path(folder) / DRIFT_PROMPTS
+
+
+def drift_summary(folder: Path, cell: str) -> Path:
+    """One probed cell's summary (``drift/<cell>.json``)."""
+    return Path(folder) / f"{check_name(cell)}.json"
+
+
+def drift_log(folder: Path, cell: str) -> Path:
+    return Path(folder) / f"{check_name(cell)}.log"
+
+
+def drift_progress(folder: Path, cell: str) -> Path:
+    return Path(folder) / f".{check_name(cell)}.progress.json"
+
+
+def drift_summaries(folder: Path) -> list[tuple[str, Path]]:
+    """(cell, path) of every probed cell's summary in a drift folder, by cell name."""
+    skip = {DRIFT_SPEC, DRIFT_PROMPTS}
+    return [(p.stem, p) for p in sorted(Path(folder).glob("*.json")) if p.name not in skip] \
+        if Path(folder).is_dir() else []
+
+
+def figures_dir(run: Path) -> Path:
+    """``report/figures``: the report's PNGs (also embedded in report.html)."""
+    return report_dir(run) / "figures"
