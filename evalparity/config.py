@@ -126,12 +126,12 @@ def wheels_dir() -> Path:
 
 
 # ---------------------------------------------------------------- the layout of a run directory
-# <run>/
+# <run>/   (the names only; every path is built by rundir/layout.py)
 #   spec.json                     SPEC_FILE      what the run is (RunSpec.to_json); the run is locked to it
 #   compare.json                  COMPARE_FILE   or: the lm-eval outputs `evalparity compare` turned into cells
 #   run.json                      RUN_FILE       what the last command did, stage by stage (runlog)
-#   cells/<cell>/                 CELLS          one cell, published by one rename (cells.publish)
-#     cell.json                   CELL_FILE      its record: settings, versions, timings, status
+#   cells/<cell>/                 CELLS          one cell, published by one rename (rundir.units.publish)
+#     cell.json                   CELL_FILE      its record (rundir.records.CellRecord): identity, table seal, settings
 #     samples.parquet             TABLE_FILE     its per-sample table (samples)
 #     cell.log                    LOG_FILE       its process's output
 #     progress.json               PROGRESS_FILE  while it runs: phase and n/total (cells.ProgressFile)

@@ -250,3 +250,18 @@ def test_force_rerun_killed_is_incomplete_not_the_old_verdict(tiny_run, tiny_mod
         (rep.stdout, rep.stderr[-2000:])
     kept = sorted(p.parent.name for p in (run / "attempts" / "cells").glob("*/superseded-*"))
     assert kept == ["vllm-bf16", "vllm-fp32"]  # the cells --force replaced are kept, not deleted
+
+
+def test_a_comparison_cells_tag_is_verified_too(folders):
+    """Found by the fuzzer (benchmarks/tamper_fuzz.py, case 361): a comparison's cell whose record was given
+    a tag became a noise-floor repeat, leaving the gating family (FAIL: 1 of 2 -> FAIL: 1 of 1). Every field
+    the statistics read (tag, tf32, base_cell) is verified against the spec, a comparison's cells too."""
+    *_, comp0, baseline, comp2 = folders
+    for key, value in ((5, 11), (6, 10), (7, 5)):  # tag '../x', base_cell 'hf-fp32', tf32 true
+        top, run, outside = _copy(comp0)
+        mutations = [("cell_json_edit", (1, key, value))]
+        tamper.apply(run, mutations[0], comp2, outside)
+        code, _, err = tamper.run_cli(["report", str(run)])
+        assert code == 2 and "the spec's is" in err, (mutations, err)
+        tamper.check(run, baseline, mutations, outside)
+        shutil.rmtree(top, ignore_errors=True)

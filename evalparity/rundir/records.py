@@ -336,10 +336,16 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
     if fingerprint is not None and rec.model_fingerprint != fingerprint:
         raise _refuse(record, f"made with model fingerprint {rec.model_fingerprint}, but this run's model "
                       f"is {fingerprint}", fix)
-    want = {} if entry is None else {"backend": entry.backend, "dtype": entry.dtype, "batch_size": entry.batch_size,
-                                     "tag": entry.tag or "", "tf32": entry.tf32, "base_cell": entry.base_name}
+    # What the statistics read of a record decides which comparisons are made (a tag makes a noise-floor
+    # repeat, tf32 a precision-mode cell, base_cell their pair): it must be what the spec says. A comparison's
+    # cells are plain cells of their own (``importer``).
+    want = {"tag": "", "tf32": None, "base_cell": folder.name} if entry is None else \
+        {"backend": entry.backend, "dtype": entry.dtype, "batch_size": entry.batch_size, "tag": entry.tag or "",
+         "tf32": entry.tf32, "base_cell": entry.base_name}
     for key, value in want.items():
         got = getattr(rec, key) if key != "tag" else (rec.tag or "")
+        if key == "tf32" and entry is None:
+            got = rec.tf32 or None  # false or absent: a plain cell
         if got != value:
             raise _refuse(record, f"its {key} is {got!r}, the spec's is {value!r}", fix)
     if rec.table is None:

@@ -543,9 +543,11 @@ def verdicts_document(run_dir: Path, records: list[Comparison], opts: StatsOptio
         "cells": sorted(metas),
         "options": opts.as_dict(),
         "decision_rule": ("EQUIVALENT: the (1-2α) CI lies inside the margin (TOST at α, no adjustment: PASS is "
-                          "an intersection-union test). DIFFERENT: the CI at the family threshold lies outside "
-                          f"the margin ({opts.multiple} over the gating comparisons). SHIFT: a change shown, "
-                          "within-margin not shown. INCONCLUSIVE: neither."),
+                          "an intersection-union test). DIFFERENT: the (1-2γ) CI lies outside the margin, γ the "
+                          "family threshold (one-sided claims, each at α, plus the far end's tail where the CI is "
+                          f"wide against the margin; {opts.multiple} over the gating comparisons); one comparison: "
+                          "the same (1-2α) CI. SHIFT: a change shown (McNemar or the mean's test, two-sided, same "
+                          "family), within-margin not shown. INCONCLUSIVE: neither."),
         "sign_off": {"status": summary.sign_off, "reason": summary.reason,
                      "exit_code": summary.exit_code(True),
                      "exit_code_if_inconclusive_allowed": summary.exit_code(False),
