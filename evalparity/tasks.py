@@ -58,6 +58,7 @@ class TaskPlan:
 
     leaves: dict[str, int]
     groups: dict[str, list[str]]
+    metrics: frozenset[str] = frozenset()  # every per-sample metric the tasks declare (lm-eval's higher_is_better)
 
 
 # Split words that lm-eval appends to a group's name when the group evaluates one split of its dataset
@@ -120,6 +121,7 @@ def preflight(names: list[str], tm, mirror_roots: list[Path], limit: int | None,
     mirrors.activate(mirror_roots)
     leaves: dict[str, int] = {}
     groups: dict[str, list[str]] = {}
+    metrics: set[str] = set()
     missing: list[mirrors.MissingDataset] = []
     empty: list[str] = []
     for name in names:
@@ -142,6 +144,7 @@ def preflight(names: list[str], tm, mirror_roots: list[Path], limit: int | None,
         groups.update(loaded.get("group_map", {}))
         for tname, task in loaded["tasks"].items():
             n = len(task.eval_docs)
+            metrics.update(task.higher_is_better())  # the metrics lm-eval can aggregate: the per-sample keys
             if n == 0:
                 empty.append(tname)
             leaves[tname] = n
@@ -161,7 +164,7 @@ def preflight(names: list[str], tm, mirror_roots: list[Path], limit: int | None,
     if empty:
         raise EvalParityError(f"task {empty[0]} has no documents in its evaluation split: check its data files "
                               "and split names")
-    return TaskPlan(leaves, groups)
+    return TaskPlan(leaves, groups, frozenset(metrics))
 
 
 def _has_fewshot_docs(task) -> bool:

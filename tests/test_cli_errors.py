@@ -195,3 +195,15 @@ def test_a_misspelt_metric_in_margin_is_refused(tmp_path):
     assert "--margin names acc_nrom" in line and "use one of acc " in line
     proc = evalparity("report", str(run), "--margin", "1pp,acc=2pp")
     assert proc.returncode in (0, 3, 4) and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_run_refuses_an_unknown_margin_metric_before_any_model_loads(tiny_model, tiny_tasks, tmp_path):
+    """`run --margin 1pp,acc_nrom=2pp` ran every cell before the statistics refused the name; the preflight
+    knows the metrics the tasks declare, so it is refused before any cell starts."""
+    out = tmp_path / "r"
+    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
+                      "--dtypes", "fp32,bf16", "--backends", "hf", "--limit", "2", "--out", str(out),
+                      "--margin", "1pp,acc_nrom=2pp")
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "--margin names acc_nrom" in line and "acc_norm" in line, line
+    assert not any((out / "cells").glob("*")) if (out / "cells").exists() else True

@@ -57,6 +57,7 @@ from evalparity.spec import (
     parse_task_limits,
     split_list,
 )
+from evalparity.stats.options import check_metric_names
 
 EMBEDDED_LIMIT = 6
 
@@ -136,6 +137,7 @@ def run(
             task_aliases=task_aliases, memory_plan=memory_plan)
         report_documents(spec, plan, limit)
         opts = choose_reference(opts, reference, cell_specs)
+        check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
         timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
         outcomes = run_cells(spec, run_dir, model_path, force, offline, placement, timings, head)
         failed = report_outcomes(run_dir, outcomes)
