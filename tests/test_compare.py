@@ -156,6 +156,11 @@ def test_tasks_missing_from_some_inputs_are_named_and_recorded(tmp_path):
     assert len(warned) == 1 and "syn_b (missing from hf-bf16)" in warned[0], proc.stderr
     record = json.loads((out / "compare.json").read_text())
     assert record["tasks_not_in_every_input"] == [{"task": "syn_b", "missing_from": ["hf-bf16"]}]
+    verdicts = json.loads((out / "stats" / "verdicts.json").read_text())
+    assert verdicts["sign_off"]["tasks_not_compared"] == [{"task": "syn_b", "missing_from": ["hf-bf16"]}]
+    for name in ("report.md", "report.html"):  # and the report says so, beside the sign-off
+        text = (out / "report" / name).read_text().replace("\\_", "_")  # report.md escapes markdown's _
+        assert "Not compared: task syn_b is missing from hf-bf16" in text, name
     full = make_lm_eval_dir(tmp_path / "c", dtype="float16", task="syn_a", seed=2)
     proc = evalparity("compare", str(b), str(full), "--out", str(tmp_path / "o2"), "--no-fail-on-inconclusive")
     assert "not in every input" not in proc.stderr

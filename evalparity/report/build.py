@@ -76,7 +76,7 @@ def build_context(run_dir: Path, figdir: Path) -> ReportContext:
     flipped = read_stats(run_dir, "flipped_samples")
     spec = read_json(layout.spec_file(run_dir)) or {}
     return ReportContext(
-        model=str(verdicts.get("model")),
+        model=str(verdicts.get("model") or "a comparison of lm-eval outputs"),
         sign_off=sections.sign_off(verdicts),
         method=sections.method(verdicts["options"]),
         verdicts=sections.verdict_matrix(comp),

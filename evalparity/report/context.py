@@ -36,6 +36,7 @@ class SignOff:
     status: str
     reason: str
     incomplete: list[tuple[str, str]] = field(default_factory=list)  # (cell, why)
+    not_compared: list[tuple[str, str]] = field(default_factory=list)  # (task, the cells it is missing from)
 
 
 @dataclass(frozen=True)

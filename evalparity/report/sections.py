@@ -32,7 +32,8 @@ MUST_AGREE = ("bos_added", "max_length", "max_gen_toks", "num_fewshot", "limit")
 
 def sign_off(verdicts: dict) -> SignOff:
     so = verdicts["sign_off"]
-    return SignOff(so["status"], so["reason"], [(i["cell"], i["why"]) for i in so.get("incomplete_cells", [])])
+    return SignOff(so["status"], so["reason"], [(i["cell"], i["why"]) for i in so.get("incomplete_cells", [])],
+                   [(i["task"], ", ".join(i["missing_from"])) for i in so.get("tasks_not_compared", [])])
 
 
 def method(options: dict) -> Method:

@@ -401,6 +401,18 @@ def incomplete_error(run: VerifiedRun, fix: str = "rerun the same command to fin
 
 
 
+def tasks_not_compared(run_dir: Path) -> list[dict]:
+    """The tasks a comparison left out because some inputs lack them (``compare.json``'s
+    ``tasks_not_in_every_input``: ``{"task", "missing_from": [cells]}``); empty for a run."""
+    path = layout.compare_file(run_dir)
+    if not path.exists():
+        return []
+    items = check_compare_json(path, "rerun the same `evalparity compare` into a new --out").get(
+        "tasks_not_in_every_input") or []
+    return [{"task": str(i.get("task")), "missing_from": [str(c) for c in i.get("missing_from") or []]}
+            for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+
+
 def finished_tables(run_dir: Path) -> list[tuple[str, Path]]:
     """(cell, its table's path) for every verified, finished cell of the run, by cell name."""
     run = verify_run(run_dir)

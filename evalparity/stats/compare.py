@@ -302,17 +302,17 @@ def _finish(i: int, p: Pending, gating: bool, adj_b: float, adj_s: float, thr_b:
 
 
 # ---------------------------------------------------------------- the noise floor as a yardstick
-def attach_noise_floor(records: list[Comparison], pending: list[Pending], opts: StatsOptions) -> None:
+def attach_noise_floor(rows: list[Comparison], pending: list[Pending], opts: StatsOptions) -> None:
     """For each cross comparison of a binary metric, test whether its discordance exceeds the run-to-run
     discordance of a noise-floor pair (a cell against its repeat) on the same docs: an exact one-sided
     McNemar test on the two discordance indicators, with the score interval on the difference of rates.
     Where several noise floors apply (the reference's and the cell's), the noisier one is the yardstick."""
     floors: dict[tuple, list[tuple[str, pd.Series]]] = {}
-    for rec, p in zip(records, pending):
+    for rec, p in zip(rows, pending):
         if rec.kind == "noise_floor" and p.discordance is not None:
             key = (rec.task, rec.level, rec.filter, rec.metric)
             floors.setdefault(key, []).append((rec.reference, rec.cell, p.discordance))
-    for rec, p in zip(records, pending):
+    for rec, p in zip(rows, pending):
         if rec.kind == "noise_floor" or p.discordance is None:
             continue
         cands = [(base, rep, s) for base, rep, s in floors.get((rec.task, rec.level, rec.filter, rec.metric), [])
@@ -392,9 +392,9 @@ def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> St
     if not pending:
         raise EvalParityError("no metric could be compared: the cells share no task with per-sample metrics")
     gating = _gating(pending, opts)
-    records = decide_all(pending, gating, opts)
-    attach_noise_floor(records, pending, opts)
-    comp = pd.DataFrame([asdict(r) for r in records], columns=columns())
+    rows = decide_all(pending, gating, opts)
+    attach_noise_floor(rows, pending, opts)
+    comp = pd.DataFrame([asdict(r) for r in rows], columns=columns())
     status, reason = verdict.sign_off(comp.loc[comp["gating"], "verdict"].tolist())
     if missing:
         status = verdict.INCOMPLETE
@@ -411,7 +411,7 @@ def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> St
     samples_mod.write_table(pd.DataFrame(divs, columns=["kind", "reference", "cell", "task", "position"]),
                             layout.stats_table(run_dir, "first_divergence"))
     summary = StatsSummary(status, reason, comp, tuple(missing))
-    write_json(layout.verdicts_file(run_dir), verdicts_document(run_dir, records, opts, summary, metas))
+    write_json(layout.verdicts_file(run_dir), verdicts_document(run_dir, rows, opts, summary, metas))
     return summary
 
 
@@ -532,7 +532,7 @@ def _gating(pending: list[Pending], opts: StatsOptions) -> np.ndarray:
     return np.array(out, dtype=bool)
 
 
-def verdicts_document(run_dir: Path, records: list[Comparison], opts: StatsOptions, summary: StatsSummary,
+def verdicts_document(run_dir: Path, rows: list[Comparison], opts: StatsOptions, summary: StatsSummary,
                       metas: dict[str, dict]) -> dict:
     """The ``verdicts.json`` schema (documented in the README): one record per comparison + sign-off."""
     spec = read_json(layout.spec_file(run_dir)) or {}
@@ -551,6 +551,7 @@ def verdicts_document(run_dir: Path, records: list[Comparison], opts: StatsOptio
         "sign_off": {"status": summary.sign_off, "reason": summary.reason,
                      "exit_code": summary.exit_code(True),
                      "exit_code_if_inconclusive_allowed": summary.exit_code(False),
-                     "incomplete_cells": [{"cell": c, "why": w} for c, w in summary.incomplete]},
-        "comparisons": [r.to_json() for r in records],
+                     "incomplete_cells": [{"cell": c, "why": w} for c, w in summary.incomplete],
+                     "tasks_not_compared": records.tasks_not_compared(run_dir)},
+        "comparisons": [r.to_json() for r in rows],
     }
