@@ -53,19 +53,20 @@ def claim_out(run_dir: Path, inputs: list[str], names: list[str], record: dict |
     comparison (same inputs, same names), whose cells are then replaced. Anything else is refused, so that
     no stale cell of another comparison is read into this one's statistics. ``inputs``: ``input_id``s;
     ``record``: more to keep in compare.json (not part of the comparison's identity)."""
-    ident = {"schema": "evalparity.compare/1", "inputs": inputs, "names": names}
+    ident = {"inputs": inputs, "names": names}
     if contents(run_dir):
         if not layout.compare_file(run_dir).is_file():
             raise EvalParityError(f"--out {run_dir} exists and does not hold an evalparity comparison: use another "
                                   "--out (or an empty directory)")
         old = records.check_compare_json(layout.compare_file(run_dir), f"use another --out, or remove {run_dir}")
-        if old["inputs"] != ident["inputs"] or old["names"] != names:
+        if old["inputs"] != ident["inputs"] or old["names"] != ident["names"]:
             was = ", ".join(f"{n}={p}" for n, p in zip(old["names"], old["inputs"]))
             raise EvalParityError(f"--out {run_dir} holds another comparison ({was}): use another --out, or remove "
                                   "that directory")
     recover_outputs(run_dir)  # what a killed compare left: its moved-aside folders, its staging folder
     layout.cells_dir(run_dir).mkdir(parents=True, exist_ok=True)
-    write_json(layout.compare_file(run_dir), ident | (record or {}))
+    records.write_compare(run_dir, records.CompareRecord(tuple(inputs), tuple(names),
+                                                         tuple((record or {}).get(MISSING_TASKS, ()))))
 
 
 def sha256_file(path: Path) -> str:

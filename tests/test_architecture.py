@@ -317,8 +317,9 @@ def _path_spellings(tree: ast.AST) -> list[tuple[int, str]]:
                 out.append((node.lineno, r.id))
             elif isinstance(r, ast.Constant) and r.value in RUN_FOLDER_STRINGS:
                 out.append((node.lineno, repr(r.value)))
-            elif isinstance(r, ast.JoinedStr) and any(isinstance(v, ast.FormattedValue) and isinstance(v.value, ast.Name)
-                                                      and v.value.id in RUN_FOLDER_NAMES for v in r.values):
+            elif isinstance(r, ast.JoinedStr) and any(
+                    isinstance(v, ast.FormattedValue) and isinstance(v.value, ast.Name)
+                    and v.value.id in RUN_FOLDER_NAMES for v in r.values):
                 out.append((node.lineno, ast.unparse(r)))
     return out
 

@@ -70,7 +70,8 @@ class Page(HTMLParser):
 def _drift_summary() -> dict:
     """A minimal ``drift/<cell>.json`` whose worst tokens hold a fence and HTML."""
     layers = [{"layer": i, "rel_error": 1e-6 * (i + 1), "cosine": 1 - 1e-9} for i in range(3)]
-    return {"n_prompts": 2, "reference": "hf-fp32", "threshold": 1e-3, "first_layer_over_threshold": None,
+    return {"cell": "vllm-fp32", "n_prompts": 2, "reference": "hf-fp32", "threshold": 1e-3,
+            "first_layer_over_threshold": None,
             "layers": layers, "by_position": [{"bucket": 0, "rel_error": 1e-6}],
             "prompt_logprobs": {"abs_mean": 1e-6, "abs_p99": 2e-6, "abs_max": 3e-6}, "generations": None,
             "tokenization_mismatches": [],

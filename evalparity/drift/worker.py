@@ -15,8 +15,7 @@ from evalparity.backends import precision
 from evalparity.cells import ProgressFile
 from evalparity.drift import parse_cell
 from evalparity.drift.measure import DriftAccumulator
-from evalparity.files import write_json
-from evalparity.rundir import layout
+from evalparity.rundir import layout, records
 
 
 class WithPrecision:
@@ -62,7 +61,7 @@ def main(argv: list[str]) -> int:
     acc = probe_prompts(ref, other, prompts, spec["max_len"], spec["gen_tokens"], progress, dump)
     summary = acc.summary(spec["threshold"]) | {"cell": cell, "reference": spec["reference"], "load_s": load_s,
                                                 "probe_s": time.perf_counter() - t1}
-    write_json(layout.drift_summary(out, cell), summary)
+    records.write_drift_summary(out, records.DriftRecord.from_json(summary))
     layout.drift_progress(out, cell).unlink(missing_ok=True)
     return 0
 

@@ -22,7 +22,7 @@ def read_stats(run_dir: Path, name: str) -> pd.DataFrame:
     return pd.read_parquet(p) if p.exists() else pd.DataFrame()
 
 
-def load_cells(run_dir: Path, names: list[str]) -> dict[str, dict]:
+def cell_records(run_dir: Path, names: list[str]) -> dict[str, dict]:
     """The records of the cells the statistics used (``verdicts.json``'s ``cells``, verified by
     ``records.verify_run`` when they were computed), by cell name in sorted order."""
     recs = {n: records.read_cell(layout.cell_dir(run_dir, n)) for n in sorted(names)}
@@ -80,7 +80,7 @@ def build_context(run_dir: Path, figdir: Path) -> ReportContext:
         sign_off=sections.sign_off(verdicts),
         method=sections.method(verdicts["options"]),
         verdicts=sections.verdict_matrix(comp),
-        setup=sections.setup(spec, load_cells(run_dir, verdicts.get("cells") or [])),
+        setup=sections.setup(spec, cell_records(run_dir, verdicts.get("cells") or [])),
         paired=sections.paired(comp),
         figures=_figures(run_dir, figdir, comp, flipped),
         deltas=sections.deltas(read_stats(run_dir, "deltas")),

@@ -252,6 +252,44 @@ def compare_identity(inputs: list[str], names: list[str]) -> str:
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class CompareRecord:
+    """``compare.json``: the lm-eval outputs ``evalparity compare`` turned into cells (``inputs``, each a
+    resolved path, ``@STAMP`` where one of several runs was picked) and their cell names, in order; and the
+    tasks left out because some inputs lack them. ``identity`` is what every cell of the comparison is
+    made under (``compare_identity``)."""
+
+    inputs: tuple[str, ...]
+    names: tuple[str, ...]
+    tasks_not_in_every_input: tuple[dict, ...] = ()
+    schema: str = COMPARE_SCHEMA
+
+    @property
+    def identity(self) -> str:
+        return compare_identity(list(self.inputs), list(self.names))
+
+    def to_json(self) -> dict:
+        return {"schema": self.schema, "inputs": list(self.inputs), "names": list(self.names),
+                "tasks_not_in_every_input": list(self.tasks_not_in_every_input)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> CompareRecord:
+        missing = d.get("tasks_not_in_every_input") or []
+        return cls(tuple(d["inputs"]), tuple(d["names"]),
+                   tuple(i for i in missing if isinstance(i, dict)) if isinstance(missing, list) else (),
+                   str(d.get("schema", COMPARE_SCHEMA)))
+
+
+def write_compare(run_dir: Path, record: CompareRecord) -> None:
+    """Write ``compare.json`` (its one writer: ``importer.claim_out``)."""
+    write_json(layout.compare_file(run_dir), record.to_json())
+
+
+def read_compare(run_dir: Path, fix: str = "rerun the same `evalparity compare` into a new --out") -> CompareRecord:
+    """``compare.json``, checked (``check_compare_json``)."""
+    return CompareRecord.from_json(check_compare_json(layout.compare_file(run_dir), fix))
+
+
 def check_compare_json(path: Path, fix: str) -> dict:
     """``compare.json`` (what ``evalparity compare`` wrote: its inputs and cell names), checked."""
     try:
@@ -404,13 +442,10 @@ def incomplete_error(run: VerifiedRun, fix: str = "rerun the same command to fin
 def tasks_not_compared(run_dir: Path) -> list[dict]:
     """The tasks a comparison left out because some inputs lack them (``compare.json``'s
     ``tasks_not_in_every_input``: ``{"task", "missing_from": [cells]}``); empty for a run."""
-    path = layout.compare_file(run_dir)
-    if not path.exists():
+    if not layout.compare_file(run_dir).exists():
         return []
-    items = check_compare_json(path, "rerun the same `evalparity compare` into a new --out").get(
-        "tasks_not_in_every_input") or []
     return [{"task": str(i.get("task")), "missing_from": [str(c) for c in i.get("missing_from") or []]}
-            for i in items if isinstance(i, dict)] if isinstance(items, list) else []
+            for i in read_compare(run_dir).tasks_not_in_every_input]
 
 
 def finished_tables(run_dir: Path) -> list[tuple[str, Path]]:
@@ -419,13 +454,36 @@ def finished_tables(run_dir: Path) -> list[tuple[str, Path]]:
     return [(name, layout.table(layout.cell_dir(run_dir, name))) for name in sorted(run.cells)]
 
 
+@dataclass
+class DriftRecord:
+    """One probed cell's drift summary (``drift/<cell>.json``, written by ``drift.worker``): the cell and its
+    reference, typed; the measurements (``drift.measure``'s summary: layers, prompt logprobs, generations,
+    timings) in ``extra``, written at the same level."""
+
+    cell: str
+    reference: str
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return self.extra | {"cell": self.cell, "reference": self.reference}
+
+    @classmethod
+    def from_json(cls, d: dict) -> DriftRecord:
+        return cls(d["cell"], d["reference"], {k: v for k, v in d.items() if k not in ("cell", "reference")})
+
+
+def write_drift_summary(folder: Path, record: DriftRecord) -> None:
+    """Write ``<drift folder>/<cell>.json`` atomically (its one writer: ``drift.worker``)."""
+    write_json(layout.drift_summary(folder, record.cell), record.to_json())
+
+
 def read_drift_summaries(folder: Path) -> dict[str, dict]:
     """The per-cell summaries a drift folder holds (``drift/<cell>.json``), by cell; a summary that is not
-    a JSON object naming its own cell is refused in one line."""
+    a JSON object naming its own cell and a reference is refused in one line."""
     out = {}
     for cell, path in layout.drift_summaries(folder):
         data = read_json(path)
-        if data is None or data.get("cell", cell) != cell:
+        if data is None or data.get("cell") != cell or not isinstance(data.get("reference"), str):
             raise EvalParityError(f"{path} is not a drift summary of cell {cell} (truncated, corrupt or another "
                                   "cell's): rerun `evalparity drift` to redo it")
         out[cell] = data
