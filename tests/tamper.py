@@ -149,12 +149,15 @@ def apply(run: Path, mutation: tuple[str, tuple[int, ...]], other: Path, outside
         else:
             _rm(d)
             d.symlink_to(src.resolve())
-    elif name == "cell_from_other_run":
+    elif name in ("cell_from_other_run", "cell_link_other_run"):
+        src = other / "cells" / cell
+        if not src.is_dir():  # a cell the other run does not have (one this run's damage added)
+            return
         _rm(d)
-        shutil.copytree(other / "cells" / cell, d)
-    elif name == "cell_link_other_run":
-        _rm(d)
-        d.symlink_to((other / "cells" / cell).resolve())
+        if name == "cell_from_other_run":
+            shutil.copytree(src, d)
+        else:
+            d.symlink_to(src.resolve())
     elif name == "cell_extra":
         shutil.copytree(d, run / "cells" / f"{cell}-copy{a[1] % 3}", dirs_exist_ok=True)
     elif name == "cell_delete":
