@@ -152,18 +152,19 @@ def test_holm_on_stage_adjusted_pvalues():
     """The j-th smallest q = p_beyond / s_k is rejected at α / (K − r − j): a larger family, or fewer
     comparisons rejected before, make DIFFERENT harder; EQUIVALENT never depends on the family."""
     design = sequential.StagedDesign.for_task(3000, alpha=ALPHA)
-    results = sequential.decide_all([200, 170, 20], [125, 110, 22], 3000, design)
+    results = sequential.decide_all([210, 175, 20], [125, 110, 22], 3000, design)
     qs = [r.q_beyond for r in results]
-    assert ALPHA / 2 < qs[1] < ALPHA and qs[0] < ALPHA / 3  # chosen so the family size decides
-    alone = sequential.settle(results, alpha=ALPHA)
+    assert qs[0] < ALPHA / 10 and ALPHA / 3 < qs[1] < ALPHA / 2  # chosen so the family size decides
+    alone = sequential.settle(results, alpha=ALPHA)  # a family of these 3: α/3, then α/2
     assert [r.verdict for r in alone.results] == [verdict.DIFFERENT, verdict.DIFFERENT, verdict.EQUIVALENT]
     assert alone.results[0].beyond_threshold == pytest.approx(design.levels[-1] / 3)
-    family = sequential.settle(results, alpha=ALPHA, family_size=10)
-    assert [r.verdict for r in family.results][1:] == [verdict.SHIFT, verdict.EQUIVALENT]
-    after = sequential.settle(results, alpha=ALPHA, family_size=4, already_different=2)
-    assert after.new_different == 2
+    assert alone.results[1].beyond_threshold == pytest.approx(design.levels[-1] / 2)
+    family = sequential.settle(results, alpha=ALPHA, family_size=10)  # α/10, then α/9
+    assert [r.verdict for r in family.results] == [verdict.DIFFERENT, verdict.SHIFT, verdict.EQUIVALENT]
+    assert sequential.settle(results, alpha=ALPHA, family_size=5).new_different == 1  # α/5, α/4
+    assert sequential.settle(results, alpha=ALPHA, family_size=5, already_different=2).new_different == 2  # α/3, α/2
     r = alone.results[0]
-    assert r.confidence_interval().low > M  # the (1 − 2γ) interval it was rejected at lies outside
+    assert r.confidence_interval().high < -M  # the (1 − 2γ) interval it was rejected at lies outside
 
 
 def test_the_family_rule_holds_its_level_by_simulation():
