@@ -93,6 +93,13 @@ def test_both_error_rates_stay_at_alpha_over_the_looks(n_total, psi, ratio, m):
     assert o.skipped < 1e-9
 
 
+@pytest.mark.parametrize("n_total,psi,m", [(10000, 0.05, 0.01), (3000, 0.01, 0.01), (30000, 0.4, 0.001)])
+def test_pocock_spending_keeps_the_level_too(n_total, psi, m):
+    design = sequential.StagedDesign.for_task(n_total, alpha=ALPHA, spending="pocock")
+    o = sequential.staged_probabilities(design, *rates(psi, m), margin=m)
+    assert o.different <= ALPHA and o.equivalent <= ALPHA
+
+
 @pytest.mark.parametrize("n_total,psi", [(10000, 0.05), (30000, 0.05), (30000, 0.2)])
 def test_the_single_look_alpha_at_every_look_would_not(n_total, psi):
     """Why the spending: the same looks at α each give P(FAIL) 0.13–0.17 and P(PASS) up to 0.12 on the

@@ -4,6 +4,9 @@ Every (b, c) table of n docs is enumerated with its multinomial probability unde
 (P(ref only), P(cell only)), the product's own p-values (``paired.binary_tests``) and verdict rule
 (``verdict.classify``) are evaluated on each, and the probabilities of each verdict are summed. Tables of
 negligible probability are skipped; the mass skipped is returned, so the figures are exact to within it.
+
+The staged (group-sequential) rule's counterpart, a dynamic programme over the looks that equals this at one
+look, is ``sequential.staged_probabilities`` (it lives beside the rule: its planner needs it).
 """
 
 from __future__ import annotations
