@@ -265,3 +265,43 @@ def test_a_comparison_cells_tag_is_verified_too(folders):
         assert code == 2 and "the spec's is" in err, (mutations, err)
         tamper.check(run, baseline, mutations, outside)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_every_record_field_of_a_wrong_type_is_one_line_never_a_traceback(folders, tmp_path):
+    """Found by the fuzzer (benchmarks/tamper_fuzz.py): spec.json's model_fingerprint made a string crashed
+    report with an AttributeError. Every field of spec.json, a cell.json and compare.json, set to every value
+    of ``tamper.VALUES`` (and deleted), is either read or refused in one line (EvalParityError)."""
+    from evalparity.errors import EvalParityError
+    from evalparity.rundir import records
+
+    run0, _, _, comp0, *_ = folders
+    cases = [(run0 / "spec.json", tamper.SPEC_KEYS + ["alignment.seed", "alignment.max_length"],
+              lambda p: records.verify_run(p.parent)),
+             (run0 / "cells" / "vllm-fp32" / "cell.json", tamper.CELL_KEYS,
+              lambda p: records.check_cell(p.parent)),
+             (comp0 / "compare.json", tamper.COMPARE_KEYS, lambda p: records.read_compare(p.parent))]
+    tried = 0
+    for original, keys, read in cases:
+        data = json.loads(original.read_text())
+        for key in keys:
+            for value in [*tamper.VALUES, "DELETE"]:
+                top, run, outside = _copy(original.parents[2] if original.name == "cell.json" else original.parent)
+                path = run / original.relative_to(original.parents[2] if original.name == "cell.json"
+                                                  else original.parent)
+                edited = json.loads(json.dumps(data))
+                where, _, sub = key.partition(".")
+                target = edited[where] if sub else edited
+                name = sub or key
+                if value == "DELETE":
+                    target.pop(name, None)
+                else:
+                    target[name] = value
+                path.write_text(json.dumps(edited))
+                try:
+                    read(path)
+                except EvalParityError as err:
+                    assert "\n" not in str(err), str(err)
+                finally:
+                    shutil.rmtree(top, ignore_errors=True)
+                tried += 1
+    assert tried > 700

@@ -32,7 +32,7 @@ from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.rundir import layout
 from evalparity.rundir.names import check_name, check_name_ok
-from evalparity.spec import CellSpec, RunSpec
+from evalparity.spec import SHORT_DTYPE, CellSpec, RunSpec
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 COMPARE_SCHEMA = "evalparity.compare/1"
@@ -43,8 +43,21 @@ _TYPE_WORDS = {dict: "an object", list: "a list", str: "a string", bool: "true/f
 
 # The fields of spec.json and compare.json that are read, with the types they are read as: a file that
 # parses but holds another shape is refused here, in one line, not midway through the statistics.
-SPEC_FIELDS: dict[str, tuple[type, ...]] = {"model": (str, _NONE), "cells": (list,), "tasks": (list,),
-                                            "alignment": (dict,), "task_limits": (list,)}
+SPEC_FIELDS: dict[str, tuple[type, ...]] = {
+    "model": (str, _NONE), "tasks": (list,), "cells": (list,), "limit": (int, _NONE), "num_fewshot": (int, _NONE),
+    "device": (str,), "include_paths": (list,), "datasets_dir": (str, _NONE), "alignment": (dict,),
+    "hf_args": (str,), "vllm_args": (str,), "task_limits": (list,), "leaf_docs": (list,), "tensor_parallel": (int,),
+    "model_fingerprint": (dict, _NONE), "task_aliases": (list,), "memory_plan": (dict,),
+    "task_configs": (str, _NONE), "software": (list,)}
+ALIGNMENT_FIELDS: dict[str, tuple[type, ...]] = {
+    "softmax_fp32": (bool,), "add_bos_token": (bool, _NONE), "max_length": (int,), "prefix_caching": (bool,),
+    "seed": (int,), "true_fp32": (bool,), "max_gen_toks": (int, _NONE)}
+CELL_SPEC_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "backend": (str,), "dtype": (str,), "batch_size": (int, str), "tag": (str,), "tf32": (bool,),
+    "shards": (int,)}
+# list fields of spec.json whose items are pairs, with the types of the pair's two parts
+SPEC_PAIRS: dict[str, tuple[type, type]] = {"task_limits": (str, int), "leaf_docs": (str, int),
+                                             "task_aliases": (str, str), "software": (str, str)}
 COMPARE_FIELDS: dict[str, tuple[type, ...]] = {"inputs": (list,), "names": (list,)}
 
 
@@ -216,21 +229,7 @@ def check_spec(path: Path) -> dict:
         spec = _load(path)
     except (OSError, ValueError) as err:
         raise EvalParityError(f"{path} is truncated or corrupt ({type(err).__name__}): {fix}") from None
-    problem = shape_problem(spec, SPEC_FIELDS)
-    if problem is None:
-        for c in spec.get("cells", []):
-            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
-                problem = f"a cell entry is {json.dumps(c)[:60]}, not an object with a name"
-                break
-            try:
-                check_name(c["name"])
-            except EvalParityError as err:
-                problem = str(err).split(":", 1)[0]
-                break
-    if problem is None and not all(isinstance(t, str) for t in spec.get("tasks", [])):
-        problem = "'tasks' holds something other than task names"
-    if problem is None and not all(isinstance(x, list) and len(x) == 2 for x in spec.get("task_limits", [])):
-        problem = "'task_limits' holds something other than [task, limit] pairs"
+    problem = shape_problem(spec, SPEC_FIELDS) or _spec_parts_problem(spec)
     if problem is None:
         try:
             RunSpec.from_json(spec)
@@ -239,6 +238,40 @@ def check_spec(path: Path) -> dict:
     if problem:
         raise EvalParityError(f"{path} is not a spec evalparity can read ({problem}): {fix}")
     return spec
+
+
+def _spec_parts_problem(spec: dict) -> str | None:
+    """What is wrong inside spec.json's lists and objects (every field is read by ``RunSpec.from_json`` and
+    into the identity, so each must have the type it is written with), in words; None when nothing is."""
+    for c in spec.get("cells", []):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            return f"a cell entry is {json.dumps(c)[:60]}, not an object with a name"
+        try:
+            check_name(c["name"])
+        except EvalParityError as err:
+            return str(err).split(":", 1)[0]
+        problem = shape_problem(c, CELL_SPEC_FIELDS, required=("backend", "dtype", "batch_size"))
+        if problem:
+            return f"cell {c['name']}: {problem}"
+        if c["dtype"] not in SHORT_DTYPE:
+            return f"cell {c['name']}: dtype {c['dtype']!r} is not one of {', '.join(SHORT_DTYPE)}"
+        derived = CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False)).name
+        if derived != c["name"]:
+            return f"cell {c['name']} is named {derived} by its backend, dtype and tag"
+    for key in ("tasks", "include_paths"):
+        if not all(isinstance(t, str) for t in spec.get(key, [])):
+            return f"{key!r} holds something other than names"
+    for key, (first, second) in SPEC_PAIRS.items():
+        for x in spec.get(key, []):
+            if not (isinstance(x, list) and len(x) == 2 and isinstance(x[0], first) and isinstance(x[1], second)
+                    and not isinstance(x[1], bool)):
+                return f"{key!r} holds {json.dumps(x)[:40]}, not a [{first.__name__}, {second.__name__}] pair"
+    alignment = spec.get("alignment", {})
+    unknown = sorted(set(alignment) - set(ALIGNMENT_FIELDS))
+    if unknown:
+        return f"'alignment' has an unknown setting {unknown[0]!r}"
+    problem = shape_problem(alignment, ALIGNMENT_FIELDS)
+    return f"alignment: {problem}" if problem else None
 
 
 def read_spec(run_dir: Path) -> RunSpec:
