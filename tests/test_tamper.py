@@ -6,7 +6,7 @@ cells; edited or deleted json fields and files; forged staging folders and locks
 one to three at a time, and holds ``evalparity report`` to the invariant (``tamper.check``): the untouched
 folder's verdict and exit code, or a refusal (exit 2) or INCOMPLETE (exit 5); never another verdict, never
 a finished cell changed or deleted, never a path outside the run touched. ``EVALPARITY_TAMPER_EXAMPLES``
-sets how many examples each target gets (default 30, about a minute in all on 2 cores);
+sets how many examples each target gets (default 60, about 45 s in all on 2 cores);
 ``benchmarks/tamper_fuzz.py`` runs thousands.
 
 Below it, each case the issue names, by itself.
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from synthetic import make_lm_eval_dir, make_run
 
 CELLS = ["hf-fp32", "vllm-fp32", "hf-bf16"]
-EXAMPLES = int(os.environ.get("EVALPARITY_TAMPER_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("EVALPARITY_TAMPER_EXAMPLES", "60"))
 
 
 def _baseline_run(root: Path, model: str = "synthetic", drifting: str = "vllm-fp32") -> Path:
