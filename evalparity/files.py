@@ -7,6 +7,7 @@ that every module can write its files through it without an import cycle.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -50,3 +51,12 @@ def read_json(path: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in chunks (a model's weights, a cell's table, an input's samples)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 23), b""):
+            h.update(chunk)
+    return h.hexdigest()

