@@ -1,13 +1,14 @@
 """The run folder's records, and the check that a folder is what its records say before anything is decided.
 
-A run folder holds three kinds of record, each with one writer and one reader, here:
+A run folder holds these records, each read and written here (its writers call ``write_*``):
 
-- ``spec.json`` (``RunSpec``, written by ``matrix.prepare_run_dir``) or ``compare.json`` (``CompareRecord``,
-  written by ``importer``): what the run is. Its identity (``RunSpec.identity``, or the compare record's
-  inputs and names) is what every cell of the run was made under.
-- ``cells/<cell>/cell.json`` (``CellRecord``, written by ``write_cell`` from ``cells``, ``shards`` and
-  ``importer``): one cell's settings, the identity it ran under and the seal of its table (``TableSeal``:
-  the sha256, size and row count of ``samples.parquet`` as written).
+- ``spec.json`` (``RunSpec``, written by ``matrix.prepare_run_dir``, read by ``check_spec``/``read_spec``)
+  or ``compare.json`` (``CompareRecord``, written by ``importer``): what the run is. Its identity
+  (``RunSpec.identity``, or the compare record's inputs and names) is what every cell was made under.
+- ``cells/<cell>/cell.json`` (``CellRecord``, written by ``write_cell`` from ``cells``, ``shards``,
+  ``matrix`` (a crashed cell) and ``importer``): one cell's settings, the identity it ran under and the
+  seal of its table (``TableSeal``: the sha256, size and row count of ``samples.parquet`` as written).
+- ``drift/<cell>.json`` (``DriftRecord``, written by ``drift.worker``): one probed cell's drift summary.
 
 ``verify_run`` is the one door the statistics come through: it reads the spec, then every cell folder, and
 accepts a cell only when its record is whole, is this cell's, was made under this spec and model, and its
@@ -17,7 +18,8 @@ cell is listed as incomplete and the sign-off is INCOMPLETE (exit 5). So an edit
 duplicated or symlinked cell, a hand-edited spec, or a spec lost beside its cells, never reaches a verdict.
 
 Pandas-free (the checks that need the table's rows, its ``cell`` column and key uniqueness, are the
-statistics' when they read it: ``stats.compare.load_cells``), and it imports only leaves and ``spec``.
+statistics' when they read it: ``stats.compare.load_cells``), and it imports only leaves, ``spec`` and
+``rundir``'s own ``names`` and ``layout``.
 """
 
 from __future__ import annotations
