@@ -136,7 +136,7 @@ def apply(run: Path, mutation: tuple[str, tuple[int, ...]], other: Path, outside
         _rm(table)
     elif name in ("cell_copy_from", "cell_swap", "cell_symlink"):
         src = run / "cells" / _pick(names, a[1])
-        if src == d:
+        if src == d or not src.is_dir() or not d.exists():  # gone, or a dangling link, after earlier damage
             return
         if name == "cell_copy_from":
             _rm(d)

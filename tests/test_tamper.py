@@ -112,6 +112,8 @@ CASES = {
                                                         "not the table its cell wrote"),
     "a cell copied from another model's run": ([("cell_from_other_run", (1,))], 2, "spec identity"),
     "a cell folder symlinked to another": ([("cell_symlink", (1, 0))], 2, "symbolic link"),
+    "two cell folders linked to each other (a loop)": ([("cell_symlink", (0, 1)), ("cell_symlink", (1, 0))], 2,
+                                                       "symbolic link"),
     "a cell folder symlinked to another model's run's": ([("cell_link_other_run", (2,))], 2, "symbolic link"),
     "a cell copied over another, record and all": ([("cell_copy_from", (1, 0))], 2, "record of cell"),
     "spec.json removed": ([("spec_delete", ())], 2, "no spec.json"),

@@ -71,7 +71,7 @@ def check_out_path(path: Path, flag: str = "--out") -> None:
 def check_not_inside_a_run(path: Path, flag: str = "--out") -> None:
     """Refuse an output folder inside another run or comparison: that run's next ``report`` replaces its
     ``stats/`` and ``report/`` whole, and a folder in its ``cells/`` is read as one of its cells."""
-    for q in Path(path).resolve().parents:
+    for q in Path(os.path.realpath(path)).parents:  # realpath: a link loop is not an error here
         if layout.spec_file(q).is_file() or layout.compare_file(q).is_file() or (q / LOCK_NAME).is_file():
             raise EvalParityError(f"{flag} {path} is inside the run directory {q}, whose own commands replace and read "
                                   f"what is inside it: give {flag} a folder outside any run")
@@ -129,7 +129,11 @@ def describe_holder(h: dict) -> str:
 
 # The locks this process holds, by resolved run directory: ``staged_outputs`` and ``recover_outputs`` find
 # theirs here, so that the staging folders a command may finish or remove are the ones its lock names.
-_HELD: dict[Path, RunLock] = {}
+_HELD: dict[str, RunLock] = {}
+
+
+def _key(run_dir: Path) -> str:
+    return os.path.realpath(run_dir)
 
 
 @dataclass
@@ -153,7 +157,7 @@ class RunLock:
         self.info = json.loads(json.dumps(info))
 
     def release(self) -> None:
-        _HELD.pop(self.path.parent.resolve(), None)
+        _HELD.pop(_key(self.path.parent), None)
         if _read_lock(self.path) == self.info:
             with contextlib.suppress(OSError):
                 self.path.unlink()
@@ -235,7 +239,7 @@ def acquire(run_dir: Path, *, create: bool = True, flag: str = "--out") -> RunLo
                 lock = RunLock(path, info, created)
                 if inherited:
                     lock.update(stages=inherited)
-                _HELD[run_dir.resolve()] = lock
+                _HELD[_key(run_dir)] = lock
                 return lock
             holder = _read_lock(path)
             if holder is None:  # released just now
@@ -289,7 +293,7 @@ def _remove(path: Path) -> None:
 
 
 def _held(run_dir: Path) -> RunLock | None:
-    return _HELD.get(Path(run_dir).resolve())
+    return _HELD.get(_key(run_dir))
 
 
 @contextlib.contextmanager
@@ -317,7 +321,7 @@ def staged_outputs(run_dir: Path, names: tuple[str, ...]) -> Iterator[Path]:
     try:
         for p in run_dir.iterdir():
             if p.name not in names and not p.name.startswith("."):
-                (stage / p.name).symlink_to(p.resolve())
+                (stage / p.name).symlink_to(p.absolute())  # not resolved: a link loop in the run is its own
         yield stage
         write_json(stage / COMMITTED, {"names": list(names)})  # from here on, a kill is finished, not undone
         for name in names:  # old ones out of the way first, so the swap is two renames back to back

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -385,7 +386,7 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
     fix = f"remove {folder} and rerun the same command to redo that cell"
     if folder.is_symlink():
         raise _refuse(folder, "a cell folder is a symbolic link (to "
-                      f"{folder.resolve()}), so it is not this run's cell", "remove the link and rerun to redo it")
+                      f"{os.readlink(folder)}), so it is not this run's cell", "remove the link and rerun to redo it")
     if not folder.exists():
         return "its folder is missing"
     if not folder.is_dir():
