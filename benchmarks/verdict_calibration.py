@@ -38,6 +38,17 @@ NS = (100, 300, 1000, 3000, 10000)
 RATIOS = (0.0, 0.5, 0.9, 1.0, 1.5, 2.0)
 
 
+def mc_check(label: str, fail: int, pass_: int, sims: int) -> tuple[float, str]:
+    """(Monte-Carlo standard error at α, a flag when the error that should be held under α exceeds it by
+    three of them): P(PASS) for designs with one Δ on the margin, P(FAIL) for the others."""
+    se = float(np.sqrt(ALPHA * (1 - ALPHA) / sims))
+    check = ""
+    if "one Δ = m" in label and pass_ / sims > ALPHA + 3 * se:
+        check = " PASS>α!"
+    if "one Δ = m" not in label and fail / sims > ALPHA + 3 * se:
+        check = " FAIL>α!"
+    return se, check
+
 def grid(direction: str) -> bool:
     ok = True
     print(f"exact enumeration, one comparison, m = 1 pp, α = {ALPHA}, direction {direction}; true Δ = −ratio·m "
@@ -156,12 +167,7 @@ def family(sims: int) -> bool:
                 status = verdict.sign_off(v)[0]
                 fail += status == verdict.FAIL
                 pass_ += status == verdict.PASS
-            se = np.sqrt(ALPHA * (1 - ALPHA) / sims)
-            check = ""
-            if "one Δ = m" in label and pass_ / sims > ALPHA + 3 * se:
-                check = " PASS>α!"
-            if "one Δ = m" not in label and fail / sims > ALPHA + 3 * se:
-                check = " FAIL>α!"
+            se, check = mc_check(label, fail, pass_, sims)
             ok &= not check
             print(f"  K = {k:2d}, n = {n:,}, ψ = {psi:.0%}, {label}: P(FAIL) = {fail / sims:.4f}, "
                   f"P(PASS) = {pass_ / sims:.4f} (MC se {se:.4f}) {check or 'ok'}")
@@ -386,12 +392,7 @@ def staged_family(sims: int) -> bool:
                 status = verdict.sign_off(final.values())[0]
                 fail += status == verdict.FAIL
                 pass_ += status == verdict.PASS
-            se = np.sqrt(ALPHA * (1 - ALPHA) / sims)
-            check = ""
-            if "one Δ = m" in label and pass_ / sims > ALPHA + 3 * se:
-                check = " PASS>α!"
-            if "one Δ = m" not in label and fail / sims > ALPHA + 3 * se:
-                check = " FAIL>α!"
+            se, check = mc_check(label, fail, pass_, sims)
             ok &= not check
             print(f"  K = {k:2d}, ψ = {psi:.0%}, {label}: P(FAIL) = {fail / sims:.4f}, P(PASS) = {pass_ / sims:.4f}, "
                   f"E[docs] = {docs / sims:,.0f} (MC se {se:.4f}) {check or 'ok'}", flush=True)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from decide import decide_scores
+from decide import table as _table
 from statsmodels.stats.multitest import multipletests
 
 from evalparity.errors import EvalParityError
@@ -75,16 +76,6 @@ def test_binary_tests_equal_the_product_path(seed):
         vec = paired.binary_tests(np.array([b]), np.array([c]), n, M, direction=direction)
         assert (t.p_equivalence, t.p_beyond, t.p_shift) == pytest.approx(tuple(float(x[0]) for x in vec), abs=1e-12)
 
-
-def _table(n, b, c, both=0.6):
-    ref = np.zeros(n)
-    cell = np.zeros(n)
-    ref[:b] = 1
-    cell[b:b + c] = 1
-    k = int((n - b - c) * both)
-    ref[b + c:b + c + k] = 1
-    cell[b + c:b + c + k] = 1
-    return ref, cell
 
 
 @pytest.mark.parametrize("n,b,c", [(3000, 40, 41), (3000, 30, 70), (6000, 120, 170), (800, 10, 60),
