@@ -30,18 +30,19 @@ import time
 import traceback
 from pathlib import Path
 
-from evalparity import __version__, backends, lmeval_patches, samples, tasks
+from evalparity import __version__, backends, lmeval_patches, samples, shards, tasks
 from evalparity.backends import precision
 from evalparity.config import (
     PLACEMENT_ENV,
     REASON_FD_ENV,
+    STAGES,
     unit_location,
 )
 from evalparity.data import mirrors
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.phases import PhaseClock, profiled
-from evalparity.rundir import layout, records, units
+from evalparity.rundir import layout, records, rounds, units
 from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
 from evalparity.spec import CellSpec, RunSpec
 
@@ -278,23 +279,16 @@ def _bos_added(lm) -> bool | None:
 
 
 # ---------------------------------------------------------------- the cell itself
-def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
-             shard: tuple[int, int] = (0, 1), out: Path | None = None) -> dict:
-    backend = backends.get(cell.backend)
-    out = out or units.tmp_dir(run_dir, cell.name)
+def cell_meta(spec: RunSpec, cell: CellSpec, model_path: str, backend, args: dict) -> dict:
+    """What a cell's record says of it before it evaluates anything: the cell, the spec and model it runs
+    under, where and with which settings."""
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
                   "tag": cell.tag, "tf32": cell.tf32, "base_cell": cell.base_name, "model": spec.model,
                   "model_path": model_path, "spec_identity": spec.identity(),
                   "model_fingerprint": (spec.model_fingerprint or {}).get("digest"),
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
-                  "host": platform.node(), "placement": placement_meta(spec)}
-    if shard[1] > 1:
-        meta["shard"] = {"index": shard[0], "of": shard[1]}
-    if cell.dtype == "float32":
-        precision.apply(spec.alignment.true_fp32 and not cell.tf32)
-    args = backend.model_args(spec, cell, model_path)
-    meta["model_args"] = args
+                  "host": platform.node(), "placement": placement_meta(spec), "model_args": args}
     meta["settings"] = backend.settings(spec, cell, args) | {
         "request_cache": "off (lm-eval's request cache is not used, so no cell can read another's)",
         "seeds": {"random": spec.alignment.seed, "numpy": spec.alignment.seed, "torch": spec.alignment.seed,
@@ -302,9 +296,16 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
         "num_fewshot": spec.num_fewshot, "limit": spec.limit, "task_limits": dict(spec.task_limits),
         "tf32": cell.tf32,
     }
+    return meta
+
+
+def load_model(spec: RunSpec, cell: CellSpec, backend, args: dict, meta: dict, progress: ProgressFile):
+    """The cell's model, loaded once (``meta`` gets its load time, precision and what the backend decided),
+    and lm-eval's task manager."""
+    if cell.dtype == "float32":
+        precision.apply(spec.alignment.true_fp32 and not cell.tf32)
     mirrors.activate(mirrors.mirror_roots(spec.datasets_dir))
     tm = tasks.task_manager(spec.include_paths)
-
     progress.update(force=True, phase="loading model")
     t0 = time.perf_counter()
     lm = backend.create_lm(args)
@@ -312,22 +313,28 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     meta["precision"] = precision.probe() | {"attention_backend": backend.attention_backend(lm)}
     meta["settings"]["bos_added"] = _bos_added(lm)
     meta["settings"] |= backend.loaded_settings(lm)
+    meta["settings"]["template_cache"] = lmeval_patches.cache_templates()
+    return lm, tm
 
+
+def evaluate(lm, tm, spec: RunSpec, cell: CellSpec, backend, args: dict, meta: dict, progress: ProgressFile,
+             out: Path, *, task_names: list[str], limit: int | None, samples_arg: dict | None,
+             drop: set[tuple[str, int]] = frozenset(), groups: dict[str, list[str]] | None = None) -> None:
+    """lm-eval on ``task_names`` (``limit`` or ``samples_arg``), its output in ``out`` (lm-eval's own files,
+    the per-sample table, its seal), timings and aggregates into ``meta``. ``drop``: (task, doc) rows not
+    to keep (a staged round's placeholders); ``groups``: the run's group map, for a round that names leaves."""
     import lm_eval  # heavy: lm_eval (already imported by the backend's create_lm, after its own set-up)
     from lm_eval.loggers import EvaluationTracker
 
-    meta["settings"]["template_cache"] = lmeval_patches.cache_templates()
     clock = PhaseClock(lm)
     progress.update(force=True, phase="evaluating", desc="", n=0, total=0)
     tracker = EvaluationTracker(output_path=str(layout.lm_eval_dir(out)))
     cpu1 = cpu_usage()
     seed = spec.alignment.seed
-    sharded = shard[1] > 1
     clock.start()
     results = lm_eval.simple_evaluate(
-        model=lm, model_args=args, tasks=list(spec.tasks), num_fewshot=spec.num_fewshot,
-        limit=None if spec.task_limits or sharded else spec.limit,
-        samples=spec.shard_samples(*shard) if sharded else spec.samples(),
+        model=lm, model_args=args, tasks=list(task_names), num_fewshot=spec.num_fewshot,
+        limit=limit, samples=samples_arg,
         log_samples=True, task_manager=tm, evaluation_tracker=tracker, cache_requests=False,
         bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed,
@@ -346,7 +353,12 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
     for task_name in results["configs"]:
         tracker.save_results_samples(task_name=task_name, samples=task_samples[task_name])
     lm_results, written = _saved(layout.lm_eval_dir(out), task_samples)
+    if groups:
+        lm_results = dict(lm_results) | {"group_subtasks": groups}
     table = samples.samples_to_table(written, lm_results, gen_ids)
+    if drop:
+        keep = [(t, int(d)) not in drop for t, d in zip(table["task"], table["doc_id"])]
+        table = table[keep].reset_index(drop=True)
     table.insert(0, "cell", cell.name)
     samples.write_table(table, layout.table(out))
     meta["table"] = records.seal_table(out, len(table)).to_json()
@@ -354,15 +366,78 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
                                                ("results", "groups", "group_subtasks", "configs", "versions",
                                                 "n-shot", "higher_is_better", "n-samples")})
     meta["write_s"] = time.perf_counter() - t2
-    meta["phases"] = {"load_s": meta["load_s"]} | clock.phases() | {"write_s": meta["write_s"]}
+    meta["phases"] = {"load_s": meta.get("load_s", 0.0)} | clock.phases() | {"write_s": meta["write_s"]}
     if getattr(lm, "memo_used", None) is not None:  # backends/pretokenize.py
         meta["settings"]["batched_tokenization"] = lm.memo_used
     meta["settings"] |= backend.loaded_settings(lm)  # again: what the engine decided while evaluating
     meta["aggregate"] = {t: {k: v for k, v in r.items() if isinstance(v, (int, float)) and "stderr" not in k}
-                         for t, r in (lm_results.get("results") or {}).items()}
+                         for t, r in (lm_results.get("results") or {}).items()} if not drop and not groups \
+        else shards.aggregate(table)
     meta["n_rows"] = int(len(table))
     meta |= peak_memory()
+
+
+def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
+             shard: tuple[int, int] = (0, 1), out: Path | None = None) -> dict:
+    backend = backends.get(cell.backend)
+    out = out or units.tmp_dir(run_dir, cell.name)
+    args = backend.model_args(spec, cell, model_path)
+    meta = cell_meta(spec, cell, model_path, backend, args)
+    if shard[1] > 1:
+        meta["shard"] = {"index": shard[0], "of": shard[1]}
+    lm, tm = load_model(spec, cell, backend, args, meta, progress)
+    sharded = shard[1] > 1
+    evaluate(lm, tm, spec, cell, backend, args, meta, progress, out, task_names=list(spec.tasks),
+             limit=None if spec.task_limits or sharded else spec.limit,
+             samples_arg=spec.shard_samples(*shard) if sharded else spec.samples())
     return meta
+
+
+# ---------------------------------------------------------------- a staged cell: one look after another
+def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
+               resident: bool) -> int:
+    """A cell of a staged run: the rounds the run asks for (``stages/round-<r>.json``), each scored on the
+    model loaded once and published as ``stages/<cell>.r<r>/`` (``staging``'s parts); the parent merges the
+    parts into ``cells/<cell>`` when the run has decided. ``resident``: keep the model and wait for the next
+    round (the parent writes it after the statistics of this one); else score one round and exit (an
+    executor that cannot hold every cell at once restarts it for the next). Rounds already published are
+    never scored again, so a killed run resumes at its last finished round. Returns the rounds scored."""
+    backend = backends.get(cell.backend)
+    args = backend.model_args(spec, cell, model_path)
+    lm = tm = None
+    scored, r = 0, 0
+    load_s = 0.0
+    while True:
+        unit = rounds.part_name(cell.name, r)
+        if units.is_done(run_dir, unit, STAGES, identity=spec.identity()):
+            r += 1
+            continue
+        progress.update(force=True, phase=f"waiting for round {r + 1}" if lm is not None else "starting")
+        request = rounds.wait_for_round(run_dir, r, progress)
+        if request is None:  # the run has decided: no round r
+            return scored
+        if lm is None:
+            meta0 = cell_meta(spec, cell, model_path, backend, args)
+            lm, tm = load_model(spec, cell, backend, args, meta0, progress)
+            load_s = meta0["load_s"]
+        meta = cell_meta(spec, cell, model_path, backend, args) | {"round": r, "load_s": load_s if not scored else 0.0}
+        out = units.tmp_dir(run_dir, unit, STAGES)
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        t0 = time.perf_counter()
+        progress.update(force=True, phase=f"round {r + 1}")
+        evaluate(lm, tm, spec, cell, backend, args, meta, progress, out, task_names=list(request.tasks),
+                 limit=None, samples_arg=request.samples(), drop=request.placeholders(),
+                 groups=request.groups)
+        meta |= {"status": STATUS_OK, "wall_s": time.perf_counter() - t0,
+                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        records.write_cell(out, meta)
+        units.publish(run_dir, unit, STATUS_OK, STAGES)
+        scored += 1
+        r += 1
+        if not resident:
+            return scored
 
 
 def tell_parent(reason: str) -> None:
@@ -426,6 +501,8 @@ def _main(argv: list[str] | None) -> int:
         shard = (int(k), int(n))
     spec = records.read_spec(run_dir)
     cell = next(c for c in spec.cells if c.name == name)
+    if len(argv) > 4 and argv[3] == "--staged":
+        return _main_staged(run_dir, spec, cell, model_path, resident=argv[4] == "resident")
     folder, unit = unit_location(name, *shard)
     out = units.tmp_dir(run_dir, unit, folder)
     if out.exists():
@@ -462,6 +539,31 @@ def _main(argv: list[str] | None) -> int:
         tell_parent(meta["error"])
     units.publish(run_dir, unit, meta["status"], folder)
     return 0 if meta["status"] == STATUS_OK else 1
+
+
+def _main_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, resident: bool) -> int:
+    """A staged cell's process (``run_staged``): its log and progress in ``stages/.tmp-<cell>/``, kept across
+    its rounds and restarts (appended to); a failure goes to the parent, which records it for the cell."""
+    home = units.tmp_dir(run_dir, cell.name, STAGES)
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(layout.log_file(home), "a", buffering=1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} pid {os.getpid()}: staged cell {cell.name}, "
+          f"{'resident' if resident else 'one round'}", flush=True)
+    progress = ProgressFile(layout.progress_file(home))
+    progress.hook_tqdm()
+    try:
+        profiled(run_staged, home, run_dir, spec, cell, model_path, progress, resident)
+    except BaseException as err:  # noqa: BLE001 - the parent records it for this cell
+        with contextlib.suppress(OSError):
+            traceback.print_exc()
+        tell_parent(_reason(err))
+        return 1
+    layout.progress_file(home).unlink(missing_ok=True)
+    return 0
 
 
 if __name__ == "__main__":

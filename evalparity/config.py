@@ -139,6 +139,9 @@ def wheels_dir() -> Path:
 #     lm_eval_results.json        LM_EVAL_RESULTS
 #   cells/<cell>.failed/          FAILED_SUFFIX  a failed attempt, kept beside the finished cell it did not replace
 #   shards/<cell>.<k>of<n>/       SHARDS         shard k of n of a sharded cell, until merged (shards.merge)
+#   stages/round-<r>.json         STAGES         a staged run's round r: the docs each open task scores (rundir.rounds)
+#   stages/finish.json                           the run has decided: no round after these
+#   stages/<cell>.r<r>/                          one cell's part of round r, like a cell folder; merged into cells/
 #   attempts/<cells|shards>/<unit>/attempt-N.{json,log}   ATTEMPTS   every failed attempt of a unit
 #   stats/                        STATS          the statistics: *.parquet, verdicts.json (VERDICTS_FILE)
 #   report/                       REPORT         report.md, report.html, figures/; published with stats/
@@ -149,11 +152,14 @@ def wheels_dir() -> Path:
 #                                                named in the lock's record until published or removed
 #     .committed                  COMMITTED      the staged set is whole and its publish has begun
 #   .trash-*                      TRASH_PREFIX   an old folder moved aside while a new one is published
+FIRST_LOOK = 500  # docs per task at a staged run's first look (``--first-look``; stats.sequential.schedule)
+
 SPEC_FILE = "spec.json"
 COMPARE_FILE = "compare.json"
 RUN_FILE = "run.json"
 CELLS = "cells"
 SHARDS = "shards"
+STAGES = "stages"
 ATTEMPTS = "attempts"
 STATS = "stats"
 REPORT = "report"

@@ -19,7 +19,7 @@ from rich.markup import escape  # task names and errors in the table: text, neve
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evalparity import backends, cells, rundir, shards
+from evalparity import backends, cells, rundir, shards, stager
 from evalparity import placement as pl
 from evalparity.config import (
     ATTEMPTS,
@@ -196,7 +196,7 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
 
 def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = False, offline: bool = False,
                console: Console | None = None, placement: Placement | None = None,
-               log: RunLog | None = None, ray_head=None) -> list[CellOutcome]:
+               log: RunLog | None = None, ray_head=None, opts=None) -> list[CellOutcome]:
     """Run every cell (or shard) not yet done; return one outcome per cell of the spec. ``log`` gets the
     time spent starting the executor, running the cells and stopping it. ``ray_head``: see
     ``early_ray_head``. ``console`` shows the progress bars; messages go to this module's logger."""
@@ -205,6 +205,8 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     log = log or RunLog()
     prepare_run_dir(run_dir, spec, force)
     log.run_dir = run_dir
+    if spec.staging:
+        return _run_staged(spec, run_dir, model_path, offline, console, placement, log, ray_head, opts)
     outcomes, jobs, merge_only = plan_jobs(spec, run_dir, force, placement.cells_per_gpu, offline)
     if outcomes:
         logger.info(f"{len(outcomes)} cell(s) already done, skipped: {', '.join(outcomes)} (--force reruns them)")
@@ -261,6 +263,32 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
             with log.stage("executor_stop"):
                 executor.stop()
     return [outcomes[c.name] for c in spec.cells]
+
+
+def _run_staged(spec: RunSpec, run_dir: Path, model_path: str, offline: bool, console: Console, placement: Placement,
+                log: RunLog, ray_head, opts) -> list[CellOutcome]:
+    """A staged spec: its rounds (``stager``), each cell one job, on the executor the cells would get."""
+    gpus = spec.tensor_parallel / placement.cells_per_gpu if spec.device != "cpu" else 0.0
+    envs = {c.name: cell_environment(spec, backends.get(c.backend).environment(spec, c), offline) for c in spec.cells}
+    ports = {c.name: job_port_base(str(run_dir.resolve()), i) for i, c in enumerate(spec.cells)}
+
+    def make_job(name: str, mode: str) -> Job:
+        return Job(name, gpus=gpus, cpus=1.0, env=envs[name] | {PORT_BASE_ENV: str(ports[name])}, staged=mode)
+
+    with log.stage("executor_start"):
+        executor = choose_executor(spec, placement, len(spec.cells), run_dir, model_path, ray_head)
+    log.facts.update(executor=executor.name, jobs=len(spec.cells), staged=True)
+    if ray_head is not None and getattr(executor, "head", None) is not ray_head:
+        ray_head.close()
+    cells_t0 = time.perf_counter()
+    try:
+        got = stager.run(spec, run_dir, opts, executor, make_job, console, _show, placement.cells_per_gpu)
+    finally:
+        log.mark("cells", cells_t0)
+        if executor.name == "ray":
+            with log.stage("executor_stop"):
+                executor.stop()
+    return [CellOutcome(c.name, got[c.name]["status"], got[c.name]["wall_s"], got[c.name]["meta"]) for c in spec.cells]
 
 
 def _settle(run_dir: Path, cell, end, wall: float, unrecorded: dict[str, dict]) -> str:

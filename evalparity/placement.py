@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from evalparity import procs
-from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, unit_location
+from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, STAGES, unit_location
 from evalparity.errors import EvalParityError
 
 
@@ -48,11 +48,13 @@ class Job:
     gpus: float = 0.0  # GPUs the job holds (tensor-parallel size, or a fraction when cells share a GPU)
     cpus: float = 1.0  # at least this many; a GPU job on Ray asks for its GPUs' share of a host (gpu_job_cpus)
     env: dict[str, str] = field(default_factory=dict, compare=False)  # what the job's process needs set
+    staged: str = ""  # a staged run's cell: "resident" (keeps its model across rounds) or "round" (one round)
 
     @property
     def location(self) -> tuple[str, str]:
-        """(folder, name) the job publishes under (``config.unit_location``)."""
-        return unit_location(self.cell, self.shard, self.shards)
+        """(folder, name) the job publishes under (``config.unit_location``); a staged cell's process lives
+        in ``stages/.tmp-<cell>`` and publishes its parts beside it."""
+        return (STAGES, self.cell) if self.staged else unit_location(self.cell, self.shard, self.shards)
 
     @property
     def unit(self) -> str:
@@ -60,6 +62,8 @@ class Job:
 
     def argv(self, run_dir: str, model_path: str, python: str) -> list[str]:
         cmd = [python, "-m", "evalparity.cells", run_dir, self.cell, model_path]
+        if self.staged:
+            return cmd + ["--staged", self.staged]
         return cmd + (["--shard", f"{self.shard}/{self.shards}"] if self.shards > 1 else [])
 
 

@@ -101,6 +101,10 @@ class RunSpec:
     # resume after a YAML edit or an upgrade is refused instead of mixing old cells with new ones.
     task_configs: str | None = None
     software: tuple[tuple[str, str], ...] = ()
+    # A staged run's plan (``staging.StagingPlan.to_json``: the docs' order seed, the looks of every task, the
+    # α-spending function); None when every doc is scored (``--full``, or no task has more than one look).
+    # Part of the identity: another order or other looks is another experiment.
+    staging: dict | None = None
     # GPU memory plan (``memplan.MemoryPlan.to_json``; empty on CPU): what each cell gets of its GPU. Not
     # part of the identity: it follows the GPUs' free memory at the start, which a resumed run sees anew.
     memory_plan: dict = field(default_factory=dict, compare=False, hash=False)
@@ -141,8 +145,15 @@ class RunSpec:
             task_aliases=tuple((k, v) for k, v in d.get("task_aliases", ())),
             task_configs=d.get("task_configs"),
             software=tuple((str(k), str(v)) for k, v in d.get("software", ())),
+            staging=d.get("staging"),
             memory_plan=d.get("memory_plan") or {},
         )
+
+    def staging_plan(self):
+        """The staging plan (``staging.StagingPlan``), or None for a run that scores every doc."""
+        from evalparity.staging import StagingPlan  # numpy and scipy: only where a plan is read
+
+        return StagingPlan.from_json(self.staging)
 
     def cell_memory(self, cell: str) -> dict:
         """The memory plan's entry for one cell (``memplan.CellPlan`` as a dict); empty without a plan."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import zlib
 
 from evalparity.backends import hf, registry
 from evalparity.errors import EvalParityError
@@ -37,10 +38,34 @@ def settings(spec, cell, args: dict) -> dict:
     return hf.settings(spec, cell, args) | {"toy_backend": name}
 
 
+PLANT = "zzplant"  # a request whose context holds this word gets its loglikelihood shifted: a planted drift
+
+
 def create_lm(args: dict):
     if not os.environ.get(MARK):  # environment() must have reached the cell's process
         raise RuntimeError(f"{MARK} is not set: the backend's environment did not reach this process")
-    return hf.create_lm(args)
+    lm = hf.create_lm(args)
+    plant(lm)
+    return lm
+
+
+def plant(lm) -> None:
+    """The planted effect the staged-run test needs: for docs whose question holds ``PLANT``, each choice's
+    loglikelihood gets a fixed pseudo-random shift of 0 to 200 nats (the same in every process), so this
+    backend's answer differs from ``hf``'s on most of those docs; every other request is ``hf``'s, bit for bit."""
+    original = lm.loglikelihood
+
+    def loglikelihood(requests, *a, **kw):
+        out = original(requests, *a, **kw)
+        shifted = []
+        for req, (ll, greedy) in zip(requests, out):
+            context, continuation = req.args[0], req.args[1]
+            if PLANT in context:
+                ll += (zlib.crc32(f"{context}|{continuation}".encode()) % 20000) / 100.0
+            shifted.append((ll, greedy))
+        return shifted
+
+    lm.loglikelihood = loglikelihood
 
 
 def attention_backend(lm) -> str:

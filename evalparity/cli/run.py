@@ -102,6 +102,8 @@ def run(
     tensor_parallel: Annotated[int, typer.Option(help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1,
     single_cell: Annotated[bool, typer.Option(help="Allow a run of one cell (nothing to compare it with): e.g. to add it to a run directory later.")] = False,
     cells_per_gpu: Annotated[int | None, typer.Option(help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None,
+    full: Annotated[bool, typer.Option("--full", help="Score every document of every task. Default: staged, each task in looks of growing size (--first-look, doubling) in a fixed random order, stopping as soon as all its gating comparisons are settled.")] = False,
+    first_look: Annotated[int, typer.Option(help="Documents per task at the first look of a staged run; each later look doubles, while at most half the task, and the last is all of it.")] = config.FIRST_LOOK,
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
     from evalparity.matrix import Placement  # heavy: pandas (matrix -> cells -> samples)
@@ -128,18 +130,19 @@ def run(
         placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
         task_list, task_aliases, plan = preflight(task_list, tasks is None, include_path, datasets_dir, limit,
                                                   num_fewshot, task_limits)
+        staged = plan_staging(full, first_look, task_list, plan, limit, task_limits, cell_specs, opts, seed)
         spec = build_spec(
             model_id=model_id, task_list=task_list, cell_specs=cell_specs, limit=limit, num_fewshot=num_fewshot,
             dev=dev, include_path=include_path, datasets_dir=datasets_dir, align_softmax=align_softmax,
             add_bos_token=add_bos_token, max_len=max_len, prefix_caching=prefix_caching, seed=seed,
             true_fp32=true_fp32, max_gen_toks=max_gen_toks, hf_args=hf_args, vllm_args=vllm_args,
             task_limits=task_limits, plan=plan, tensor_parallel=tensor_parallel, fingerprint=fingerprint,
-            task_aliases=task_aliases, memory_plan=memory_plan)
+            task_aliases=task_aliases, memory_plan=memory_plan, staging=staged)
         report_documents(spec, plan, limit)
         opts = choose_reference(opts, reference, cell_specs)
         check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
         timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
-        outcomes = run_cells(spec, run_dir, model_path, force, offline, placement, timings, head)
+        outcomes = run_cells(spec, run_dir, model_path, force, offline, placement, timings, head, opts)
         failed = report_outcomes(run_dir, outcomes)
         check_enough_cells(outcomes, opts, single_cell)
         if drift:
@@ -313,7 +316,7 @@ def preflight(task_list: list[str], embedded_tasks: bool, include_path: list[str
 
 def build_spec(*, model_id, task_list, cell_specs, limit, num_fewshot, dev, include_path, datasets_dir,
                align_softmax, add_bos_token, max_len, prefix_caching, seed, true_fp32, max_gen_toks, hf_args,
-               vllm_args, task_limits, plan, tensor_parallel, fingerprint, task_aliases, memory_plan):
+               vllm_args, task_limits, plan, tensor_parallel, fingerprint, task_aliases, memory_plan, staging=None):
     """The run's spec: everything its cells' results depend on, in one record (``spec.json``), which a
     rerun into the same directory must match."""
     from evalparity.cells import versions  # heavy: pandas (cells -> samples); loaded by the preflight already
@@ -333,7 +336,40 @@ def build_spec(*, model_id, task_list, cell_specs, limit, num_fewshot, dev, incl
         memory_plan=memory_plan.to_json() if memory_plan else {},
         task_configs=tasks_mod.config_digest(include_path or []),
         software=tuple(sorted((k, v) for k, v in versions().items())),
+        staging=staging,
     )
+
+
+def plan_staging(full: bool, first_look: int, task_list: list[str], plan, limit: int | None, task_limits,
+                 cell_specs, opts, seed: int) -> dict | None:
+    """The staged design of the run (``staging.make_plan``), printed, as the spec records it; None when every
+    doc is scored: ``--full``, or staging does not apply (said why), or no task has more than one look."""
+    from evalparity import staging  # numpy, scipy: after the preflight has loaded them
+
+    at_least("--first-look", first_look, 1, "docs")
+    if full:
+        return None
+    off = None
+    if any(c.shards > 1 for c in cell_specs):
+        off = "sharded cells (--shards, --repeat …:dpN) score every document"
+    elif opts.gate_logprobs:
+        off = "--gate-logprobs gates on loglikelihoods, which the staged rule does not cover"
+    if off:
+        console.print(f"staged: off ({off}); scoring every document")
+        return None
+    per_task = dict(RunSpec(model="", tasks=(), cells=(), limit=limit, task_limits=task_limits,
+                            leaf_docs=tuple(sorted(plan.leaves.items()))).samples() or {})
+    docs = {leaf: len(per_task[leaf]) if leaf in per_task else min(n, limit or n) for leaf, n in plan.leaves.items()}
+    units = {task: [(leaf, docs[leaf]) for leaf in leaves]
+             for task, leaves in staging.units_of(task_list, plan.leaves, plan.groups).items()}
+    staged = staging.make_plan(units, seed=seed, first=first_look)
+    if staged is None:
+        return None
+    for u in staged.units:
+        looks = ", ".join(f"{n:,}" for n in u.looks)
+        console.print(f"staged: {safe(u.name)} looks at {looks} docs, stopping when its gating comparisons "
+                      "settle (--full scores every doc)", highlight=False, soft_wrap=True)
+    return staged.to_json()
 
 
 def report_documents(spec, plan, limit: int | None) -> None:
@@ -360,13 +396,14 @@ def choose_reference(opts, reference: str, cell_specs):
 
 
 # ------------------------------------------------------------------ the matrix and after
-def run_cells(spec, run_dir: Path, model_path, force: bool, offline: bool, placement, timings: RunLog, head):
+def run_cells(spec, run_dir: Path, model_path, force: bool, offline: bool, placement, timings: RunLog, head,
+              opts=None):
     """Every cell not yet done, each in its own process (``matrix``), with progress on the console; the
-    outcomes, one per cell, and their summary table."""
+    outcomes, one per cell, and their summary table. A staged run decides between its rounds with ``opts``."""
     from evalparity.matrix import run_matrix, summary_table  # heavy: pandas (matrix -> cells -> samples)
 
     outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
-                          placement=placement, log=timings, ray_head=head)
+                          placement=placement, log=timings, ray_head=head, opts=opts)
     console.print(summary_table(outcomes))
     return outcomes
 

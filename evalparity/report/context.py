@@ -37,6 +37,8 @@ class SignOff:
     reason: str
     incomplete: list[tuple[str, str]] = field(default_factory=list)  # (cell, why)
     not_compared: list[tuple[str, str]] = field(default_factory=list)  # (task, the cells it is missing from)
+    staged: list[tuple[str, str]] = field(default_factory=list)  # a staged run: (task, where it stopped and why)
+    staged_off: str | None = None  # a staged run whose rule was off: why every task was scored to its end
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,12 @@ MUST_AGREE = ("bos_added", "max_length", "max_gen_toks", "num_fewshot", "limit")
 
 def sign_off(verdicts: dict) -> SignOff:
     so = verdicts["sign_off"]
+    staging = verdicts.get("staging") or {}
+    staged = [(t["task"], f"stopped at look {t['stopped_at_look']} of {t['of_looks']}, {t['docs']:,} of "
+                          f"{t['docs_available']:,} docs scored ({t['why']})") for t in staging.get("tasks", [])]
     return SignOff(so["status"], so["reason"], [(i["cell"], i["why"]) for i in so.get("incomplete_cells", [])],
-                   [(i["task"], ", ".join(i["missing_from"])) for i in so.get("tasks_not_compared", [])])
+                   [(i["task"], ", ".join(i["missing_from"])) for i in so.get("tasks_not_compared", [])],
+                   staged, staging.get("off"))
 
 
 def method(options: dict) -> Method:

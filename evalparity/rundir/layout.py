@@ -10,6 +10,8 @@ folder asks for it here, so a change of layout is a change of this file.
     <run>/cells/<cell>.failed/                failed_dir                a failed attempt kept beside a finished cell
     <run>/shards/<cell>.<k>of<n>/             unit_dir (SHARDS)         one shard, until merged
     <run>/<cells|shards>/.tmp-<unit>/         tmp_dir                   a unit being written
+    <run>/stages/round-<r>.json, finish.json  round_file, finish_file   a staged run's rounds (rounds)
+    <run>/stages/<cell>.r<r>/                 unit_dir (STAGES)         one cell's part of round r
     <run>/attempts/<cells|shards>/<unit>/     attempts_dir              every failed attempt of a unit
     <run>/stats/, stats/verdicts.json         stats_dir, verdicts_file, stats_table
     <run>/report/                             report_dir
@@ -35,6 +37,7 @@ from evalparity.config import (
     RUN_FILE,
     SHARDS,
     SPEC_FILE,
+    STAGES,
     STATS,
     TABLE_FILE,
     TMP_PREFIX,
@@ -62,6 +65,20 @@ def cells_dir(run: Path) -> Path:
 
 def shards_dir(run: Path) -> Path:
     return Path(run) / SHARDS
+
+
+def stages_dir(run: Path) -> Path:
+    return Path(run) / STAGES
+
+
+def round_file(run: Path, r: int) -> Path:
+    """``stages/round-<r>.json``: what round r of a staged run scores (``rounds.RoundRequest``)."""
+    return stages_dir(run) / f"round-{int(r)}.json"
+
+
+def finish_file(run: Path) -> Path:
+    """``stages/finish.json``: the staged run has decided; no round after the ones it names."""
+    return stages_dir(run) / "finish.json"
 
 
 def unit_dir(run: Path, name: str, folder: str = CELLS) -> Path:

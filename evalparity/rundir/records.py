@@ -51,7 +51,7 @@ SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "device": (str,), "include_paths": (list,), "datasets_dir": (str, _NONE), "alignment": (dict,),
     "hf_args": (str,), "vllm_args": (str,), "task_limits": (list,), "leaf_docs": (list,), "tensor_parallel": (int,),
     "model_fingerprint": (dict, _NONE), "task_aliases": (list,), "memory_plan": (dict,),
-    "task_configs": (str, _NONE), "software": (list,)}
+    "task_configs": (str, _NONE), "software": (list,), "staging": (dict, _NONE)}
 ALIGNMENT_FIELDS: dict[str, tuple[type, ...]] = {
     "softmax_fp32": (bool,), "add_bos_token": (bool, _NONE), "max_length": (int,), "prefix_caching": (bool,),
     "seed": (int,), "true_fp32": (bool,), "max_gen_toks": (int, _NONE)}
@@ -458,6 +458,19 @@ def verify_run(run_dir: Path) -> VerifiedRun:
         else:
             cells[name] = got
     return VerifiedRun(kind, data, identity, named, cells, incomplete)
+
+
+def staging_of(run_dir: Path):
+    """A run folder's staging plan (``staging.StagingPlan``) from its spec; None for a comparison of lm-eval
+    outputs or a run that scored every doc. The spec is checked (``check_spec``) first."""
+    if not layout.spec_file(run_dir).exists():
+        return None
+    spec = RunSpec.from_json(check_spec(layout.spec_file(run_dir)))
+    try:
+        return spec.staging_plan()
+    except (KeyError, TypeError, ValueError) as err:
+        raise EvalParityError(f"{layout.spec_file(run_dir)}: its staging plan is not one evalparity can read "
+                              f"({type(err).__name__}): restore it, or rerun into a new --out") from None
 
 
 def incomplete_error(run: VerifiedRun, fix: str = "rerun the same command to finish them") -> EvalParityError:

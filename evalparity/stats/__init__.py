@@ -13,7 +13,8 @@ Modules, in the order a comparison uses them:
 - ``record``: the ``Comparison`` row every reader uses (``verdicts.json`` schema 2).
 - ``calibration``: the rule's exact error rates by enumeration (benchmarks and tests).
 - ``sequential``: staged sign-offs: α spent over looks, the rule at a look, the family rule and a task's
-  stop, exact error rates through the looks, the staged planner (not yet used by ``run``).
+  stop, exact error rates through the looks, the staged planner.
+- ``staged``: a staged run's looks replayed on its tables: where each task stops, its gating verdicts.
 - ``options``: the stage's options (light: ``evalparity run`` checks them before it starts anything).
 - ``compare``: runs all of the above over a run's tables and writes ``stats/``.
 """

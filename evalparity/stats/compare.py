@@ -29,7 +29,7 @@ from evalparity import samples as samples_mod
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.rundir import layout, records
-from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, verdict
+from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, staged, verdict
 from evalparity.stats.options import StatsOptions, check_metric_names
 from evalparity.stats.record import SCHEMA, Comparison, columns
 
@@ -42,6 +42,7 @@ class StatsSummary:
     reason: str
     comparisons: pd.DataFrame
     incomplete: tuple[tuple[str, str], ...] = ()  # (cell, why) for every named cell that could not be read
+    staging: staged.Trace | None = None  # a staged run's stops, per task (None: every doc was scored)
 
     def exit_code(self, fail_on_inconclusive: bool = True) -> int:
         if self.sign_off == verdict.INCOMPLETE:
@@ -132,6 +133,9 @@ class Pending:
     n_needed: float | None = None
     n_needed_at_zero: float | None = None
     discordance: pd.Series | None = None  # per doc: 1 where the two cells' scores differ (binary metrics)
+    # per doc (binary metrics): -1 right only in the reference, +1 only in the cell, 0 the same or neither
+    # has a value, staged.ONE_SIDED a value on one side only; what the staged rule counts at each look
+    signed: pd.Series | None = None
     problem: str | None = None  # a disagreement no statistic is needed for (DIFFERENT, no interval printed)
 
 
@@ -146,6 +150,8 @@ def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: St
     metric = meta["metric"]
     fin_r, fin_c = np.isfinite(x_ref), np.isfinite(x_cell)
     ok = fin_r & fin_c
+    both = np.where(ok, np.sign(np.where(ok, x_cell, 0.0) - np.where(ok, x_ref, 0.0)), 0.0)
+    signed_all = np.where(fin_r ^ fin_c, staged.ONE_SIDED, both).astype(np.int8)
     counts = {"n_nonfinite_reference": int(np.sum(~fin_r & fin_c)), "n_nonfinite_cell": int(np.sum(fin_r & ~fin_c)),
               "n_nonfinite_both": int(np.sum(~fin_r & ~fin_c))}
     x_ref, x_cell = x_ref[ok], x_cell[ok]
@@ -180,6 +186,7 @@ def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: St
         var = max(psi, 1.0 / n) - r.statistic ** 2
         method = f"{inf.method} ({'exact' if r.discordant == 0 else 'score'} CI)"
         disc = pd.Series((d != 0).astype(np.int8), index=keys) if keys is not None else None
+        signed = pd.Series(signed_all, index=doc_keys) if doc_keys is not None else None
     else:
         unit_range = bool(np.all((x_ref >= 0) & (x_ref <= 1)) and np.all((x_cell >= 0) & (x_cell <= 1)))
         if n >= 2 and not np.any(d) and unit_range:
@@ -197,7 +204,7 @@ def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: St
         var = sd * sd if spread else math.nan
         method = inf.method
         counts |= {"discordant": int(np.sum(d != 0))}
-        disc = None
+        disc = signed = None
     p_shift = None
     if binary and use_clusters is None and margin is not None and margin.sides == 2:
         p_shift = paired.mcnemar_exact_pvalue(counts["reference_only"], counts["cell_only"])
@@ -211,7 +218,7 @@ def score_comparison(meta: dict, x_ref: np.ndarray, x_cell: np.ndarray, opts: St
         n_at_zero = power.n_to_settle(margin.size, var + inf.estimate ** 2 if binary else var, 0.0, alpha=opts.alpha,
                                       one_sided_low=low, continuity=cc)
     return Pending(**base, inf=inf, margin=margin, tests=tests, shift_test=shift, method=method, mdd=mdd,
-                   n_needed=n_needed, n_needed_at_zero=n_at_zero, discordance=disc)
+                   n_needed=n_needed, n_needed_at_zero=n_at_zero, discordance=disc, signed=signed)
 
 
 def loglikelihood_comparison(meta: dict, d: deltas.DeltaResult, ref_mean: float, cell_mean: float,
@@ -339,28 +346,24 @@ def attach_noise_floor(rows: list[Comparison], pending: list[Pending], opts: Sta
         rec.p_beyond_noise, rec.beyond_noise = p_more, p_more < opts.alpha
 
 
-# ---------------------------------------------------------------- the whole stage
-def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> StatsSummary:
-    """The statistics of the run folder ``source`` (default ``run_dir``), written to ``run_dir/stats``: the
-    report stage passes its staging folder as ``run_dir`` and the run itself as ``source``, which is the
-    folder that is verified (``records.verify_run``)."""
-    tables, metas, missing = load_cells(source or run_dir)
-    if opts.reference not in tables:
-        have = ", ".join(tables) or "none"
-        why = dict(missing).get(opts.reference)
-        raise EvalParityError(f"reference cell {opts.reference} has no usable results in {run_dir}"
-                              + (f" ({why})" if why else "") + f" (usable: {have}): rerun it, or pass "
-                              "--reference with one of the usable cells", exit_code=EXIT_CELL_FAILED if why else 2)
-    if len(tables) < 2:
-        raise EvalParityError(f"only one usable cell in {run_dir}: a comparison needs two"
-                              + (f" ({'; '.join(f'{c}: {w}' for c, w in missing)})" if missing else ""),
-                              exit_code=EXIT_CELL_FAILED if missing else 2)
-    check_metric_names(opts, [m[len(samples_mod.METRIC_PREFIX):] for t in tables.values()
-                              for m in samples_mod.metric_columns(t)])  # a --margin typo gates nothing: refused
-    samples_mod.check_alignment({opts.reference: tables[opts.reference],
-                                 **{k: v for k, v in tables.items() if k != opts.reference}})
+@dataclass
+class Extras:
+    """The per-request tables the statistics stage writes beside the comparisons (``compute``)."""
+
+    deltas: list = field(default_factory=list)
+    flips: list = field(default_factory=list)
+    flipped: list = field(default_factory=list)
+    generations: list = field(default_factory=list)
+    divergences: list = field(default_factory=list)
+    histogram: list = field(default_factory=list)
+
+
+def comparisons(tables: dict[str, pd.DataFrame], metas: dict[str, dict], opts: StatsOptions,
+                extras: Extras | None = None) -> list[Pending]:
+    """Every comparison of the run's pairs, tested but not yet decided (``decide_all``): per task and per
+    group, every metric; with ``extras``, the loglikelihood and generation statistics too (a staged run's
+    look needs only the metrics, ``staged_trace``)."""
     pending: list[Pending] = []
-    delta_rows, flip_rows, flipped, gen_rows, divs, hist_rows = [], [], [], [], [], []
     for kind, ref_name, cell_name in _pairs(metas, opts.reference):
         ref, cell = tables[ref_name], tables[cell_name]
         docs = _doc_frame(ref, cell)
@@ -387,15 +390,98 @@ def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> St
                 clusters = g["task"].to_numpy() if opts.cluster else None
                 pending.append(score_comparison(meta, g[f"{mc}_ref"].to_numpy(float),
                                                 g[f"{mc}_cell"].to_numpy(float), opts, clusters, doc_keys=keys))
-        _loglikelihood_stats(ref, cell, common, opts, pending, delta_rows, flip_rows, flipped, hist_rows)
-        _generation_stats(ref, cell, common, gen_rows, divs)
+        if extras is not None:
+            _loglikelihood_stats(ref, cell, common, opts, pending, extras.deltas, extras.flips, extras.flipped,
+                                 extras.histogram)
+            _generation_stats(ref, cell, common, extras.generations, extras.divergences)
+    return pending
+
+
+# ---------------------------------------------------------------- a staged run's looks
+def staged_trace(pending: list[Pending], gating: np.ndarray, plan, opts: StatsOptions,
+                 where: str = "the cells' tables") -> staged.Trace:
+    """The staged decisions (``stats.staged.replay``) over the gating comparisons; the rule is off (no
+    early stop) where a gating comparison is not on a 0/1 metric, or is clustered."""
+    rows, off = [], None
+    for i in np.flatnonzero(gating):
+        p = pending[int(i)]
+        if p.signed is None and not p.problem:
+            off = off or (f"{p.meta['task']} {p.meta['metric']} is not a 0/1 metric: the staged rule covers "
+                          "0/1 metrics, so every task is scored to its end")
+        if opts.cluster and p.meta["level"] == "group":
+            off = off or "--cluster: clustered group comparisons are decided once, on every doc"
+        rows.append(staged.GatingRow(int(i), p.meta["task"], p.margin.size if p.margin else opts.margin,
+                                     p.signed, problem=bool(p.problem or p.counts.get("n_nonfinite_reference")
+                                                            or p.counts.get("n_nonfinite_cell"))))
+    return staged.replay(rows, plan, alpha=opts.alpha, direction=opts.direction, off=off, where=where)
+
+
+def look(tables: dict[str, pd.DataFrame], metas: dict[str, dict], opts: StatsOptions, plan,
+         where: str = "the cells' parts") -> staged.Trace:
+    """A staged run's decisions on the rounds scored so far (its cells' parts, concatenated): which tasks
+    have settled and which need their next look. The same comparisons and rule as the final statistics."""
+    if opts.reference not in tables:
+        raise EvalParityError(f"reference cell {opts.reference} has no parts to decide a staged run on: rerun it, "
+                              "or pass --reference with another cell", exit_code=EXIT_CELL_FAILED)
+    samples_mod.check_alignment({opts.reference: tables[opts.reference],
+                                 **{k: v for k, v in tables.items() if k != opts.reference}})
+    pending = comparisons(tables, metas, opts)
+    return staged_trace(pending, _gating(pending, opts), plan, opts, where)
+
+
+def apply_staged(rows: list[Comparison], trace: staged.Trace) -> None:
+    """The gating verdicts the staged rule gave, with the interval at the level each was decided at; the
+    comparisons it did not decide (noise floors, members of a group, non-gating metrics) keep theirs."""
+    for t in trace.units.values():
+        for i, res in t.results.items():
+            rec = rows[i]
+            if not (res.settled or res.final):
+                continue  # a task still open: the sign-off is INCOMPLETE (``staged.incomplete_reason``)
+            ci = res.confidence_interval()
+            rec.verdict = res.verdict
+            rec.ci_low, rec.ci_high = ci.low, ci.high
+            rec.ci_level = 1 - 2 * (res.beyond_threshold if res.verdict == verdict.DIFFERENT else res.level)
+            rec.p_equivalence, rec.p_beyond, rec.p_beyond_adjusted = res.p_equivalence, res.p_beyond, res.q_beyond
+            rec.staged_look, rec.staged_looks = res.look + 1, len(t.looks)
+            rec.reason = staged.staged_reason(res, t, t.unit, rec.estimand)
+
+
+# ---------------------------------------------------------------- the whole stage
+def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> StatsSummary:
+    """The statistics of the run folder ``source`` (default ``run_dir``), written to ``run_dir/stats``: the
+    report stage passes its staging folder as ``run_dir`` and the run itself as ``source``, which is the
+    folder that is verified (``records.verify_run``)."""
+    tables, metas, missing = load_cells(source or run_dir)
+    if opts.reference not in tables:
+        have = ", ".join(tables) or "none"
+        why = dict(missing).get(opts.reference)
+        raise EvalParityError(f"reference cell {opts.reference} has no usable results in {run_dir}"
+                              + (f" ({why})" if why else "") + f" (usable: {have}): rerun it, or pass "
+                              "--reference with one of the usable cells", exit_code=EXIT_CELL_FAILED if why else 2)
+    if len(tables) < 2:
+        raise EvalParityError(f"only one usable cell in {run_dir}: a comparison needs two"
+                              + (f" ({'; '.join(f'{c}: {w}' for c, w in missing)})" if missing else ""),
+                              exit_code=EXIT_CELL_FAILED if missing else 2)
+    check_metric_names(opts, [m[len(samples_mod.METRIC_PREFIX):] for t in tables.values()
+                              for m in samples_mod.metric_columns(t)])  # a --margin typo gates nothing: refused
+    samples_mod.check_alignment({opts.reference: tables[opts.reference],
+                                 **{k: v for k, v in tables.items() if k != opts.reference}})
+    extras = Extras()
+    pending = comparisons(tables, metas, opts, extras)
     if not pending:
         raise EvalParityError("no metric could be compared: the cells share no task with per-sample metrics")
     gating = _gating(pending, opts)
     rows = decide_all(pending, gating, opts)
     attach_noise_floor(rows, pending, opts)
+    plan = records.staging_of(source or run_dir)
+    trace = staged_trace(pending, gating, plan, opts) if plan is not None else None
+    if trace is not None:
+        apply_staged(rows, trace)
     comp = pd.DataFrame([asdict(r) for r in rows], columns=columns())
     status, reason = verdict.sign_off(comp.loc[comp["gating"], "verdict"].tolist())
+    unfinished = staged.incomplete_reason(trace) if trace is not None else None
+    if unfinished and not missing:
+        status, reason = verdict.INCOMPLETE, f"{unfinished} (the verdicts so far: {reason})"
     if missing:
         status = verdict.INCOMPLETE
         reason = (f"{len(missing)} cell(s) of the run cannot be used ({'; '.join(f'{c}: {w}' for c, w in missing)}): "
@@ -403,14 +489,14 @@ def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> St
     out = layout.stats_dir(run_dir)
     out.mkdir(exist_ok=True)
     samples_mod.write_table(comp, layout.stats_table(run_dir, "comparisons"))
-    for name, data in (("deltas", delta_rows), ("flips", flip_rows), ("generations", gen_rows),
-                       ("delta_histogram", hist_rows)):
+    for name, data in (("deltas", extras.deltas), ("flips", extras.flips), ("generations", extras.generations),
+                       ("delta_histogram", extras.histogram)):
         samples_mod.write_table(pd.DataFrame(data), layout.stats_table(run_dir, name))
-    samples_mod.write_table(pd.concat(flipped) if flipped else pd.DataFrame(),
+    samples_mod.write_table(pd.concat(extras.flipped) if extras.flipped else pd.DataFrame(),
                             layout.stats_table(run_dir, "flipped_samples"))
-    samples_mod.write_table(pd.DataFrame(divs, columns=["kind", "reference", "cell", "task", "position"]),
+    samples_mod.write_table(pd.DataFrame(extras.divergences, columns=["kind", "reference", "cell", "task", "position"]),
                             layout.stats_table(run_dir, "first_divergence"))
-    summary = StatsSummary(status, reason, comp, tuple(missing))
+    summary = StatsSummary(status, reason, comp, tuple(missing), trace)
     write_json(layout.verdicts_file(run_dir), verdicts_document(run_dir, rows, opts, summary, metas))
     return summary
 
@@ -553,5 +639,6 @@ def verdicts_document(run_dir: Path, rows: list[Comparison], opts: StatsOptions,
                      "exit_code_if_inconclusive_allowed": summary.exit_code(False),
                      "incomplete_cells": [{"cell": c, "why": w} for c, w in summary.incomplete],
                      "tasks_not_compared": records.tasks_not_compared(run_dir)},
+        "staging": summary.staging.to_json() if summary.staging is not None else None,
         "comparisons": [r.to_json() for r in rows],
     }

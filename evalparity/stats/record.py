@@ -70,6 +70,8 @@ class Comparison:
     discordance_excess_ci: list[float] | None = None
     p_beyond_noise: float | None = None
     beyond_noise: bool | None = None
+    staged_look: int | None = None   # a staged run: the look (1-based) at which the verdict was decided
+    staged_looks: int | None = None  # and how many looks its task had
 
     def to_json(self) -> dict:
         return {k: _clean(v) for k, v in asdict(self).items()}

@@ -46,13 +46,15 @@ import numpy as np
 from scipy import signal
 from scipy import stats as sps
 
+from evalparity import config
 from evalparity.errors import EvalParityError
 from evalparity.stats import paired, power, verdict
 from evalparity.stats.inference import binary_inference
 from evalparity.stats.results import ConfidenceInterval
 
 SPENDING = ("obf", "pocock")
-FIRST_LOOK, GROWTH, LAST_FRACTION = 500, 2.0, 0.5
+FIRST_LOOK = config.FIRST_LOOK
+GROWTH, LAST_FRACTION = 2.0, 0.5
 TAIL = 1e-13  # each count's marginal tail left out of the exact DP at each look (the mass is reported)
 
 

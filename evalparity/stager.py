@@ -1,0 +1,330 @@
+"""A staged run's cells, round by round: score a look, decide, score the next look of what is open.
+
+``matrix.run_matrix`` hands a staged spec (``RunSpec.staging``) here. The loop:
+
+1. round 0 is every staged task's first look (``staging``); its record is ``stages/round-0.json``;
+2. every cell scores the round and publishes its part (``cells.run_staged``);
+3. once every cell has, the statistics replay the looks so far (``stats.compare.look``): tasks whose gating
+   comparisons are all settled stop, the others get their next look in the next round's record;
+4. when no task is open, ``stages/finish.json`` ends the cells' processes and each cell's parts are merged
+   into ``cells/<cell>`` (one table, one sealed record), which the statistics stage reads like any cell.
+
+Cells stay loaded across rounds when the executor can run all of them at once (Ray with room for every
+cell: packed on one GPU, or one per GPU); otherwise (one cell at a time) each cell's process scores one
+round and exits, and is started again for the next: a reload per round, the price of not holding them all.
+
+A killed run resumes at its last finished round: parts already published are never scored again, and a
+round record already written is checked against the decisions that led to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from evalparity import cells, samples
+from evalparity.config import CELLS, STAGES
+from evalparity.errors import EvalParityError
+from evalparity.rundir import layout, records, rounds, units
+from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
+from evalparity.shards import aggregate
+from evalparity.spec import RunSpec
+from evalparity.staging import StagingPlan, order
+
+logger = logging.getLogger(__name__)
+
+
+def first_request(plan: StagingPlan, identity: str) -> rounds.RoundRequest:
+    return _request(plan, identity, 0, [u.name for u in plan.units])
+
+
+def next_request(plan: StagingPlan, identity: str, r: int, trace) -> rounds.RoundRequest | None:
+    """Round r's record from the decisions on rounds 0..r−1: the next look of every task still open."""
+    units_ = trace.next_units()
+    return _request(plan, identity, r, units_) if units_ else None
+
+
+def _request(plan: StagingPlan, identity: str, r: int, names: list[str]) -> rounds.RoundRequest:
+    docs, padding = {}, {}
+    for name in names:
+        unit = plan.unit(name)
+        for leaf, ids in plan.increment(name, r).items():
+            if ids:
+                docs[leaf] = ids
+            else:  # a member with none left while its group goes on: one scored doc, dropped again
+                padding[leaf] = [int(order(plan.seed, leaf, dict(unit.leaves)[leaf])[0])]
+    return rounds.RoundRequest(r, identity, tuple(names), docs, padding)
+
+
+def read_parts(run_dir: Path, spec: RunSpec, upto: int) -> tuple[dict[str, pd.DataFrame], dict[str, dict]]:
+    """Every cell's parts of rounds 0..upto, concatenated, and the newest part's record: what the decision
+    after round ``upto`` reads. A part is verified (record, identity, seal) like a cell."""
+    tables, metas = {}, {}
+    identity = spec.identity()
+    fingerprint = (spec.model_fingerprint or {}).get("digest")
+    for cell in spec.cells:
+        parts = []
+        for r in range(upto + 1):
+            folder = rounds.part_dir(run_dir, cell.name, r)
+            rec = verify_part(folder, identity, cell.name, r, fingerprint)
+            if rec is None:
+                break
+            parts.append(samples.read_table(layout.table(folder)))
+            metas[cell.name] = rec.to_json()
+        if len(parts) == upto + 1:
+            tables[cell.name] = pd.concat(parts, ignore_index=True)
+        else:
+            metas.pop(cell.name, None)
+    return tables, metas
+
+
+def verify_part(folder: Path, identity: str, cell: str, r: int, fingerprint: str | None):
+    """A part's verified record (``CellRecord``), or None when it is not there (yet); a one-line refusal when
+    it is not this run's part of that cell and round, or its table is not the one it sealed."""
+    if not folder.exists() and not folder.is_symlink():
+        return None
+    fix = f"remove {folder} and rerun the same command to score that round again"
+    if folder.is_symlink() or not folder.is_dir():
+        raise EvalParityError(f"{folder}: a part is a link or a file, not the folder its cell wrote: {fix}")
+    rec = records.read_cell(folder)
+    if rec is None or not rec.ok:
+        return None
+    problem = None
+    if rec.cell != cell or rec.extra.get("round") != r:
+        problem = f"it is the record of {rec.cell} round {rec.extra.get('round')}, not of {cell} round {r}"
+    elif rec.spec_identity != identity or (fingerprint and rec.model_fingerprint != fingerprint):
+        problem = "it was made under another spec or model"
+    elif rec.table is None or not layout.table(folder).is_file() or layout.table(folder).is_symlink() \
+            or records.TableSeal.of(layout.table(folder), rec.table.n_rows) != rec.table:
+        problem = "its table is not the one it sealed (edited, replaced or copied)"
+    if problem:
+        raise EvalParityError(f"{folder}: {problem}: {fix}")
+    return rec
+
+
+def has_part(run_dir: Path, spec: RunSpec, cell: str, r: int) -> bool:
+    return units.is_done(run_dir, rounds.part_name(cell, r), STAGES, identity=spec.identity())
+
+
+def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) -> dict:
+    """Write and publish ``cells/<cell>`` from its parts of rounds 0..n_rounds−1: one table sorted like an
+    unstaged cell's, a record whose timings are the parts' (load once, evaluation summed)."""
+    dirs = [rounds.part_dir(run_dir, cell.name, r) for r in range(n_rounds)]
+    metas = [units.read_cell_json(d) or {} for d in dirs]
+    table = pd.concat([samples.read_table(layout.table(d)) for d in dirs], ignore_index=True)
+    table = table.sort_values(samples.KEY, kind="stable").reset_index(drop=True)
+    if table.duplicated(samples.KEY).any():
+        raise ValueError("two rounds hold the same document: the parts overlap")
+    out = units.tmp_dir(run_dir, cell.name)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    samples.write_table(table, layout.table(out))
+    seal = records.seal_table(out, len(table))
+    home_log = layout.log_file(units.tmp_dir(run_dir, cell.name, STAGES))
+    if home_log.exists():
+        shutil.copyfile(home_log, layout.log_file(out))
+    first = metas[0]
+    keep = ("cell", "backend", "dtype", "batch_size", "tag", "tf32", "base_cell", "model", "model_path",
+            "spec_identity", "model_fingerprint", "device", "device_name", "versions", "settings", "precision",
+            "model_args", "placement")
+    meta = {k: first.get(k) for k in keep if k in first}
+    meta |= {"status": STATUS_OK, "table": seal.to_json(), "n_rows": int(len(table)),
+             "load_s": sum(m.get("load_s") or 0.0 for m in metas),
+             "eval_s": sum(m.get("eval_s") or 0.0 for m in metas),
+             "write_s": sum(m.get("write_s") or 0.0 for m in metas),
+             "wall_s": wall or sum(m.get("wall_s") or 0.0 for m in metas),
+             "rounds": [{"round": r, "docs": int(m.get("n_rows", 0)), "load_s": m.get("load_s"),
+                         "eval_s": m.get("eval_s"), "pid": m.get("pid"), "placement": m.get("placement")}
+                        for r, m in enumerate(metas)],
+             "aggregate": aggregate(table), "peak_rss_gib": max(m.get("peak_rss_gib") or 0 for m in metas),
+             "started": first.get("started"), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    gpu = [m["peak_gpu_gib"] for m in metas if m.get("peak_gpu_gib") is not None]
+    if gpu:
+        meta["peak_gpu_gib"] = max(gpu)
+    records.write_cell(out, meta)
+    units.publish(run_dir, cell.name, STATUS_OK, CELLS)
+    return meta
+
+
+def record_failure(run_dir: Path, cell, why: str, wall: float, placement: dict | None = None) -> dict:
+    """A staged cell whose process failed: its record in ``cells/`` (kept beside a finished one), with its
+    process's log, so that the run's summary and ``attempts/`` show it like any failed cell."""
+    tmp = units.tmp_dir(run_dir, cell.name)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    home_log = layout.log_file(units.tmp_dir(run_dir, cell.name, STAGES))
+    if home_log.exists():
+        shutil.copyfile(home_log, layout.log_file(tmp))
+    meta = cells.failed_meta(cell, why, wall_s=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                             placement=placement or {})
+    records.write_cell(tmp, meta)
+    units.publish(run_dir, cell.name, STATUS_FAILED, CELLS)
+    return meta
+
+
+def round_line(r: int, request: rounds.RoundRequest, trace, plan: StagingPlan) -> str:
+    """One line per round for the log: what it scored and what the statistics decided."""
+    parts = []
+    for name in request.tasks:
+        t = trace.units[name]
+        n = t.looks[min(t.reached, len(t.looks) - 1)]
+        if t.open:
+            settled = sum(1 for res in t.results.values() if res.settled) + len(t.direct)
+            parts.append(f"{name} {n:,} docs, open ({settled} settled): next look {t.looks[t.reached + 1]:,}")
+        else:
+            parts.append(f"{name} stops at {n:,} of {t.looks[-1]:,} docs ({t.why})")
+    return f"round {r + 1}: " + "; ".join(parts)
+
+
+def can_hold_all(executor, spec: RunSpec, cells_per_gpu: int, n: int) -> bool:
+    """Whether the executor runs every cell at once (then cells stay loaded across rounds): never the
+    one-at-a-time executor; on Ray, when its GPUs (or, on CPU, its CPUs) have room for all ``n``."""
+    if executor.name != "ray":
+        return False
+    res = executor.resources()
+    if spec.device == "cpu":
+        return res.get("CPU", 0) >= n
+    return int(res.get("GPU", 0) * cells_per_gpu // spec.tensor_parallel) >= n
+
+
+def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console, show,
+        cells_per_gpu: int = 1) -> dict:
+    """Every round the decisions ask for, then the merge: outcomes (``matrix.CellOutcome`` fields as dicts) by
+    cell. ``make_job(cell, mode)`` builds a cell's job; ``opts`` are the statistics options that decide;
+    ``show(bar, task, name, progress_file)`` draws a running cell's bar (``matrix``'s)."""
+    from evalparity.stats.compare import look  # heavy: scipy (the decisions between rounds)
+
+    plan = spec.staging_plan()
+    identity = spec.identity()
+    by_name = {c.name: c for c in spec.cells}
+    rounds.clear_finish(run_dir)
+    if rounds.read_round(run_dir, 0, identity) is None:
+        rounds.write_round(run_dir, first_request(plan, identity))
+    mode = "resident" if can_hold_all(executor, spec, cells_per_gpu, len(spec.cells)) else "round"
+    logger.info(f"staged: {len(plan.units)} task(s), up to {plan.rounds} round(s); cells "
+                + ("stay loaded across rounds" if mode == "resident" else "are started once per round (the "
+                   "executor runs one at a time)"))
+    live: dict[str, object] = {}
+    t0 = {c.name: time.perf_counter() for c in spec.cells}
+    failed: dict[str, dict] = {}
+    r = 0
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as bar:
+        overall = bar.add_task("round 1", total=None)
+        inner = {c.name: bar.add_task(f"  {c.name}: queued", total=None) for c in spec.cells}
+        try:
+            while True:
+                request = rounds.read_round(run_dir, r, identity)
+                bar.update(overall, description=f"round {r + 1}: {request.n_docs():,} docs per cell "
+                                                f"({', '.join(request.tasks)})")
+                failed = _score_round(run_dir, spec, r, executor, make_job, mode, live, bar, inner, by_name, t0,
+                                      show)
+                if failed:
+                    break
+                tables, metas = read_parts(run_dir, spec, r)
+                trace = look(tables, metas, opts, plan)
+                console.print(escape(round_line(r, request, trace, plan)), highlight=False, soft_wrap=True)
+                want = next_request(plan, identity, r + 1, trace)
+                have = rounds.read_round(run_dir, r + 1, identity)
+                if have is not None and (want is None or have.tasks != want.tasks or have.docs != want.docs):
+                    raise EvalParityError(f"{layout.round_file(run_dir, r + 1)} asks for other docs than the decisions "
+                                          f"on rounds 1..{r + 1} do: remove the run's stages/ and cells/ folders and "
+                                          "rerun")
+                if want is None:
+                    rounds.write_finish(run_dir, r + 1, identity)
+                    break
+                if have is None:
+                    rounds.write_round(run_dir, want)
+                r += 1
+        except BaseException:
+            executor.stop()
+            raise
+        _wait_residents(executor, live)
+    if failed:
+        return failed
+    n_rounds = r + 1
+    out = {}
+    for cell in spec.cells:
+        folder = layout.cell_dir(run_dir, cell.name)
+        rec = records.read_cell(folder)
+        wall = time.perf_counter() - t0[cell.name]
+        merged = rec is not None and rec.ok and rec.spec_identity == identity
+        if merged and len(rec.extra.get("rounds", [])) == n_rounds:
+            out[cell.name] = {"status": "skipped", "wall_s": 0.0, "meta": rec.to_json()}
+            continue
+        out[cell.name] = {"status": "ok", "wall_s": wall, "meta": merge_parts(run_dir, spec, cell, n_rounds, wall)}
+    return out
+
+
+def _score_round(run_dir, spec, r, executor, make_job, mode, live, bar, inner, by_name, t0, show) -> dict:
+    """Every cell's part of round r: start the cells that lack it and are not running, wait for all parts.
+    A cell that fails stops the round (and the run): its failure is recorded, the others are stopped, and
+    the outcomes of all cells are returned; {} when every part is in."""
+    lacking = [c.name for c in spec.cells if not has_part(run_dir, spec, c.name, r)]
+    jobs = [make_job(name, mode) for name in lacking if name not in live]
+    for job in jobs:
+        live[job.cell] = job
+    if jobs:
+        executor.submit(jobs)
+    while True:
+        missing = [n for n in lacking if not has_part(run_dir, spec, n, r)]
+        for end in executor.poll():
+            name = end.job.cell
+            live.pop(name, None)
+            if end.returncode != 0 or (name in missing and not has_part(run_dir, spec, name, r)):
+                why = end.error or (f"the cell process exited with code {end.returncode}" if end.returncode
+                                    else f"its process ended without scoring round {r + 1}")
+                executor.stop()
+                live.clear()
+                wall = time.perf_counter() - t0[name]
+                meta = record_failure(run_dir, by_name[name], f"round {r + 1}: {why}", wall, end.placement)
+                out = {name: {"status": "failed", "wall_s": wall, "meta": meta}}
+                for other in spec.cells:
+                    if other.name != name:
+                        out[other.name] = {"status": "failed", "wall_s": 0.0, "meta": {
+                            "status": "failed", "error": f"stopped in round {r + 1}, when {name} failed: rerun the "
+                                                          "same command to resume at that round"}}
+                return out
+        for name in live:
+            show(bar, inner[name], name, layout.progress_file(units.tmp_dir(run_dir, name, STAGES)))
+        if not missing:
+            for name in lacking:
+                bar.update(inner[name], description=f"  {name}: round {r + 1} done", total=r + 1, completed=r + 1)
+            if mode == "round":  # each process ends after its round: collect them before the next round
+                _drain(executor, live)
+            return {}
+        time.sleep(0.3)
+
+
+def _drain(executor, live: dict, timeout: float = 120.0) -> None:
+    """Wait for the one-round processes of a round that is complete to exit (their parts are published)."""
+    end = time.monotonic() + timeout
+    while executor.busy() and time.monotonic() < end:
+        for e in executor.poll():
+            live.pop(e.job.cell, None)
+        time.sleep(0.1)
+    if executor.busy():
+        executor.stop()
+    live.clear()
+
+
+def _wait_residents(executor, live: dict, timeout: float = 60.0) -> None:
+    """Resident cells see ``finish.json`` and exit; wait for them (a stuck one is stopped)."""
+    end = time.monotonic() + timeout
+    while executor.busy() and time.monotonic() < end:
+        executor.poll()
+        time.sleep(0.2)
+    if executor.busy():
+        executor.stop()
+    live.clear()
+
+

@@ -1,0 +1,121 @@
+"""A staged run end to end on the CPU (issue 26): a task whose cells agree stops at an early look, a task with
+a planted drift is scored to its end, a run killed between rounds resumes at its last finished round, and
+the sign-off's verdicts are the staged rule's.
+
+Cells: ``hf-fp32`` and ``hfcopy-fp32`` (``toy_backend``: lm-eval's HF model again, bit for bit, except on
+docs whose question holds ``toy_backend.PLANT``, where its choices are shifted at random). Two 400-doc
+multiple-choice tasks, looks at 50, 100, 200 and 400 docs (``--first-look 50``), margin 10 pp so that the
+tiny numbers settle: ``st_same`` (no plant: zero discordance) settles EQUIVALENT at look 2 (0.9^100 < α_2),
+``st_plant`` (every question planted: most docs discordant) cannot settle before its last look.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import evalparity
+from tests.tiny import MC_YAML, WORDS
+
+sys.path.insert(0, str(Path(__file__).parent))
+import toy_backend  # noqa: E402
+
+N_DOCS = 400
+ENV = {"EVALPARITY_PLUGINS": "toy_backend",
+       "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+
+
+def make_staged_tasks(root: Path) -> Path:
+    rng = random.Random(7)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, planted in (("st_same", False), ("st_plant", True)):
+        rows = []
+        for _ in range(N_DOCS):
+            q = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 6)))
+            rows.append({"question": f"{toy_backend.PLANT} {q}" if planted else q,
+                         "choices": [rng.choice(WORDS) for _ in range(4)], "label": rng.randrange(4)})
+        data = root / f"{name}.jsonl"
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (root / f"{name}.yaml").write_text(MC_YAML.format(name=name, data=data))
+    return root
+
+
+def args(model: Path, tasks: Path, out: Path) -> list[str]:
+    return ["run", "--model", str(model), "--tasks", "st_same,st_plant", "--include-path", str(tasks),
+            "--backends", "hf,hfcopy", "--dtypes", "fp32", "--max-length", "256", "--first-look", "50",
+            "--margin", "10pp", "--out", str(out)]
+
+
+@pytest.fixture(scope="module")
+def staged_run(tiny_model, tmp_path_factory):
+    """A staged run killed while hfcopy-fp32 publishes its part of round 3, then resumed to its end."""
+    root = tmp_path_factory.mktemp("staged")
+    tasks = make_staged_tasks(root / "tasks")
+    out = root / "run"
+    killed = evalparity(*args(tiny_model, tasks, out), env=ENV | {"EVALPARITY_TEST_KILL_AT":
+                                                                   "publish-cell:hfcopy-fp32.r2"})
+    before = {p.name: (p / "cell.json").stat().st_mtime_ns for p in (out / "stages").iterdir()
+              if p.is_dir() and not p.name.startswith(".")}
+    resumed = evalparity(*args(tiny_model, tasks, out), env=ENV)
+    return out, killed, before, resumed
+
+
+def test_the_killed_run_is_not_signed_off(staged_run):
+    out, killed, before, _ = staged_run
+    assert killed.returncode == 5, killed.stderr[-2000:]
+    assert "hfcopy-fp32" in killed.stdout + killed.stderr
+    # rounds 1 and 2 of both cells, and round 3 of hf-fp32, were published before the kill
+    assert set(before) == {"hf-fp32.r0", "hf-fp32.r1", "hf-fp32.r2", "hfcopy-fp32.r0", "hfcopy-fp32.r1"}
+
+
+def test_resume_scores_only_what_is_missing(staged_run):
+    out, _, before, resumed = staged_run
+    assert resumed.returncode in (0, 4), resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    for name, mtime in before.items():  # no finished part was scored again
+        assert (out / "stages" / name / "cell.json").stat().st_mtime_ns == mtime, name
+
+
+def test_the_agreeing_task_stops_early_and_the_planted_one_goes_to_the_end(staged_run):
+    out = staged_run[0]
+    v = json.loads((out / "stats" / "verdicts.json").read_text())
+    tasks = {t["task"]: t for t in v["staging"]["tasks"]}
+    assert tasks["st_same"]["looks"] == [50, 100, 200, 400]
+    assert tasks["st_same"]["stopped_at_look"] == 2 and tasks["st_same"]["docs"] == 100
+    assert tasks["st_plant"]["stopped_at_look"] == 4 and tasks["st_plant"]["docs"] == 400
+    rows = [c for c in v["comparisons"] if c["gating"]]
+    same = [c for c in rows if c["task"] == "st_same"]
+    assert same and all(c["verdict"] == "EQUIVALENT" and c["staged_look"] == 2 and c["n"] == 100 for c in same)
+    plant = [c for c in rows if c["task"] == "st_plant"]
+    assert plant and all(c["staged_look"] == 4 and c["n"] == 400 for c in plant)
+    assert all(c["discordant"] > 80 for c in plant)  # the plant is there: 20 % and more of docs disagree
+
+
+def test_tables_hold_exactly_the_looks_scored(staged_run):
+    out = staged_run[0]
+    spec = json.loads((out / "spec.json").read_text())
+    assert spec["staging"]["first"] == 50
+    for cell in ("hf-fp32", "hfcopy-fp32"):
+        t = pd.read_parquet(out / "cells" / cell / "samples.parquet")
+        docs = t.drop_duplicates(["task", "doc_id"]).groupby("task").size().to_dict()
+        assert docs == {"st_same": 100, "st_plant": 400}
+        rec = json.loads((out / "cells" / cell / "cell.json").read_text())
+        assert len(rec["rounds"]) == 4
+
+
+def test_a_part_edited_after_the_run_is_refused(staged_run, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(staged_run[0], out)
+    table = out / "cells" / "hfcopy-fp32" / "samples.parquet"
+    t = pd.read_parquet(table)
+    t = t[~((t["task"] == "st_same") & (t["doc_id"] == t.loc[t["task"] == "st_same", "doc_id"].iloc[0]))]
+    t.to_parquet(table)
+    proc = evalparity("report", str(out), "--margin", "10pp", env=ENV)
+    assert proc.returncode == 2 and "not the table its cell wrote" in proc.stdout + proc.stderr
