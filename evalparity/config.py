@@ -130,6 +130,7 @@ def wheels_dir() -> Path:
 #   spec.json                     SPEC_FILE      what the run is (RunSpec.to_json); the run is locked to it
 #   compare.json                  COMPARE_FILE   or: the lm-eval outputs `evalparity compare` turned into cells
 #   run.json                      RUN_FILE       what the last command did, stage by stage (runlog)
+#   plan.json                     PLAN_FILE      `evalparity plan`: the docs and GPU time a sign-off needs (plan)
 #   cells/<cell>/                 CELLS          one cell, published by one rename (rundir.units.publish)
 #     cell.json                   CELL_FILE      its record (rundir.records.CellRecord): identity, table seal, settings
 #     samples.parquet             TABLE_FILE     its per-sample table (samples)
@@ -157,6 +158,7 @@ FIRST_LOOK = 500  # docs per task at a staged run's first look (``--first-look``
 SPEC_FILE = "spec.json"
 COMPARE_FILE = "compare.json"
 RUN_FILE = "run.json"
+PLAN_FILE = "plan.json"  # `evalparity plan`'s answer, at the top of the run folder unless --json says elsewhere
 CELLS = "cells"
 SHARDS = "shards"
 STAGES = "stages"

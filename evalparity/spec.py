@@ -149,12 +149,6 @@ class RunSpec:
             memory_plan=d.get("memory_plan") or {},
         )
 
-    def staging_plan(self):
-        """The staging plan (``staging.StagingPlan``), or None for a run that scores every doc."""
-        from evalparity.staging import StagingPlan  # numpy and scipy: only where a plan is read
-
-        return StagingPlan.from_json(self.staging)
-
     def cell_memory(self, cell: str) -> dict:
         """The memory plan's entry for one cell (``memplan.CellPlan`` as a dict); empty without a plan."""
         return dict(self.memory_plan.get("cells", {}).get(cell, {}))

@@ -203,12 +203,17 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     ``show(bar, task, name, progress_file)`` draws a running cell's bar (``matrix``'s)."""
     from evalparity.stats.compare import look  # heavy: scipy (the decisions between rounds)
 
-    plan = spec.staging_plan()
+    plan = StagingPlan.from_json(spec.staging)
     identity = spec.identity()
     by_name = {c.name: c for c in spec.cells}
     rounds.clear_finish(run_dir)
-    if rounds.read_round(run_dir, 0, identity) is None:
-        rounds.write_round(run_dir, first_request(plan, identity))
+    first = first_request(plan, identity)
+    have = rounds.read_round(run_dir, 0, identity)
+    if have is None:
+        rounds.write_round(run_dir, first)
+    elif have.tasks != first.tasks or have.docs != first.docs:
+        raise EvalParityError(f"{layout.round_file(run_dir, 0)} asks for other docs than the run's staging plan: "
+                              "remove the run's stages/ and cells/ folders and rerun")
     mode = "resident" if can_hold_all(executor, spec, cells_per_gpu, len(spec.cells)) else "round"
     logger.info(f"staged: {len(plan.units)} task(s), up to {plan.rounds} round(s); cells "
                 + ("stay loaded across rounds" if mode == "resident" else "are started once per round (the "

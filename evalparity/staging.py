@@ -110,6 +110,21 @@ class StagingPlan:
                    tuple(StageUnit.from_json(u) for u in d["units"]))
 
 
+def staging_of(run_dir) -> StagingPlan | None:
+    """A run folder's staging plan, from its checked spec; None for a comparison of lm-eval outputs (no
+    spec) or a run that scored every doc."""
+    from evalparity.rundir import layout, records
+
+    if not layout.spec_file(run_dir).exists():
+        return None
+    data = records.check_spec(layout.spec_file(run_dir))
+    try:
+        return StagingPlan.from_json(data.get("staging"))
+    except (KeyError, TypeError, ValueError) as err:
+        raise EvalParityError(f"{layout.spec_file(run_dir)}: its staging plan is not one evalparity can read "
+                              f"({type(err).__name__}): restore it, or rerun into a new --out") from None
+
+
 @lru_cache(maxsize=256)
 def _order(seed: int, leaf: str, n: int) -> np.ndarray:
     rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(leaf.encode("utf-8"))])

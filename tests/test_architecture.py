@@ -45,10 +45,10 @@ STAGES: list[tuple[str, ...]] = [
      "evalparity.memplan"),
     ("evalparity.backends",),
     ("evalparity.samples",),
+    ("evalparity.stats", "evalparity.staging"),  # a staged run's looks (staging) and their statistics
     ("evalparity.phases", "evalparity.lmeval_patches", "evalparity.cells", "evalparity.shards",
-     "evalparity.placement", "evalparity.matrix", "evalparity.importer"),
-    ("evalparity.stats",),
-    ("evalparity.report",),
+     "evalparity.placement", "evalparity.stager", "evalparity.matrix", "evalparity.importer"),
+    ("evalparity.plan", "evalparity.report",),
     ("evalparity.drift",),
     ("evalparity.doctor", "evalparity.cli"),
 ]

@@ -1,4 +1,5 @@
-"""The command line: one module per verb (``run``, ``report``, ``compare``, ``drift``, ``doctor``, ``models``),
+"""The command line: one module per verb (``run``, ``report``, ``plan``, ``compare``, ``drift``, ``doctor``,
+``models``),
 the options more than one verb takes (``options``), and where output goes (``output``). Each verb turns
 EvalParityError into one line on stderr and its exit code (``main``), and never shows a traceback for bad
 input.
@@ -15,7 +16,7 @@ import sys
 
 import typer
 
-from evalparity.cli import compare, doctor, drift, models, report, run
+from evalparity.cli import compare, doctor, drift, models, plan, report, run
 from evalparity.cli.output import configure_logging, console, error_line, signed_off
 from evalparity.errors import EvalParityError
 
@@ -23,6 +24,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.")
 app.command("run")(run.run)
 app.command("report")(report.report)
+app.command("plan")(plan.plan)
 app.command("compare")(compare.compare)
 app.command("drift")(drift.drift)
 app.command("doctor")(doctor.doctor)

@@ -32,6 +32,7 @@ from evalparity.config import (
     LM_EVAL_DIR,
     LM_EVAL_RESULTS,
     LOG_FILE,
+    PLAN_FILE,
     PROGRESS_FILE,
     REPORT,
     RUN_FILE,
@@ -57,6 +58,11 @@ def compare_file(run: Path) -> Path:
 
 def run_file(run: Path) -> Path:
     return Path(run) / RUN_FILE
+
+
+def plan_file(run: Path) -> Path:
+    """``plan.json``: what ``evalparity plan`` wrote from this run (``plan``)."""
+    return Path(run) / PLAN_FILE
 
 
 def cells_dir(run: Path) -> Path:

@@ -460,19 +460,6 @@ def verify_run(run_dir: Path) -> VerifiedRun:
     return VerifiedRun(kind, data, identity, named, cells, incomplete)
 
 
-def staging_of(run_dir: Path):
-    """A run folder's staging plan (``staging.StagingPlan``) from its spec; None for a comparison of lm-eval
-    outputs or a run that scored every doc. The spec is checked (``check_spec``) first."""
-    if not layout.spec_file(run_dir).exists():
-        return None
-    spec = RunSpec.from_json(check_spec(layout.spec_file(run_dir)))
-    try:
-        return spec.staging_plan()
-    except (KeyError, TypeError, ValueError) as err:
-        raise EvalParityError(f"{layout.spec_file(run_dir)}: its staging plan is not one evalparity can read "
-                              f"({type(err).__name__}): restore it, or rerun into a new --out") from None
-
-
 def incomplete_error(run: VerifiedRun, fix: str = "rerun the same command to finish them") -> EvalParityError:
     """The INCOMPLETE refusal for a run whose named cells cannot all be used (exit 5)."""
     why = "; ".join(f"{c}: {w}" for c, w in run.incomplete)

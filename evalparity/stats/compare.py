@@ -29,6 +29,7 @@ from evalparity import samples as samples_mod
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.rundir import layout, records
+from evalparity.staging import staging_of
 from evalparity.stats import deltas, flips, generations, inference, multiplicity, paired, power, staged, verdict
 from evalparity.stats.options import StatsOptions, check_metric_names
 from evalparity.stats.record import SCHEMA, Comparison, columns
@@ -443,6 +444,10 @@ def apply_staged(rows: list[Comparison], trace: staged.Trace) -> None:
             rec.ci_level = 1 - 2 * (res.beyond_threshold if res.verdict == verdict.DIFFERENT else res.level)
             rec.p_equivalence, rec.p_beyond, rec.p_beyond_adjusted = res.p_equivalence, res.p_beyond, res.q_beyond
             rec.staged_look, rec.staged_looks = res.look + 1, len(t.looks)
+            # the look it was decided at: a later look's docs (a report run with a looser margin than the
+            # run's) do not change a verdict the design settled earlier
+            rec.n, rec.effect = res.n, res.statistic
+            rec.reference_only, rec.cell_only, rec.discordant = res.b, res.c, res.b + res.c
             rec.reason = staged.staged_reason(res, t, t.unit, rec.estimand)
 
 
@@ -473,7 +478,7 @@ def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> St
     gating = _gating(pending, opts)
     rows = decide_all(pending, gating, opts)
     attach_noise_floor(rows, pending, opts)
-    plan = records.staging_of(source or run_dir)
+    plan = staging_of(source or run_dir)
     trace = staged_trace(pending, gating, plan, opts) if plan is not None else None
     if trace is not None:
         apply_staged(rows, trace)
