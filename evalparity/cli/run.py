@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from evalparity import config, memplan, rundir
+from evalparity import config, memplan, procs, rundir
 from evalparity import tasks as tasks_mod
 from evalparity.cli.options import (
     FAIL_ON_INCONCLUSIVE,
@@ -104,6 +105,7 @@ def run(
     cells_per_gpu: Annotated[int | None, typer.Option(help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None,
     full: Annotated[bool, typer.Option("--full", help="Score every document of every task. Default: staged, each task in looks of growing size (--first-look, doubling) in a fixed random order, stopping as soon as all its gating comparisons are settled.")] = False,
     first_look: Annotated[int, typer.Option(help="Documents per task at the first look of a staged run; each later look doubles, while at most half the task, and the last is all of it.")] = config.FIRST_LOOK,
+    spending: Annotated[str, typer.Option(help="How a staged run spends α over its looks: obf (O'Brien-Fleming-like: early stops need overwhelming evidence, the last look keeps nearly all of α) or pocock (Pocock-like: earlier stops when the drift is small, more docs when it is near the margin).")] = "obf",
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
     from evalparity.matrix import Placement  # heavy: pandas (matrix -> cells -> samples)
@@ -126,11 +128,13 @@ def run(
         cell_specs = plan_cells(run_dir, dev, backends, dtypes, bs, repeat, tf32, shards, tensor_parallel, single_cell)
         offline = go_offline_without_hub()
         model_id, model_path, max_len, fingerprint = identify_model(model, max_length)
+        warming = warm_caches(run_dir, dev, model_path, cell_specs)
         memory_plan = plan_memory(dev, ray, model_path, cell_specs, max_len, tensor_parallel, cells_per_gpu)
         placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
         task_list, task_aliases, plan = preflight(task_list, tasks is None, include_path, datasets_dir, limit,
                                                   num_fewshot, task_limits)
-        staged = plan_staging(full, first_look, task_list, plan, limit, task_limits, cell_specs, opts, seed)
+        staged = plan_staging(full, first_look, task_list, plan, limit, task_limits, cell_specs, opts, seed,
+                              spending)
         spec = build_spec(
             model_id=model_id, task_list=task_list, cell_specs=cell_specs, limit=limit, num_fewshot=num_fewshot,
             dev=dev, include_path=include_path, datasets_dir=datasets_dir, align_softmax=align_softmax,
@@ -143,6 +147,8 @@ def run(
         check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
         timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
         outcomes = run_cells(spec, run_dir, model_path, force, offline, placement, timings, head, opts)
+        if warming is not None:
+            procs.stop(warming)
         failed = report_outcomes(run_dir, outcomes)
         check_enough_cells(outcomes, opts, single_cell)
         if drift:
@@ -273,6 +279,23 @@ def identify_model(model: str | None, max_length: int):
     return model_id, model_path, max_len, rundir.model_fingerprint(model_path, model_id)
 
 
+def warm_caches(run_dir: Path, dev: str, model_path, cell_specs):
+    """Start each backend's cache warm-up (``warm_caches`` in its module, e.g. vLLM's model inspection) in the
+    background while the setup goes on, its output in ``warmup.log``; the process, or None. It dies with
+    the run (``procs``) and is stopped once the cells are done; a warm-up that fails costs nothing."""
+    from evalparity import backends
+
+    argvs = [argv for b in sorted({c.backend for c in cell_specs})
+             if (argv := getattr(backends.get(b), "warm_caches", lambda *_: None)(str(model_path), dev))]
+    if not argvs:
+        return None
+    log = open(layout.warmup_log(run_dir), "ab")
+    try:
+        return procs.popen(argvs[0], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    finally:
+        log.close()
+
+
 def plan_memory(dev: str, ray: str | None, model_path, cell_specs, max_len: int, tensor_parallel: int,
                 cells_per_gpu: int | None):
     """The GPU memory plan of the run (``memplan``), printed; None on CPU, and for a Ray cluster named by
@@ -341,7 +364,7 @@ def build_spec(*, model_id, task_list, cell_specs, limit, num_fewshot, dev, incl
 
 
 def plan_staging(full: bool, first_look: int, task_list: list[str], plan, limit: int | None, task_limits,
-                 cell_specs, opts, seed: int) -> dict | None:
+                 cell_specs, opts, seed: int, spending: str = "obf") -> dict | None:
     """The staged design of the run (``staging.make_plan``), printed, as the spec records it; None when every
     doc is scored: ``--full``, or staging does not apply (said why), or no task has more than one look."""
     from evalparity import staging  # numpy, scipy: after the preflight has loaded them
@@ -362,7 +385,7 @@ def plan_staging(full: bool, first_look: int, task_list: list[str], plan, limit:
     docs = {leaf: len(per_task[leaf]) if leaf in per_task else min(n, limit or n) for leaf, n in plan.leaves.items()}
     units = {task: [(leaf, docs[leaf]) for leaf in leaves]
              for task, leaves in staging.units_of(task_list, plan.leaves, plan.groups).items()}
-    staged = staging.make_plan(units, seed=seed, first=first_look)
+    staged = staging.make_plan(units, seed=seed, first=first_look, spending=spending)
     if staged is None:
         return None
     for u in staged.units:

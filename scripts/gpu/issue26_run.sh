@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU side (issue 26), after ../shared/gpu's install.sh and scripts/gpu/install_ray.sh on the device: the
+# issue's command, staged (the default), timed end to end; its run folder's records and the cells' logs go
+# to $OUT/<label>.tgz. MODE picks the run:
+#   staged   the command as a user types it (first call on a fresh machine: cold caches; again: warm)
+#   fresh    the same with empty compile caches (Triton, vLLM, torch inductor) but a warm page cache:
+#            tells the compile caches' share of a cold start from the imports'
+#   full     --full (every document), for the same verdicts' comparison
+#   pocock   --spending pocock: α spent nearly evenly over the looks (earlier stops when drift is small)
+#   big      the 14B-shaped random-weight model, --full --limit $LIMIT (default 200): each cell's load and
+#            rate on one H200, to price a sign-off at the stopping n
+set -uo pipefail
+source .gpu/bin/env.sh
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+MODE=${MODE:-staged}
+LABEL=${LABEL:-$MODE}
+RUN=/tmp/i26-$LABEL
+BUDGET=${BUDGET:-560}
+mkdir -p "$EVALPARITY_CACHE/wheels"
+cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
+EXTRA=()
+case $MODE in
+  fresh)
+    F=/tmp/fresh-$LABEL; rm -rf "$F"; mkdir -p "$F"
+    export TRITON_CACHE_DIR=$F/triton VLLM_CACHE_ROOT=$F/vllm TORCHINDUCTOR_CACHE_DIR=$F/inductor \
+      XDG_CACHE_HOME=$F/xdg ;;
+  full) EXTRA=(--full) ;;
+  pocock) EXTRA=(--spending pocock) ;;
+  big)
+    [[ -f /tmp/m14b/config.json ]] || python3 scripts/gpu/make_model.py /tmp/m14b --shape qwen2.5-14b
+    EXTRA=(--full --limit "${LIMIT:-200}" --model /tmp/m14b) ;;
+esac
+rm -rf "$RUN"
+T0=$(date +%s.%N)
+timeout "$BUDGET" python3 -m evalparity.cli run --device cuda --tasks hellaswag --num-fewshot 0 \
+  --datasets-dir .gpudata --out "$RUN" --no-fail-on-inconclusive "${EXTRA[@]}" 2>&1 | tail -40
+echo "run $LABEL: exit ${PIPESTATUS[0]} after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
+if [[ -n ${OUT:-} && -d $RUN ]]; then
+  mkdir -p "$RUN/logs"
+  for f in "$RUN"/stages/.tmp-*/cell.log "$RUN"/cells/*/cell.log; do
+    [[ -f $f ]] || continue
+    n=$(basename "$(dirname "$f")"); grep -E "took|Loading|loading|init engine|compil|Triton|--- |warmup|KV cache" "$f" \
+      | head -80 > "$RUN/logs/$n.txt"
+  done
+  (cd "$RUN" && tar czf "$OUT/$LABEL.tgz" spec.json run.json stats/verdicts.json cells/*/cell.json \
+     stages/round-*.json stages/*/cell.json logs report/report.md warmup.log 2>/dev/null)
+  ls -la "$OUT"
+fi
