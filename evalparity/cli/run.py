@@ -128,7 +128,7 @@ def run(
         cell_specs = plan_cells(run_dir, dev, backends, dtypes, bs, repeat, tf32, shards, tensor_parallel, single_cell)
         offline = go_offline_without_hub()
         model_id, model_path, max_len, fingerprint = identify_model(model, max_length)
-        warming = warm_caches(run_dir, dev, model_path, cell_specs)
+        warming = warm_caches(dev, model_path, cell_specs)
         memory_plan = plan_memory(dev, ray, model_path, cell_specs, max_len, tensor_parallel, cells_per_gpu)
         placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
         task_list, task_aliases, plan = preflight(task_list, tasks is None, include_path, datasets_dir, limit,
@@ -279,9 +279,10 @@ def identify_model(model: str | None, max_length: int):
     return model_id, model_path, max_len, rundir.model_fingerprint(model_path, model_id)
 
 
-def warm_caches(run_dir: Path, dev: str, model_path, cell_specs):
+def warm_caches(dev: str, model_path, cell_specs):
     """Start each backend's cache warm-up (``warm_caches`` in its module, e.g. vLLM's model inspection) in the
-    background while the setup goes on, its output in ``warmup.log``; the process, or None. It dies with
+    background while the setup goes on (its output discarded: the run folder is not set up yet, and a cell
+    that finds the cache cold does the work itself); the process, or None. It dies with
     the run (``procs``) and is stopped once the cells are done; a warm-up that fails costs nothing."""
     from evalparity import backends
 
@@ -289,11 +290,7 @@ def warm_caches(run_dir: Path, dev: str, model_path, cell_specs):
              if (argv := getattr(backends.get(b), "warm_caches", lambda *_: None)(str(model_path), dev))]
     if not argvs:
         return None
-    log = open(layout.warmup_log(run_dir), "ab")
-    try:
-        return procs.popen(argvs[0], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-    finally:
-        log.close()
+    return procs.popen(argvs[0], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def plan_memory(dev: str, ray: str | None, model_path, cell_specs, max_len: int, tensor_parallel: int,

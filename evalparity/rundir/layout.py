@@ -65,11 +65,6 @@ def plan_file(run: Path) -> Path:
     return Path(run) / PLAN_FILE
 
 
-def warmup_log(run: Path) -> Path:
-    """``warmup.log``: what a backend's cache warm-up printed while the run set up (``cli.run.warm_caches``)."""
-    return Path(run) / "warmup.log"
-
-
 def cells_dir(run: Path) -> Path:
     return Path(run) / CELLS
 
