@@ -50,25 +50,6 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
     return args
 
 
-# What ``warm_caches`` runs: resolving the model's configuration makes vLLM inspect its architecture class.
-WARM_CODE = ("import sys\nfrom vllm.engine.arg_utils import EngineArgs\n"
-             "EngineArgs(model=sys.argv[1], enforce_eager=True).create_model_config()\n")
-
-
-def warm_caches(model_path: str, device: str) -> list[str] | None:
-    """A command to run once while the run sets up, before its vLLM cells start; None on CPU.
-
-    Why (measured on a fresh H200, issue 26): vLLM inspects a model's architecture class in a subprocess that
-    imports vLLM and torch again, unless its modelinfo cache (``$VLLM_CACHE_ROOT/modelinfos``) has the answer.
-    On a fresh machine every vLLM cell pays that at once: 55-74 s from process start to engine init with
-    empty caches, 32 s with warm ones. One inspection during the setup fills the cache for all of them."""
-    if device == "cpu":
-        return None
-    import sys
-
-    return [sys.executable, "-c", WARM_CODE, model_path]
-
-
 def environment(spec: RunSpec, cell: CellSpec) -> dict[str, str]:
     env = precision.environment(cell.dtype, spec.alignment.true_fp32 and not cell.tf32)
     # The in-process engine starts in seconds instead of a minute, and the multi-process engine hangs

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from evalparity import config, memplan, procs, rundir
+from evalparity import config, memplan, rundir
 from evalparity import tasks as tasks_mod
 from evalparity.cli.options import (
     FAIL_ON_INCONCLUSIVE,
@@ -128,7 +127,6 @@ def run(
         cell_specs = plan_cells(run_dir, dev, backends, dtypes, bs, repeat, tf32, shards, tensor_parallel, single_cell)
         offline = go_offline_without_hub()
         model_id, model_path, max_len, fingerprint = identify_model(model, max_length)
-        warming = warm_caches(dev, model_path, cell_specs)
         memory_plan = plan_memory(dev, ray, model_path, cell_specs, max_len, tensor_parallel, cells_per_gpu)
         placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
         task_list, task_aliases, plan = preflight(task_list, tasks is None, include_path, datasets_dir, limit,
@@ -147,8 +145,7 @@ def run(
         check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
         timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
         outcomes = run_cells(spec, run_dir, model_path, force, offline, placement, timings, head, opts)
-        if warming is not None:
-            procs.stop(warming)
+
         failed = report_outcomes(run_dir, outcomes)
         check_enough_cells(outcomes, opts, single_cell)
         if drift:
@@ -277,20 +274,6 @@ def identify_model(model: str | None, max_length: int):
 
     model_id, model_path, max_len = resolve_model(model, max_length)
     return model_id, model_path, max_len, rundir.model_fingerprint(model_path, model_id)
-
-
-def warm_caches(dev: str, model_path, cell_specs):
-    """Start each backend's cache warm-up (``warm_caches`` in its module, e.g. vLLM's model inspection) in the
-    background while the setup goes on (its output discarded: the run folder is not set up yet, and a cell
-    that finds the cache cold does the work itself); the process, or None. It dies with
-    the run (``procs``) and is stopped once the cells are done; a warm-up that fails costs nothing."""
-    from evalparity import backends
-
-    argvs = [argv for b in sorted({c.backend for c in cell_specs})
-             if (argv := getattr(backends.get(b), "warm_caches", lambda *_: None)(str(model_path), dev))]
-    if not argvs:
-        return None
-    return procs.popen(argvs[0], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def plan_memory(dev: str, ray: str | None, model_path, cell_specs, max_len: int, tensor_parallel: int,
