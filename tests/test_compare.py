@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import evalparity, one_line_error
 from synthetic import make_lm_eval_dir
+from verdict_schema import check_verdicts
 
 
 def plain_lm_eval(model: Path, tasks: Path, dtype: str, out: Path) -> Path:
@@ -60,7 +61,7 @@ def test_compare_names_cells_from_lm_eval_config(both):
 def test_compare_gives_the_same_verdicts_as_run(both):
     run, cmp_dir, _, _ = both
     vr = {_key(r): r for r in json.loads((run / "stats" / "verdicts.json").read_text())["comparisons"]}
-    vc = {_key(r): r for r in json.loads((cmp_dir / "stats" / "verdicts.json").read_text())["comparisons"]}
+    vc = {_key(r): r for r in check_verdicts(cmp_dir / "stats" / "verdicts.json")["comparisons"]}
     assert set(vc) == set(vr)
     for k, r in vr.items():
         c = vc[k]

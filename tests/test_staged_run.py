@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import evalparity
 from tests.tiny import MC_YAML, WORDS
+from tests.verdict_schema import check_verdicts
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_backend  # noqa: E402
@@ -83,7 +84,7 @@ def test_resume_scores_only_what_is_missing(staged_run):
 
 def test_the_agreeing_task_stops_early_and_the_planted_one_goes_to_the_end(staged_run):
     out = staged_run[0]
-    v = json.loads((out / "stats" / "verdicts.json").read_text())
+    v = check_verdicts(out / "stats" / "verdicts.json")
     tasks = {t["task"]: t for t in v["staging"]["tasks"]}
     assert tasks["st_same"]["looks"] == [50, 100, 200, 400]
     assert tasks["st_same"]["stopped_at_look"] == 2 and tasks["st_same"]["docs"] == 100

@@ -18,6 +18,7 @@ read makes the sign-off INCOMPLETE (exit 5), named in the verdicts and the repor
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -625,25 +626,79 @@ def _gating(pending: list[Pending], opts: StatsOptions) -> np.ndarray:
 
 def verdicts_document(run_dir: Path, rows: list[Comparison], opts: StatsOptions, summary: StatsSummary,
                       metas: dict[str, dict]) -> dict:
-    """The ``verdicts.json`` schema (documented in the README): one record per comparison + sign-off."""
+    """The ``verdicts.json`` document (schema ``evalparity.verdicts/3``, shipped as ``verdicts.schema.json``
+    and documented in the README): provenance, the sign-off with its counts and the comparisons that decided
+    it, and one record per comparison. Proportions are fractions and say so (``unit: "fraction"``, shown as
+    percentage points); counts are integers."""
     spec = read_json(layout.spec_file(run_dir)) or {}
+    gating = [r for r in rows if r.gating]
+    counts = {v: sum(r.verdict == v for r in gating) for v in verdict.VERDICTS if v != verdict.NO_MARGIN}
     return {
         "schema": SCHEMA,
         "model": spec.get("model"),
         "tasks": spec.get("tasks"),
         "cells": sorted(metas),
+        "run": provenance(run_dir, spec, metas),
         "options": opts.as_dict(),
         "decision_rule": ("EQUIVALENT: the (1-2α) CI lies inside the margin (TOST at α, no adjustment: PASS is "
                           "an intersection-union test). DIFFERENT: the (1-2γ) CI lies outside the margin, γ the "
                           "family threshold (one-sided claims, each at α, plus the far end's tail where the CI is "
                           f"wide against the margin; {opts.multiple} over the gating comparisons); one comparison: "
                           "the same (1-2α) CI. SHIFT: a change shown (McNemar or the mean's test, two-sided, same "
-                          "family), within-margin not shown. INCONCLUSIVE: neither."),
+                          "family), within-margin not shown. INCONCLUSIVE: neither. A staged run: each verdict at "
+                          "the look that settled it, α spent over the looks (staged_look, staging)."),
         "sign_off": {"status": summary.sign_off, "reason": summary.reason,
                      "exit_code": summary.exit_code(True),
                      "exit_code_if_inconclusive_allowed": summary.exit_code(False),
+                     "gating": len(gating), "counts": counts, "decided_by": decided_by(summary.sign_off, gating),
                      "incomplete_cells": [{"cell": c, "why": w} for c, w in summary.incomplete],
                      "tasks_not_compared": records.tasks_not_compared(run_dir)},
         "staging": summary.staging.to_json() if summary.staging is not None else None,
-        "comparisons": [r.to_json() for r in rows],
+        "comparisons": [verdict_record(r) for r in rows],
     }
+
+
+def decided_by(status: str, gating: list[Comparison]) -> list[int]:
+    """The ids of the gating comparisons the sign-off rests on: every DIFFERENT one for FAIL, every one for
+    PASS, the unsettled ones (SHIFT, INCONCLUSIVE) for INCONCLUSIVE; none for INCOMPLETE (the cells decide)."""
+    if status == verdict.FAIL:
+        return [r.id for r in gating if r.verdict == verdict.DIFFERENT]
+    if status == verdict.PASS:
+        return [r.id for r in gating]
+    if status == verdict.INCONCLUSIVE:
+        return [r.id for r in gating if r.verdict != verdict.EQUIVALENT]
+    return []
+
+
+def verdict_record(r: Comparison) -> dict:
+    """One comparison as ``verdicts.json`` holds it: a proportion's unit is ``fraction`` (0.012 is 1.2
+    percentage points, ``shown_as: "pp"``), and ``n_needed`` is a whole number of docs."""
+    out = r.to_json()
+    if out.get("unit") == "pp":
+        out["unit"], out["shown_as"] = "fraction", "pp"
+    if out.get("n_needed") is not None:
+        out["n_needed"] = int(math.ceil(out["n_needed"]))
+    return out
+
+
+def provenance(run_dir: Path, spec: dict, metas: dict[str, dict]) -> dict:
+    """Where the verdicts come from: the run's id (its spec identity, or the comparison's), the model's
+    digest, the software that made the cells, and per cell its device and attention backend."""
+    from evalparity import __version__
+    from evalparity.spec import RunSpec
+
+    try:
+        run_id = RunSpec.from_json(spec).identity() if spec.get("cells") is not None else None
+    except (KeyError, TypeError, ValueError):
+        run_id = None
+    if run_id is None and layout.compare_file(run_dir).exists():
+        run_id = records.read_compare(run_dir).identity
+    cells = {}
+    for name, m in sorted(metas.items()):
+        prec = m.get("precision") or {}
+        cells[name] = {"backend": m.get("backend"), "dtype": m.get("dtype"), "device_name": m.get("device_name"),
+                       "attention_backend": prec.get("attention_backend"),
+                       "versions": {k: str(v) for k, v in (m.get("versions") or {}).items()}}
+    return {"id": run_id, "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "evalparity": __version__,
+            "device": spec.get("device"), "model_digest": (spec.get("model_fingerprint") or {}).get("digest"),
+            "software": {str(k): str(v) for k, v in spec.get("software") or []}, "cells": cells}

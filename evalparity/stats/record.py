@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-SCHEMA = "evalparity.verdicts/2"
+SCHEMA = "evalparity.verdicts/3"
 
 
 @dataclass
