@@ -21,7 +21,24 @@ from evalparity.cli.output import configure_logging, console, error_line, signed
 from evalparity.errors import EvalParityError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.")
+                  help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.",
+                  epilog="Exit codes: 0 PASS; 3 FAIL (a gating comparison DIFFERENT); 4 INCONCLUSIVE (pass "
+                         "--no-fail-on-inconclusive to exit 0 then); 5 INCOMPLETE (a cell failed or is missing); "
+                         "2 bad input; 130 interrupted; 1 an internal error (a bug: please report it).")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from evalparity import __version__
+
+        print(f"evalparity {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print evalparity's version and exit.")) -> None:
+    """Does backend or dtype drift change model quality? Paired statistics over lm-eval runs."""
 app.command("run")(run.run)
 app.command("report")(report.report)
 app.command("plan")(plan.plan)
