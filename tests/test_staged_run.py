@@ -55,7 +55,9 @@ def args(model: Path, tasks: Path, out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def staged_run(tiny_model, tmp_path_factory):
-    """A staged run killed while hfcopy-fp32 publishes its part of round 3, then resumed to its end."""
+    """A staged run killed while hfcopy-fp32 publishes its part of round 3, then resumed to its end. The
+    killed run has one cell at a time (each cell's process scores one round and exits); the resumed one runs
+    on a local Ray instance, which holds both cells at once, so they stay loaded across rounds."""
     root = tmp_path_factory.mktemp("staged")
     tasks = make_staged_tasks(root / "tasks")
     out = root / "run"
@@ -63,7 +65,7 @@ def staged_run(tiny_model, tmp_path_factory):
                                                                    "publish-cell:hfcopy-fp32.r2"})
     before = {p.name: (p / "cell.json").stat().st_mtime_ns for p in (out / "stages").iterdir()
               if p.is_dir() and not p.name.startswith(".")}
-    resumed = evalparity(*args(tiny_model, tasks, out), env=ENV)
+    resumed = evalparity(*args(tiny_model, tasks, out), "--ray", "local", env=ENV)
     return out, killed, before, resumed
 
 
@@ -80,6 +82,13 @@ def test_resume_scores_only_what_is_missing(staged_run):
     assert resumed.returncode in (0, 4), resumed.stdout[-3000:] + resumed.stderr[-3000:]
     for name, mtime in before.items():  # no finished part was scored again
         assert (out / "stages" / name / "cell.json").stat().st_mtime_ns == mtime, name
+
+
+def test_resident_cells_load_once(staged_run):
+    out = staged_run[0]
+    part = {r: json.loads((out / "stages" / f"hfcopy-fp32.r{r}" / "cell.json").read_text()) for r in (2, 3)}
+    assert part[2]["pid"] == part[3]["pid"]  # one process scored both rounds
+    assert part[2]["load_s"] > 0 and part[3]["load_s"] == 0
 
 
 def test_the_agreeing_task_stops_early_and_the_planted_one_goes_to_the_end(staged_run):

@@ -19,9 +19,12 @@ from evalparity.cli.options import (
     Direction,
     FailOnInconclusive,
     GateLogprobs,
+    JunitXml,
     LlTolerance,
     Margin,
     Multiple,
+    SummaryMd,
+    check_ci_outputs,
     stats_options,
 )
 from evalparity.cli.report import stats_and_report
@@ -41,6 +44,8 @@ def compare(
     cluster: Cluster = STATS.cluster,
     gate_logprobs: GateLogprobs = STATS.gate_logprobs,
     fail_on_inconclusive: FailOnInconclusive = FAIL_ON_INCONCLUSIVE,
+    junit_xml: JunitXml = None,
+    summary_md: SummaryMd = None,
 ) -> None:
     """Compare existing lm-eval outputs (any model type) without rerunning anything."""
     from evalparity.importer import import_lm_eval_dirs  # heavy: pandas (importer -> samples)
@@ -53,9 +58,11 @@ def compare(
     opts = stats_options(reference=reference or "", margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
                          multiple=multiple, direction=direction, cluster=cluster, gate_logprobs=gate_logprobs)
     run_dir = out or Path("results") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_ci_outputs(run_dir, junit_xml, summary_md)
     with rundir.acquire(run_dir):
         names = import_lm_eval_dirs(paths, name or [], run_dir)
         opts = opts.with_reference(reference or names[0])
         if opts.reference not in names:
             raise EvalParityError(f"--reference {opts.reference} is not one of the cells {', '.join(names)}")
-        raise typer.Exit(stats_and_report(run_dir, opts, fail_on_inconclusive))
+        raise typer.Exit(stats_and_report(run_dir, opts, fail_on_inconclusive, junit_xml=junit_xml,
+                                          summary_md=summary_md))

@@ -13,11 +13,15 @@ The helpers at the end (``at_least``, ``check_seed``, ``positive_finite``) are t
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from evalparity import config
 from evalparity.errors import EvalParityError
+from evalparity.rundir import layout
 from evalparity.stats.options import MARGIN as MARGIN  # re-exported: --margin's default, as typed
 from evalparity.stats.options import StatsOptions
 
@@ -40,6 +44,11 @@ Cluster = Annotated[bool, typer.Option(help="A cluster score test over the membe
 GateLogprobs = Annotated[bool, typer.Option(help="Let loglikelihood-shift verdicts gate the sign-off too.")]
 FailOnInconclusive = Annotated[bool, typer.Option(help="Exit non-zero when the sign-off is INCONCLUSIVE.")]
 FAIL_ON_INCONCLUSIVE = True
+JunitXml = Annotated[Path | None, typer.Option(metavar="PATH", help="Also write the sign-off as a JUnit XML file: one "
+                                               "testcase per gating comparison, one testsuite per task.")]
+SummaryMd = Annotated[Path | None, typer.Option(metavar="PATH", help="Also write a short markdown summary of the "
+                                                "sign-off (for a PR comment); appended to $GITHUB_STEP_SUMMARY "
+                                                "too, whenever that is set.")]
 
 # ------------------------------------------------------------------ others shared by verbs
 Device = Annotated[str, typer.Option(help="cpu, cuda or auto.")]
@@ -53,6 +62,43 @@ def stats_options(*, reference: str, margin: str, ll_tolerance: float, alpha: fl
     anything: ``StatsOptions`` holds the rules, so ``run``, ``report`` and ``compare`` cannot disagree."""
     return StatsOptions.from_cli(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
                                  multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs, direction=direction)
+
+
+# The names evalparity writes at the top of a run folder (config's layout): never a CI output's.
+RUN_RECORDS = frozenset({config.SPEC_FILE, config.COMPARE_FILE, config.RUN_FILE, config.PLAN_FILE, config.LOCK_NAME,
+                         "ray.log", "ray-head.log"})
+
+
+def check_ci_outputs(run_dir: Path, junit_xml: Path | None, summary_md: Path | None) -> None:
+    """``--junit-xml`` and ``--summary-md``, checked before a verb starts anything. They may point anywhere
+    the user chooses (their CI reads them there), but each must be a file in a folder that exists (the run
+    folder itself counts: the verb creates it), not the same file twice, and not inside the run folder's
+    ``cells/``, ``shards/`` or ``stages/``, whose contents a run verifies (a stray file there would make
+    its next command refuse the run). One line, exit 2."""
+    run = Path(os.path.realpath(run_dir))
+    units = [Path(os.path.realpath(d(run_dir))) for d in (layout.cells_dir, layout.shards_dir, layout.stages_dir)]
+    seen: dict[Path, str] = {}
+    for flag, path in (("--junit-xml", junit_xml), ("--summary-md", summary_md)):
+        if path is None:
+            continue
+        real = Path(os.path.realpath(path))  # realpath: a link loop is not an error here
+        if str(path) in ("", ".") or real.is_dir():
+            raise EvalParityError(f"{flag} {path} is a folder: give the path of a file, e.g. {flag} "
+                                  f"{Path(path) / ('junit.xml' if flag == '--junit-xml' else 'summary.md')}")
+        if not real.parent.is_dir() and real.parent != run:
+            raise EvalParityError(f"{flag} {path}: the folder {Path(path).parent} does not exist: create it "
+                                  "first, or give a path in an existing folder")
+        for d in units:
+            if real == d or d in real.parents:
+                raise EvalParityError(f"{flag} {path} is inside the run folder's {d.name}/, which a run verifies "
+                                      f"file by file: give a path outside it (e.g. {run_dir}/{real.name})")
+        if run in real.parents and (real.parent != run or real.name in RUN_RECORDS):
+            raise EvalParityError(f"{flag} {path} would overwrite what evalparity writes in the run folder: give "
+                                  f"a file name of your own at its top (e.g. {run_dir}/junit.xml) or a path "
+                                  "outside it")
+        if real in seen:
+            raise EvalParityError(f"{flag} {path} is the file {seen[real]} writes too: give each its own path")
+        seen[real] = flag
 
 
 # ------------------------------------------------------------------ ranges of numeric options

@@ -30,11 +30,14 @@ from evalparity.cli.options import (
     Direction,
     FailOnInconclusive,
     GateLogprobs,
+    JunitXml,
     LlTolerance,
     Margin,
     Multiple,
     Reference,
+    SummaryMd,
     at_least,
+    check_ci_outputs,
     check_seed,
     stats_options,
 )
@@ -96,6 +99,8 @@ def run(
     cluster: Cluster = STATS.cluster,
     gate_logprobs: GateLogprobs = STATS.gate_logprobs,
     fail_on_inconclusive: FailOnInconclusive = FAIL_ON_INCONCLUSIVE,
+    junit_xml: JunitXml = None,
+    summary_md: SummaryMd = None,
     drift: Annotated[int, typer.Option(help="Also localise the drift on this many prompts from the run's tasks (0: off).")] = 0,
     ray: Annotated[str | None, typer.Option(help="Run the cells as Ray tasks: a cluster ADDRESS, auto (RAY_ADDRESS or a running local cluster) or local (a new instance on this host). Default: Ray on this host when several GPUs are visible, else one cell at a time.")] = None,
     shards: Annotated[int, typer.Option(help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1,
@@ -117,6 +122,7 @@ def run(
                                              cells_per_gpu, task_limit, batch_size, max_length=max_length, seed=seed,
                                              drift=drift, shards=shards)
     run_dir = out or default_out(model)
+    check_ci_outputs(run_dir, junit_xml, summary_md)
     lock = rundir.acquire(run_dir)  # a directory this run created is removed again if it fails before writing
     head = None
     try:
@@ -150,7 +156,8 @@ def run(
         check_enough_cells(outcomes, opts, single_cell)
         if drift:
             localise_drift(run_dir, model_path, drift, cell_specs, opts, dev, max_len, timings)
-        code = stats_and_report(run_dir, opts, fail_on_inconclusive, timings)
+        code = stats_and_report(run_dir, opts, fail_on_inconclusive, timings, junit_xml=junit_xml,
+                                summary_md=summary_md)
         if head is not None:
             with timings.stage("ray_head_stop"):  # what is left of its stop, begun before the statistics
                 head.close()
