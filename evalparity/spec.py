@@ -237,10 +237,39 @@ def build_cells(backends: list[str], dtypes: list[str], batch_size: int | str,
     return tuple(cells)
 
 
-def check_limit(limit: int | None) -> int | None:
-    if limit is not None and limit < 1:
-        raise EvalParityError(f"--limit {limit} would evaluate no documents: give a positive number or omit it")
-    return limit
+def check_limit(limit: int | str | None) -> tuple[int | None, float | None]:
+    """``--limit`` as (documents per task, None) or, as lm-eval reads a number below 1, (None, the fraction of
+    each task's documents); a one-line error for anything else."""
+    if limit is None:
+        return None, None
+    text = str(limit).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise EvalParityError(f"--limit {text!r} is not a number: give documents per task (e.g. 100) or a "
+                              "fraction of each task below 1 (e.g. 0.1)") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise EvalParityError(f"--limit {text} would evaluate no documents: give a positive number or omit it")
+    if value < 1:
+        return None, value
+    if value != int(value):
+        raise EvalParityError(f"--limit {text} is neither a whole number of documents nor a fraction below 1: "
+                              f"give {int(value)} or {int(value) + 1}")
+    return int(value), None
+
+
+def fraction_limits(fraction: float, leaves: dict[str, int],
+                    task_limits: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...]:
+    """``--limit F`` (0 < F < 1) as per-task limits: ⌈F·N⌉ of each leaf task's N docs (at least one), as
+    lm-eval's fractional limit takes them; a ``--task-limit`` given for a task keeps its own."""
+    import math
+
+    given = dict(task_limits)
+    out = dict(task_limits)
+    for leaf, n in sorted(leaves.items()):
+        if leaf not in given and not any(leaf.startswith(k + "_") for k in given):
+            out[leaf] = max(1, math.ceil(fraction * n))
+    return tuple(sorted(out.items()))
 
 
 def model_label(model: str) -> str:

@@ -17,6 +17,7 @@ import sys
 import typer
 
 from evalparity.cli import compare, doctor, drift, models, plan, report, run
+from evalparity.cli.options import lmeval_hint
 from evalparity.cli.output import configure_logging, console, error_line, signed_off
 from evalparity.errors import EvalParityError
 
@@ -74,7 +75,8 @@ def main() -> None:
             ctx = getattr(err, "ctx", None)
             where = ctx.command_path if ctx is not None else "evalparity"
             if err.format_message():  # empty: a command group given no command, whose help is shown already
-                console.print(error_line(f"{err.format_message()} (see `{where} --help`)"), soft_wrap=True,
+                hint = lmeval_hint(err.format_message())
+                console.print(error_line(hint or f"{err.format_message()} (see `{where} --help`)"), soft_wrap=True,
                               highlight=False)
             _exit(err.exit_code)
         if _is_click(err, "Abort"):  # older typer (click) turns Ctrl-C inside a command into Abort

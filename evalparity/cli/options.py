@@ -64,6 +64,28 @@ def stats_options(*, reference: str, margin: str, ll_tolerance: float, alpha: fl
                                  multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs, direction=direction)
 
 
+# lm-eval's own command-line spellings, for users who come from `lm_eval`: what evalparity calls each.
+LMEVAL_SPELLINGS = {
+    "--model_args": "--hf-args k=v,... and --vllm-args k=v,... (extra model arguments per backend; --model for "
+                    "the model itself)",
+    "--output_path": "--out DIR (the run folder)", "--num_fewshot": "--num-fewshot", "--batch_size": "--batch-size",
+    "--log_samples": "nothing: every cell keeps its samples (cells/<cell>/lm_eval/)",
+    "--include_path": "--include-path", "--gen_kwargs": "--max-gen-toks N (generation is greedy on every cell)",
+    "--apply_chat_template": "--apply-chat-template", "--fewshot_as_multiturn": "--fewshot-as-multiturn",
+    "--system_instruction": "--system-instruction", "--use_cache": "nothing: lm-eval's request cache is never used "
+                                                                     "(its key ignores model and dtype)",
+}
+
+
+def lmeval_hint(message: str) -> str | None:
+    """For click's "No such option: --x_y", the evalparity spelling of an lm-eval option, or None."""
+    if not message.startswith("No such option: "):
+        return None
+    flag = message[len("No such option: "):].split()[0]
+    hint = LMEVAL_SPELLINGS.get(flag)
+    return f"{flag} is lm-eval's spelling: here it is {hint}" if hint else None
+
+
 # The names evalparity writes at the top of a run folder (config's layout): never a CI output's.
 RUN_RECORDS = frozenset({config.SPEC_FILE, config.COMPARE_FILE, config.RUN_FILE, config.PLAN_FILE, config.LOCK_NAME,
                          "ray.log", "ray-head.log"})

@@ -55,6 +55,7 @@ from evalparity.spec import (
     RunSpec,
     build_cells,
     check_limit,
+    fraction_limits,
     model_label,
     parse_batch_size,
     parse_task_limits,
@@ -70,7 +71,7 @@ def run(
     tasks: Annotated[str | None, typer.Option(help="lm-eval task/group names, comma-separated. Default: gpqa_diamond_zeroshot,gsm8k (embedded data).")] = None,
     backends: Annotated[str, typer.Option(help="Backends, comma-separated: vllm, hf.")] = "vllm,hf",
     dtypes: Annotated[str, typer.Option(help="fp32/float32, bf16/bfloat16, fp16/float16, comma-separated.")] = "fp32,bf16,fp16",
-    limit: Annotated[int | None, typer.Option(help="Documents per task. Default: all (6 for the embedded default run).")] = None,
+    limit: Annotated[str | None, typer.Option(help="Documents per task, or a fraction below 1 of each task's (as lm-eval's --limit 0.1). Default: all (6 for the embedded default run).")] = None,
     num_fewshot: Annotated[int | None, typer.Option(help="Few-shot examples (default: the task's own; 0 for the embedded default run).")] = None,
     device: Device = "auto",
     batch_size: Annotated[str | None, typer.Option(help="Batch size of every main cell: a number or auto (default: 8 on CPU, auto on GPU).")] = None,
@@ -118,7 +119,7 @@ def run(
     opts = stats_options(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
                          multiple=multiple, direction=direction, cluster=cluster, gate_logprobs=gate_logprobs)
     task_list, limit, num_fewshot, max_gen_toks = embedded_default(model, tasks, limit, num_fewshot, max_gen_toks)
-    limit, task_limits, bs = check_arguments(tasks, task_list, limit, num_fewshot, max_gen_toks, tensor_parallel,
+    limit, fraction, task_limits, bs = check_arguments(tasks, task_list, limit, num_fewshot, max_gen_toks, tensor_parallel,
                                              cells_per_gpu, task_limit, batch_size, max_length=max_length, seed=seed,
                                              drift=drift, shards=shards)
     run_dir = out or default_out(model)
@@ -137,6 +138,8 @@ def run(
         placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
         task_list, task_aliases, plan = preflight(task_list, tasks is None, include_path, datasets_dir, limit,
                                                   num_fewshot, task_limits)
+        if fraction is not None:  # lm-eval's fractional --limit: each task's share, recorded per task
+            task_limits = fraction_limits(fraction, plan.leaves, task_limits)
         staged = plan_staging(full, first_look, task_list, plan, limit, task_limits, cell_specs, opts, seed,
                               spending)
         spec = build_spec(
@@ -191,14 +194,15 @@ def check_arguments(tasks: str | None, task_list: list[str], limit: int | None, 
                     seed: int = 0, drift: int = 0, shards: int = 1):
     """Every check that needs nothing but the arguments (and the ``EVALPARITY_*`` switches), in one place and
     before anything is locked or started, so that a typo costs nothing: one line, exit 2. Returns what the
-    checks parsed: (limit, task limits, batch size or None for the device's default). What needs more (the
+    checks parsed: (limit, the fraction of each task when --limit is below 1, task limits, batch size or None
+    for the device's default). What needs more (the
     device, the run directory, the tasks' data) is checked by the step that has it."""
 
     if tasks is not None and not task_list:
         raise EvalParityError("--tasks is empty: give lm-eval task or group names, e.g. --tasks hellaswag")
     if max_gen_toks is not None and max_gen_toks < 1:
         raise EvalParityError(f"--max-gen-toks {max_gen_toks} must be at least 1")
-    limit = check_limit(limit)
+    limit, fraction = check_limit(limit)
     if num_fewshot is not None and num_fewshot < 0:
         raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
     if tensor_parallel < 1 or (cells_per_gpu is not None and cells_per_gpu < 1):
@@ -210,7 +214,7 @@ def check_arguments(tasks: str | None, task_list: list[str], limit: int | None, 
     config.check_environment()
     task_limits = parse_task_limits(task_limit or [])
     bs = parse_batch_size(batch_size) if batch_size is not None else None
-    return limit, task_limits, bs
+    return limit, fraction, task_limits, bs
 
 
 def default_out(model: str | None) -> Path:
