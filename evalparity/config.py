@@ -56,12 +56,38 @@ def profile_enabled() -> bool:
     return value in _ON
 
 
+PROGRESS_ENV = "EVALPARITY_PROGRESS_S"  # seconds between a cell's progress lines when the log is not a terminal
+PROGRESS_DEFAULT_S = 30.0
+
+
+def progress_interval() -> float:
+    """``EVALPARITY_PROGRESS_S`` (default 30): at most this many seconds pass without a line for a running
+    cell when the log is not a terminal (``progress``). A value that is not a non-negative number is a
+    one-line error naming the variable, rather than a silent default: a CI job that set it wants its log to
+    follow it."""
+    import math
+
+    raw = os.environ.get(PROGRESS_ENV, "").strip()
+    if not raw:
+        return PROGRESS_DEFAULT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        shown = raw.encode("unicode_escape").decode("ascii")
+        raise EvalParityError(f"${PROGRESS_ENV}={shown!r} is not a number of seconds: set it to one (such as 30, "
+                              "the default, or 0.5), or unset it")
+    return value
+
+
 def check_environment() -> None:
     """Every ``EVALPARITY_*`` switch a user sets, read once so that a bad value is one line before a command
     starts anything, not a failure in each cell later: the cache directory, the profile switch and the
     dataset mirror (``$EVALPARITY_PLUGINS`` is checked by ``backends.registry``, when it imports them)."""
     cache_dir()
     profile_enabled()
+    progress_interval()
     mirror = datasets_dir()
     if mirror and not Path(mirror).expanduser().is_dir():
         raise EvalParityError(f"${DATASETS_DIR_ENV}={mirror} is not a directory: point it at a dataset mirror "

@@ -8,7 +8,6 @@ tasks, limits or settings into the same directory is refused rather than mixed i
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -16,10 +15,9 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape  # task names and errors in the table: text, never markup
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evalparity import backends, cells, rundir, shards, stager
+from evalparity import backends, cells, progress, rundir, shards, stager
 from evalparity import placement as pl
 from evalparity.config import (
     ATTEMPTS,
@@ -199,10 +197,12 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                log: RunLog | None = None, ray_head=None, opts=None) -> list[CellOutcome]:
     """Run every cell (or shard) not yet done; return one outcome per cell of the spec. ``log`` gets the
     time spent starting the executor, running the cells and stopping it. ``ray_head``: see
-    ``early_ray_head``. ``console`` shows the progress bars; messages go to this module's logger."""
+    ``early_ray_head``. ``console`` shows the progress (``progress``: live bars on a terminal, timestamped
+    lines in a log); messages go to this module's logger."""
     console = console or Console(stderr=True)
     placement = placement or Placement()
     log = log or RunLog()
+    progress.interval()  # a bad EVALPARITY_PROGRESS_S is refused before any cell starts, not after the first
     prepare_run_dir(run_dir, spec, force)
     log.run_dir = run_dir
     if spec.staging:
@@ -222,16 +222,14 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
             log.facts.update(ray_head_ready_s=round(ray_head.ready_s, 3), ray_head_waited_s=round(ray_head.waited_s, 3))
         else:  # started on a guess that proved wrong (or every cell was done already)
             ray_head.close()
-    if executor is not None and executor.name == "ray":
+    _start_block(console, spec, run_dir, executor, outcomes)
+    if executor is None:
+        return [outcomes[c.name] for c in spec.cells]
+    if executor.name == "ray":
         res = executor.resources()
         logger.info(f"Ray: {res.get('GPU', 0):g} GPU(s), {res.get('CPU', 0):g} CPU(s) in the cluster; "
                     f"{len(jobs)} job(s) submitted")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
-        overall = bar.add_task("cells", total=len(spec.cells), completed=len(outcomes))
-        if executor is None:
-            return [outcomes[c.name] for c in spec.cells]
-        inner = {j.unit: bar.add_task(f"  {j.unit}: queued", total=None) for j in jobs}
+    with progress.display(console, [j.unit for j in jobs], "cells", len(spec.cells), len(outcomes)) as shown:
         unrecorded: dict[str, dict] = {}  # unit -> the failure a full disk kept out of its cell.json
         started: dict[str, float] = {}
         left = {c: sum(j.cell == c for j in jobs) for c in {j.cell for j in jobs}}  # jobs still out, per cell
@@ -243,15 +241,14 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                     job = end.job
                     wall = time.perf_counter() - started.get(job.unit, time.perf_counter())
                     status = _settle(run_dir, by_name[job.cell], end, wall, unrecorded)
-                    bar.update(inner[job.unit], description=f"  {job.unit}: {status} in {wall:.0f}s", total=1,
-                               completed=1)
                     left[job.cell] -= 1
                     if left[job.cell] == 0:
                         outcomes[job.cell] = _cell_outcome(run_dir, by_name[job.cell], wall, unrecorded)
-                        bar.update(overall, advance=1)
+                        shown.overall(advance=1)
+                    shown.finished(job.unit, status)
                 for job in executor.running():
-                    progress = layout.progress_file(units.tmp_dir(run_dir, job.unit, job.location[0]))
-                    if _show(bar, inner[job.unit], job.unit, progress):
+                    file = layout.progress_file(units.tmp_dir(run_dir, job.unit, job.location[0]))
+                    if shown.watch(job.unit, file):
                         started.setdefault(job.unit, time.perf_counter())
                 time.sleep(0.5)
         except KeyboardInterrupt:
@@ -280,9 +277,10 @@ def _run_staged(spec: RunSpec, run_dir: Path, model_path: str, offline: bool, co
     log.facts.update(executor=executor.name, jobs=len(spec.cells), staged=True)
     if ray_head is not None and getattr(executor, "head", None) is not ray_head:
         ray_head.close()
+    _start_block(console, spec, run_dir, executor, {})
     cells_t0 = time.perf_counter()
     try:
-        got = stager.run(spec, run_dir, opts, executor, make_job, console, _show, placement.cells_per_gpu)
+        got = stager.run(spec, run_dir, opts, executor, make_job, console, placement.cells_per_gpu)
     finally:
         log.mark("cells", cells_t0)
         if executor.name == "ray":
@@ -336,19 +334,16 @@ def _final_meta(run_dir: Path, unit: str, folder: str) -> dict:
     return meta
 
 
-def _show(bar: Progress, task_id, name: str, progress_file: Path) -> bool:
-    """Show a running job's progress; False while it has not started (queued, or loading its imports)."""
-    try:
-        st = json.loads(progress_file.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    if not isinstance(st, dict):
-        return False
-    desc = st.get("desc") or st.get("phase", "")
-    total = st.get("total") or None
-    bar.update(task_id, description=f"  {name}: {st.get('phase', '')} {desc}".rstrip()[:70],
-               total=total, completed=st.get("n", 0) if total else 0)
-    return True
+def _start_block(console: Console, spec: RunSpec, run_dir: Path, executor, done: dict) -> None:
+    """The lines a run starts with (``progress.run_block``), once its executor is known."""
+    if executor is None:
+        how = "none: every cell is done already (--force reruns them)"
+    elif executor.name == "local":
+        how = "local, one cell at a time"
+    else:
+        how = f"{executor.name}, cells side by side as its resources allow"
+    progress.run_block(console, model=spec.model, device=spec.device, cells=[c.name for c in spec.cells],
+                       done=done, out=run_dir, executor=how)
 
 
 def _record_crash(run_dir: Path, cell, end, wall: float) -> dict | None:
@@ -384,8 +379,8 @@ def summary_table(outcomes: list[CellOutcome]) -> Table:
     places = [p for o in outcomes for p in _places(o.meta)]
     show_where = any(p.get("gpu_ids") or p.get("executor") == "ray" for p in places)
     for col in ("cell", "status", "where", "load s", "eval s", "wall s", "peak RSS GiB", "aggregate"):
-        if col != "where" or show_where:
-            t.add_column(col)
+        if col != "where" or show_where:  # aggregate: wrapped, never cut to "acc_norm=0…" (80 columns, a CI log)
+            t.add_column(col, overflow="fold" if col == "aggregate" else "ellipsis")
     for o in outcomes:
         m = o.meta
         agg = []

@@ -26,10 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from evalparity import cells, samples
+from evalparity import cells, progress, samples
 from evalparity.config import CELLS, STAGES
 from evalparity.errors import EvalParityError
 from evalparity.rundir import layout, records, rounds, units
@@ -196,11 +194,10 @@ def can_hold_all(executor, spec: RunSpec, cells_per_gpu: int, n: int) -> bool:
     return int(res.get("GPU", 0) * cells_per_gpu // spec.tensor_parallel) >= n
 
 
-def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console, show,
-        cells_per_gpu: int = 1) -> dict:
+def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console, cells_per_gpu: int = 1) -> dict:
     """Every round the decisions ask for, then the merge: outcomes (``matrix.CellOutcome`` fields as dicts) by
     cell. ``make_job(cell, mode)`` builds a cell's job; ``opts`` are the statistics options that decide;
-    ``show(bar, task, name, progress_file)`` draws a running cell's bar (``matrix``'s)."""
+    ``console`` shows the rounds and the cells' progress (``progress``: live bars, or lines in a log)."""
     from evalparity.stats.compare import look  # heavy: scipy (the decisions between rounds)
 
     plan = StagingPlan.from_json(spec.staging)
@@ -222,22 +219,18 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     t0 = {c.name: time.perf_counter() for c in spec.cells}
     failed: dict[str, dict] = {}
     r = 0
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as bar:
-        overall = bar.add_task("round 1", total=None)
-        inner = {c.name: bar.add_task(f"  {c.name}: queued", total=None) for c in spec.cells}
+    with progress.display(console, [c.name for c in spec.cells], "round 1") as shown:
         try:
             while True:
                 request = rounds.read_round(run_dir, r, identity)
-                bar.update(overall, description=f"round {r + 1}: {request.n_docs():,} docs per cell "
-                                                f"({', '.join(request.tasks)})")
-                failed = _score_round(run_dir, spec, r, executor, make_job, mode, live, bar, inner, by_name, t0,
-                                      show)
+                shown.overall(description=f"round {r + 1}: {request.n_docs():,} docs per cell "
+                                          f"({', '.join(request.tasks)})")
+                failed = _score_round(run_dir, spec, r, executor, make_job, mode, live, shown, by_name, t0)
                 if failed:
                     break
                 tables, metas = read_parts(run_dir, spec, r)
                 trace = look(tables, metas, opts, plan)
-                console.print(escape(round_line(r, request, trace, plan)), highlight=False, soft_wrap=True)
+                shown.line(round_line(r, request, trace, plan))
                 want = next_request(plan, identity, r + 1, trace)
                 have = rounds.read_round(run_dir, r + 1, identity)
                 if have is not None and (want is None or have.tasks != want.tasks or have.docs != want.docs):
@@ -270,7 +263,7 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     return out
 
 
-def _score_round(run_dir, spec, r, executor, make_job, mode, live, bar, inner, by_name, t0, show) -> dict:
+def _score_round(run_dir, spec, r, executor, make_job, mode, live, shown: progress.Display, by_name, t0) -> dict:
     """Every cell's part of round r: start the cells that lack it and are not running, wait for all parts.
     A cell that fails stops the round (and the run): its failure is recorded, the others are stopped, and
     the outcomes of all cells are returned; {} when every part is in."""
@@ -280,8 +273,13 @@ def _score_round(run_dir, spec, r, executor, make_job, mode, live, bar, inner, b
         live[job.cell] = job
     if jobs:
         executor.submit(jobs)
+    reported: set[str] = set()
     while True:
         missing = [n for n in lacking if not has_part(run_dir, spec, n, r)]
+        for name in lacking:  # each cell's round as soon as its part is in (one at a time: long before the last)
+            if name not in missing and name not in reported:
+                shown.finished(name, f"round {r + 1} done", count=r + 1)
+                reported.add(name)
         for end in executor.poll():
             name = end.job.cell
             live.pop(name, None)
@@ -292,6 +290,7 @@ def _score_round(run_dir, spec, r, executor, make_job, mode, live, bar, inner, b
                 live.clear()
                 wall = time.perf_counter() - t0[name]
                 meta = record_failure(run_dir, by_name[name], f"round {r + 1}: {why}", wall, end.placement)
+                shown.finished(name, f"failed in round {r + 1}")
                 out = {name: {"status": "failed", "wall_s": wall, "meta": meta}}
                 for other in spec.cells:
                     if other.name != name:
@@ -300,10 +299,9 @@ def _score_round(run_dir, spec, r, executor, make_job, mode, live, bar, inner, b
                                                           "same command to resume at that round"}}
                 return out
         for name in live:
-            show(bar, inner[name], name, layout.progress_file(units.tmp_dir(run_dir, name, STAGES)))
+            if name in missing:  # not once its part is in: what it does next belongs to the next round
+                shown.watch(name, layout.progress_file(units.tmp_dir(run_dir, name, STAGES)))
         if not missing:
-            for name in lacking:
-                bar.update(inner[name], description=f"  {name}: round {r + 1} done", total=r + 1, completed=r + 1)
             if mode == "round":  # each process ends after its round: collect them before the next round
                 _drain(executor, live)
             return {}

@@ -47,7 +47,7 @@ STAGES: list[tuple[str, ...]] = [
     ("evalparity.samples",),
     ("evalparity.stats", "evalparity.staging"),  # a staged run's looks (staging) and their statistics
     ("evalparity.phases", "evalparity.lmeval_patches", "evalparity.cells", "evalparity.shards",
-     "evalparity.placement", "evalparity.stager", "evalparity.matrix", "evalparity.importer"),
+     "evalparity.placement", "evalparity.progress", "evalparity.stager", "evalparity.matrix", "evalparity.importer"),
     ("evalparity.plan", "evalparity.report",),
     ("evalparity.drift",),
     ("evalparity.doctor", "evalparity.cli"),

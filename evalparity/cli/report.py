@@ -28,7 +28,7 @@ from evalparity.cli.options import (
     check_ci_outputs,
     stats_options,
 )
-from evalparity.cli.output import console, sign_off
+from evalparity.cli.output import console, safe, sign_off
 from evalparity.errors import EvalParityError
 from evalparity.printable import visible
 from evalparity.rundir import layout
@@ -94,9 +94,25 @@ def stats_and_report(run_dir: Path, opts, fail_on_inconclusive: bool, timings: R
                               f"({err.strerror or err}): free space or make it writable, then rerun "
                               f"`evalparity report {run_dir}` (the previous report, if any, is unchanged)") from None
     code = result.exit_code(fail_on_inconclusive)
+    show_verdicts(run_dir)
     sign_off(result.sign_off, result.reason, paths["html"], code)  # its line always reaches stdout
     ci_outputs(run_dir, paths["html"], fail_on_inconclusive, junit_xml, summary_md)
     return code
+
+
+def show_verdicts(run_dir: Path) -> None:
+    """The verdict table on the console (``cli.verdict_table``), from ``verdicts.json`` as written; a table
+    that cannot be drawn is a warning, never a changed sign-off."""
+    from evalparity.cli.verdict_table import print_verdicts
+    from evalparity.files import read_json
+
+    verdicts = read_json(layout.verdicts_file(run_dir))
+    if not isinstance(verdicts, dict):
+        return
+    try:
+        print_verdicts(console, verdicts)
+    except Exception as err:  # noqa: BLE001 - the sign-off below is what counts
+        console.print(f"[yellow]warning: the verdict table could not be drawn ({safe(type(err).__name__)})[/yellow]")
 
 
 def ci_outputs(run_dir: Path, report: Path, fail_on_inconclusive: bool, junit_xml: Path | None,

@@ -1,0 +1,157 @@
+"""The verdicts on the terminal: one row per gating comparison, the unsettled and the failed first, and a
+headline that names the next step.
+
+Why: the sign-off line says PASS, FAIL or INCONCLUSIVE; what to do about it (which comparisons, how many
+docs would settle them) was only in report.html. This prints it where the command ran, readable at 80
+columns and in a CI log: the numbers never truncated (the name columns wrap instead, and the per-row reason
+is left to the report; the headline says the next step once).
+
+It reads only these fields of ``verdicts.json``: ``sign_off.{status, reason}``, ``comparisons[*].{task,
+level, filter, metric, cell, reference, verdict, gating, effect, ci_low, ci_high, n, n_needed, unit}`` and
+``staging`` (optional), so that it prints the same from a fresh run and from a verdicts.json kept elsewhere.
+Task and cell names are user text: shown as ``Text`` (never read as markup), control characters written out.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from evalparity.printable import visible
+
+EQUIVALENT, DIFFERENT, SHIFT, INCONCLUSIVE = "EQUIVALENT", "DIFFERENT", "SHIFT", "INCONCLUSIVE"
+SETTLED = (EQUIVALENT, DIFFERENT)
+ORDER = {DIFFERENT: 0, SHIFT: 1, INCONCLUSIVE: 2, EQUIVALENT: 4}  # anything else (NO MARGIN) before EQUIVALENT
+STYLE = {DIFFERENT: "red", SHIFT: "yellow", INCONCLUSIVE: "yellow", EQUIVALENT: "green"}
+PERCENT_UNITS = ("pp", "fraction")  # stored as a fraction of 1, shown in percentage points
+NAMED = 5  # the DIFFERENT comparisons a FAIL headline names before "and k more"
+
+
+def print_verdicts(console: Console, verdicts: dict) -> None:
+    """Print the gating comparisons of ``verdicts`` (a parsed ``verdicts.json``), where each staged task
+    stopped, and the headline with the next step."""
+    rows = gating_rows(verdicts)
+    if rows:
+        console.print(table(rows))
+    else:
+        console.print(Text("no gating comparisons"), highlight=False)
+    for line in staging_lines(verdicts.get("staging")):
+        console.print(Text(line), highlight=False, soft_wrap=False)
+    status, text = headline(verdicts, rows)
+    style = {"PASS": "green", "FAIL": "red"}.get(status, "yellow")
+    console.print(Text.assemble((f"{visible(status)}:", f"bold {style}"), " ", visible(text)), highlight=False)
+
+
+def gating_rows(verdicts: dict) -> list[dict]:
+    """The gating comparisons, the non-EQUIVALENT ones first (DIFFERENT, SHIFT, INCONCLUSIVE), each group
+    in the file's order."""
+    rows = [c for c in verdicts.get("comparisons") or [] if isinstance(c, dict) and c.get("gating")]
+    return sorted(rows, key=lambda c: ORDER.get(c.get("verdict"), 3))
+
+
+def table(rows: list[dict]) -> Table:
+    """The rows as a table whose number columns never wrap nor shrink (the name columns wrap instead)."""
+    refs = {c.get("reference") for c in rows}
+    percent = all(c.get("unit") in PERCENT_UNITS for c in rows)
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+              title=Text(f"gating comparisons against {visible(next(iter(refs)))}") if len(refs) == 1 else None)
+    t.add_column("task / metric", overflow="fold", ratio=3)
+    t.add_column("cell", overflow="fold", ratio=2)
+    t.add_column("verdict", no_wrap=True)
+    t.add_column("Δ pp [CI]" if percent else "Δ [CI]", no_wrap=True, justify="right")
+    t.add_column("n", no_wrap=True, justify="right")
+    t.add_column("to\nsettle", no_wrap=True, justify="right")  # two lines: 3 columns more for the names
+    for c in rows:
+        v = str(c.get("verdict") or "")
+        cell = visible(c.get("cell", "")) + ("" if len(refs) == 1 else f" vs {visible(c.get('reference', ''))}")
+        t.add_row(Text(what(c)), Text(cell), Text(visible(v), style=STYLE.get(v, "")),
+                  Text(delta(c, with_unit=not percent)), Text(_count(c.get("n"))),
+                  Text("" if v in SETTLED else _count(c.get("n_needed"))))
+    return t
+
+
+def what(c: dict) -> str:
+    """``task metric``, with the filter when it is not lm-eval's ``none`` and ``(group)`` for a group."""
+    task = visible(c.get("task", "")) + (" (group)" if c.get("level") == "group" else "")
+    metric = visible(c.get("metric", ""))
+    filt = c.get("filter")
+    if filt and filt != "none":
+        metric += f"/{visible(filt)}"
+    return f"{task} {metric}"
+
+
+def delta(c: dict, with_unit: bool = False) -> str:
+    """``+0.13 [-0.32, 0.60]``: the effect and its CI, in pp for a proportion (stored as a fraction)."""
+    unit = c.get("unit") or ""
+    scale, unit_shown = (100.0, "pp") if unit in PERCENT_UNITS else (1.0, unit)
+    fmt = "{:+.2f}" if scale == 100.0 else "{:+.4g}"
+
+    def num(x, sign: bool = True) -> str:
+        if not isinstance(x, (int, float)) or not math.isfinite(x):
+            return "?"
+        return (fmt if sign else fmt.replace("+", "")).format(x * scale)
+
+    text = f"{num(c.get('effect'))} [{num(c.get('ci_low'), False)}, {num(c.get('ci_high'), False)}]"
+    return f"{text} {visible(unit_shown)}".rstrip() if with_unit else text
+
+
+def staging_lines(staging) -> list[str]:
+    """One line per staged task: where it stopped and why; one line when the staged rule was off."""
+    if not staging:
+        return []
+    if isinstance(staging, dict) and staging.get("off"):
+        return [f"staging: off ({visible(staging['off'])})"]
+    tasks = staging.get("tasks") if isinstance(staging, dict) else staging
+    out = []
+    for t in tasks or []:
+        if not isinstance(t, dict):
+            continue
+        out.append(f"staging: {visible(t.get('task', '?'))} stopped at look {_count(t.get('stopped_at_look'))} of "
+                   f"{_count(t.get('of_looks'))} ({_count(t.get('docs'))} of {_count(t.get('docs_available'))} "
+                   f"docs): {visible(t.get('why') or 'no reason recorded')}")
+    return out
+
+
+def headline(verdicts: dict, rows: list[dict]) -> tuple[str, str]:
+    """(status, what it means and what to do next), from the sign-off and the gating rows."""
+    sign = verdicts.get("sign_off") or {}
+    status = str(sign.get("status") or "")
+    reason = str(sign.get("reason") or "")
+    n = len(rows)
+    if status == "PASS":
+        return status, f"all {n} EQUIVALENT"
+    if status == "FAIL":
+        bad = [r for r in rows if r.get("verdict") == DIFFERENT]
+        names = "; ".join(f"{what(r)} {visible(r.get('cell', ''))}" for r in bad[:NAMED])
+        more = f" and {len(bad) - NAMED} more" if len(bad) > NAMED else ""
+        return status, (f"{len(bad)} of {n} comparisons DIFFERENT ({names}{more}): the drift is beyond the margin "
+                        "there; `evalparity drift --run-dir RUN` localises it")
+    if status == "INCONCLUSIVE":
+        return status, _unsettled(verdicts, rows)
+    return status or "?", visible(reason)
+
+
+def _unsettled(verdicts: dict, rows: list[dict]) -> str:
+    """INCONCLUSIVE's next step: the docs per task that would settle every unsettled comparison (the largest
+    ``n_needed``)."""
+    open_ = [r for r in rows if r.get("verdict") not in SETTLED]
+    kinds = sorted({str(r.get("verdict")) for r in open_})
+    head = f"{len(open_)} of {len(rows)} comparisons unsettled" + (f" ({', '.join(kinds)})" if len(kinds) > 1 else "")
+    if not open_:
+        return head
+    needed = [r["n_needed"] for r in open_ if isinstance(r.get("n_needed"), (int, float))
+              and math.isfinite(r["n_needed"])]
+    if not needed:
+        return f"{head}; no number of docs is known to settle them: see the report"
+    return f"{head}; about {int(math.ceil(max(needed))):,} docs per task would settle them: raise --limit or drop it"
+
+
+def _count(x) -> str:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return "-"
+    return f"{int(math.ceil(x)):,}"
+
