@@ -86,7 +86,11 @@ def placement_meta(spec: RunSpec) -> dict:
 
 # ---------------------------------------------------------------- progress
 class ProgressFile:
-    """Writes {"phase", "desc", "n", "total"} to progress.json, at most every half second."""
+    """Writes {"phase", "desc", "n", "total"} to progress.json, at most every half second; the parent shows
+    it (``evalparity.progress``: live bars, or timestamped lines in a log).
+
+    A new phase clears the bar of the last one (``writing`` is not ``Running loglikelihood requests
+    4000/4000``), and a bar's last step is always written, so that its 100 % is never lost to the throttle."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -94,9 +98,12 @@ class ProgressFile:
         self._last = 0.0
 
     def update(self, force: bool = False, **kw) -> None:
+        if kw.get("phase", self.state["phase"]) != self.state["phase"]:
+            self.state.update(desc="", n=0, total=0)
         self.state.update(kw)
         now = time.monotonic()
-        if force or now - self._last > 0.5:
+        done = "n" in kw and bool(self.state["total"]) and self.state["n"] >= self.state["total"]
+        if force or done or now - self._last > 0.5:
             self._last = now
             try:
                 write_json(self.path, self.state)
@@ -294,7 +301,7 @@ def cell_meta(spec: RunSpec, cell: CellSpec, model_path: str, backend, args: dic
         "seeds": {"random": spec.alignment.seed, "numpy": spec.alignment.seed, "torch": spec.alignment.seed,
                   "fewshot": spec.alignment.seed},
         "num_fewshot": spec.num_fewshot, "limit": spec.limit, "task_limits": dict(spec.task_limits),
-        "tf32": cell.tf32,
+        "tf32": cell.tf32, "chat": chat_arguments(spec) or "off (lm-eval's plain prompts)",
     }
     return meta
 
@@ -339,6 +346,7 @@ def evaluate(lm, tm, spec: RunSpec, cell: CellSpec, backend, args: dict, meta: d
         bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed,
         gen_kwargs={"max_gen_toks": spec.alignment.max_gen_toks} if spec.alignment.max_gen_toks else None,
+        **chat_arguments(spec),
     )
     clock.stop()
     meta["eval_s"] = clock.elapsed
@@ -375,6 +383,20 @@ def evaluate(lm, tm, spec: RunSpec, cell: CellSpec, backend, args: dict, meta: d
         else shards.aggregate(table)
     meta["n_rows"] = int(len(table))
     meta |= peak_memory()
+
+
+def chat_arguments(spec: RunSpec) -> dict:
+    """lm-eval's chat-templating arguments from the spec, the same on every cell; lm-eval's own default for
+    what the run did not set (so a run without them evaluates exactly as before)."""
+    a = spec.alignment
+    out: dict = {}
+    if a.apply_chat_template:
+        out["apply_chat_template"] = True
+    if a.system_instruction is not None:
+        out["system_instruction"] = a.system_instruction
+    if a.fewshot_as_multiturn is not None:
+        out["fewshot_as_multiturn"] = a.fewshot_as_multiturn
+    return out
 
 
 def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,

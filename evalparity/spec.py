@@ -53,6 +53,12 @@ class Alignment:
     seed: int = 1234
     true_fp32: bool = True             # no TF32 in fp32 cells (torch matmul, cuDNN, Triton)
     max_gen_toks: int | None = None   # None: each task's own; else a cap passed to lm-eval's gen_kwargs
+    # Chat templating, lm-eval's own (a known source of HF-vs-vLLM disagreement when it differs): the
+    # tokenizer's chat template on every request, a system instruction, few-shot examples as turns (None:
+    # lm-eval's default); the same on every cell.
+    apply_chat_template: bool = False
+    system_instruction: str | None = None
+    fewshot_as_multiturn: bool | None = None
 
 
 @dataclass(frozen=True)

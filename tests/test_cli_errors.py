@@ -101,7 +101,7 @@ def test_report_on_a_non_run_directory(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["run", "--limit", "abc"], "Invalid value for '--limit'"),
+    (["run", "--max-length", "abc"], "Invalid value for '--max-length'"),
     (["run", "--no-such-option"], "No such option: --no-such-option"),
     (["no-such-command"], "No such command 'no-such-command'"),
     (["report"], "Missing argument"),

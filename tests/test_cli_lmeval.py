@@ -31,3 +31,35 @@ def test_a_fraction_is_each_tasks_share_and_a_task_limit_keeps_its_own():
     leaves = {"mmlu_a": 100, "mmlu_b": 7, "gsm8k": 1319}
     got = dict(fraction_limits(0.1, leaves, (("gsm8k", 50),)))
     assert got == {"mmlu_a": 10, "mmlu_b": 1, "gsm8k": 50}
+
+
+def test_chat_template_options_are_checked_before_any_model_loads(tiny_model, tiny_tasks, tmp_path):
+    base = ["run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
+            "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "2", "--out", str(tmp_path / "r")]
+    proc = evalparity(*base, "--apply-chat-template")
+    assert proc.returncode == 2 and "has no chat template" in one_line_error(proc)
+    proc = evalparity(*base, "--fewshot-as-multiturn")
+    assert proc.returncode == 2 and "needs --apply-chat-template" in one_line_error(proc)
+
+
+def test_chat_template_reaches_every_cell_and_is_recorded(tiny_model, tiny_tasks, tmp_path):
+    import json
+    import shutil
+
+    model = tmp_path / "chat-model"
+    shutil.copytree(tiny_model, model)
+    cfg = json.loads((model / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
+    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "run"
+    proc = evalparity("run", "--model", str(model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
+                      "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "2", "--apply-chat-template",
+                      "--system-instruction", "Be brief.", "--out", str(out))
+    assert proc.returncode in (0, 4), proc.stderr[-2000:]
+    spec = json.loads((out / "spec.json").read_text())
+    assert spec["alignment"]["apply_chat_template"] and spec["alignment"]["system_instruction"] == "Be brief."
+    for cell in ("hf-fp32", "hf-bf16"):
+        rec = json.loads((out / "cells" / cell / "cell.json").read_text())
+        assert rec["settings"]["chat"] == {"apply_chat_template": True, "system_instruction": "Be brief."}
+        samples = next((out / "cells" / cell / "lm_eval").rglob("samples_tiny_mc_*.jsonl")).read_text()
+        assert "<<system>>Be brief.<<user>>" in samples  # the template wrapped the request lm-eval scored

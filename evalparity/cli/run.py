@@ -110,6 +110,9 @@ def run(
     cells_per_gpu: Annotated[int | None, typer.Option(help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None,
     full: Annotated[bool, typer.Option("--full", help="Score every document of every task. Default: staged, each task in looks of growing size (--first-look, doubling) in a fixed random order, stopping as soon as all its gating comparisons are settled.")] = False,
     first_look: Annotated[int, typer.Option(help="Documents per task at the first look of a staged run; each later look doubles, while at most half the task, and the last is all of it.")] = config.FIRST_LOOK,
+    apply_chat_template: Annotated[bool, typer.Option(help="Wrap every request in the model's chat template (lm-eval's --apply_chat_template), on every cell alike; refused for a tokenizer without one.")] = False,
+    system_instruction: Annotated[str | None, typer.Option(help="A system instruction before every request (lm-eval's --system_instruction), on every cell alike.")] = None,
+    fewshot_as_multiturn: Annotated[bool | None, typer.Option("--fewshot-as-multiturn/--no-fewshot-as-multiturn", help="With a chat template: few-shot examples as conversation turns (default: lm-eval's).")] = None,
     spending: Annotated[str, typer.Option(help="How a staged run spends α over its looks: obf (O'Brien-Fleming-like: early stops need overwhelming evidence, the last look keeps nearly all of α) or pocock (Pocock-like: earlier stops when the drift is small, more docs when it is near the margin).")] = "obf",
 ) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
@@ -134,6 +137,7 @@ def run(
         cell_specs = plan_cells(run_dir, dev, backends, dtypes, bs, repeat, tf32, shards, tensor_parallel, single_cell)
         offline = go_offline_without_hub()
         model_id, model_path, max_len, fingerprint = identify_model(model, max_length)
+        check_chat_template(apply_chat_template, fewshot_as_multiturn, model_path)
         memory_plan = plan_memory(dev, ray, model_path, cell_specs, max_len, tensor_parallel, cells_per_gpu)
         placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
         task_list, task_aliases, plan = preflight(task_list, tasks is None, include_path, datasets_dir, limit,
@@ -148,7 +152,8 @@ def run(
             add_bos_token=add_bos_token, max_len=max_len, prefix_caching=prefix_caching, seed=seed,
             true_fp32=true_fp32, max_gen_toks=max_gen_toks, hf_args=hf_args, vllm_args=vllm_args,
             task_limits=task_limits, plan=plan, tensor_parallel=tensor_parallel, fingerprint=fingerprint,
-            task_aliases=task_aliases, memory_plan=memory_plan, staging=staged)
+            task_aliases=task_aliases, memory_plan=memory_plan, staging=staged,
+            chat=(apply_chat_template, system_instruction, fewshot_as_multiturn))
         report_documents(spec, plan, limit)
         opts = choose_reference(opts, reference, cell_specs)
         check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
@@ -287,6 +292,26 @@ def identify_model(model: str | None, max_length: int):
     return model_id, model_path, max_len, rundir.model_fingerprint(model_path, model_id)
 
 
+def check_chat_template(apply: bool, multiturn: bool | None, model_path) -> None:
+    """--apply-chat-template needs a tokenizer with a chat template (else every cell would fail in lm-eval),
+    and --fewshot-as-multiturn means nothing without it: one line each, before any model loads."""
+    if multiturn and not apply:
+        raise EvalParityError("--fewshot-as-multiturn turns few-shot examples into chat turns: it needs "
+                              "--apply-chat-template too")
+    if not apply:
+        return
+    from transformers import AutoTokenizer  # heavy: transformers; only with --apply-chat-template
+
+    try:
+        template = getattr(AutoTokenizer.from_pretrained(str(model_path)), "chat_template", None)
+    except Exception as err:  # noqa: BLE001 - its tokenizer cannot even be read: the cells would say the same
+        raise EvalParityError(f"--apply-chat-template: the tokenizer of {model_path} cannot be read "
+                              f"({type(err).__name__}): check the model folder") from None
+    if not template:
+        raise EvalParityError(f"--apply-chat-template: the tokenizer of {model_path} has no chat template: drop "
+                              "the option, or use the model's instruct version")
+
+
 def plan_memory(dev: str, ray: str | None, model_path, cell_specs, max_len: int, tensor_parallel: int,
                 cells_per_gpu: int | None):
     """The GPU memory plan of the run (``memplan``), printed; None on CPU, and for a Ray cluster named by
@@ -330,7 +355,8 @@ def preflight(task_list: list[str], embedded_tasks: bool, include_path: list[str
 
 def build_spec(*, model_id, task_list, cell_specs, limit, num_fewshot, dev, include_path, datasets_dir,
                align_softmax, add_bos_token, max_len, prefix_caching, seed, true_fp32, max_gen_toks, hf_args,
-               vllm_args, task_limits, plan, tensor_parallel, fingerprint, task_aliases, memory_plan, staging=None):
+               vllm_args, task_limits, plan, tensor_parallel, fingerprint, task_aliases, memory_plan, staging=None,
+               chat=(False, None, None)):
     """The run's spec: everything its cells' results depend on, in one record (``spec.json``), which a
     rerun into the same directory must match."""
     from evalparity.cells import versions  # heavy: pandas (cells -> samples); loaded by the preflight already
@@ -342,7 +368,8 @@ def build_spec(*, model_id, task_list, cell_specs, limit, num_fewshot, dev, incl
         datasets_dir=str(Path(datasets_dir).resolve()) if datasets_dir else None,
         alignment=Alignment(softmax_fp32=align_softmax, add_bos_token=add_bos_token, max_length=max_len,
                             prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32,
-                            max_gen_toks=max_gen_toks),
+                            max_gen_toks=max_gen_toks, apply_chat_template=chat[0], system_instruction=chat[1],
+                            fewshot_as_multiturn=chat[2]),
         hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
         leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
         model_fingerprint=fingerprint,

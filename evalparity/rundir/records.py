@@ -54,7 +54,8 @@ SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "task_configs": (str, _NONE), "software": (list,), "staging": (dict, _NONE)}
 ALIGNMENT_FIELDS: dict[str, tuple[type, ...]] = {
     "softmax_fp32": (bool,), "add_bos_token": (bool, _NONE), "max_length": (int,), "prefix_caching": (bool,),
-    "seed": (int,), "true_fp32": (bool,), "max_gen_toks": (int, _NONE)}
+    "seed": (int,), "true_fp32": (bool,), "max_gen_toks": (int, _NONE), "apply_chat_template": (bool,),
+    "system_instruction": (str, _NONE), "fewshot_as_multiturn": (bool, _NONE)}
 CELL_SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "backend": (str,), "dtype": (str,), "batch_size": (int, str), "tag": (str,), "tf32": (bool,),
     "shards": (int,)}
