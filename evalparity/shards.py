@@ -42,13 +42,27 @@ def pending_shards(run_dir: Path, cell: CellSpec, force: bool, identity: str | N
     return [k for k in range(cell.shards) if force or not done(k)]
 
 
-def merge_tables(tables: list[pd.DataFrame]) -> pd.DataFrame:
-    """One table from the shards' tables, in the order an unsharded cell's table has (sorted by the key)."""
+def merge_tables(tables: list[pd.DataFrame], parts: str = "shards") -> pd.DataFrame:
+    """One table from the ``parts``' tables (shards, or a staged cell's rounds), in the order an unsharded
+    cell's table has (sorted by the key)."""
     df = pd.concat(tables, ignore_index=True)
     df = df.sort_values(samples.KEY, kind="stable").reset_index(drop=True)
     if df.duplicated(samples.KEY).any():
-        raise ValueError("two shards hold the same document: the shards overlap")
+        raise ValueError(f"two {parts} hold the same document: the {parts} overlap")
     return df
+
+
+def stage_merged(run_dir: Path, cell: str, dirs: list[Path], parts: str = "shards"):
+    """The merged table of the unit folders ``dirs`` written into ``cell``'s temp folder and sealed, ready for
+    its record and publish: (folder, table, seal, the parts' records). Shards and staged rounds merge alike."""
+    metas = [units.read_cell_json(d) or {} for d in dirs]
+    table = merge_tables([samples.read_table(layout.table(d)) for d in dirs], parts)
+    out = units.tmp_dir(run_dir, cell)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    samples.write_table(table, layout.table(out))
+    return out, table, records.seal_table(out, len(table)), metas
 
 
 def aggregate(table: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -67,14 +81,7 @@ def aggregate(table: pd.DataFrame) -> dict[str, dict[str, float]]:
 def merge(run_dir: Path, cell: CellSpec) -> dict:
     """Write and publish ``cells/<cell>`` from its finished shards; return its cell.json."""
     dirs = shard_dirs(run_dir, cell)
-    metas = [units.read_cell_json(d) or {} for d in dirs]
-    table = merge_tables([samples.read_table(layout.table(d)) for d in dirs])
-    out = units.tmp_dir(run_dir, cell.name)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    samples.write_table(table, layout.table(out))
-    seal = records.seal_table(out, len(table))
+    out, table, seal, metas = stage_merged(run_dir, cell.name, dirs)
     layout.log_file(out).write_text("".join(f"shard {k}: {layout.log_file(d).relative_to(run_dir)}\n"
                                           for k, d in enumerate(dirs)))
     first = metas[0]

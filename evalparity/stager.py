@@ -32,7 +32,7 @@ from evalparity.config import CELLS, STAGES
 from evalparity.errors import EvalParityError
 from evalparity.rundir import layout, records, rounds, units
 from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
-from evalparity.shards import aggregate
+from evalparity.shards import aggregate, stage_merged
 from evalparity.spec import RunSpec
 from evalparity.staging import StagingPlan, order
 
@@ -115,17 +115,7 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
     """Write and publish ``cells/<cell>`` from its parts of rounds 0..n_rounds−1: one table sorted like an
     unstaged cell's, a record whose timings are the parts' (load once, evaluation summed)."""
     dirs = [rounds.part_dir(run_dir, cell.name, r) for r in range(n_rounds)]
-    metas = [units.read_cell_json(d) or {} for d in dirs]
-    table = pd.concat([samples.read_table(layout.table(d)) for d in dirs], ignore_index=True)
-    table = table.sort_values(samples.KEY, kind="stable").reset_index(drop=True)
-    if table.duplicated(samples.KEY).any():
-        raise ValueError("two rounds hold the same document: the parts overlap")
-    out = units.tmp_dir(run_dir, cell.name)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    samples.write_table(table, layout.table(out))
-    seal = records.seal_table(out, len(table))
+    out, table, seal, metas = stage_merged(run_dir, cell.name, dirs, "rounds")
     home_log = layout.log_file(units.tmp_dir(run_dir, cell.name, STAGES))
     if home_log.exists():
         shutil.copyfile(home_log, layout.log_file(out))
