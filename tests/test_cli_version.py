@@ -23,3 +23,10 @@ def test_help_names_every_exit_code():
     for code in ("0 PASS", "3 FAIL", "4 INCONCLUSIVE", "5 INCOMPLETE", "2 bad input", "130 interrupted",
                  "1 an internal error"):
         assert code in " ".join(out.split()), code
+
+
+def test_run_help_groups_its_options_in_panels():
+    out = cli("run", "--help").stdout
+    for panel in ("Model and tasks", "Cells", "Alignment", "Staging", "Statistics", "Placement",
+                  "Run folder and outputs"):
+        assert f"─ {panel}" in out, panel

@@ -28,31 +28,31 @@ from evalparity.stats.options import StatsOptions
 STATS = StatsOptions()  # the statistics defaults (stats/options.py)
 
 # ------------------------------------------------------------------ statistics: run, report, compare
-Reference = Annotated[str, typer.Option(help="Reference cell every other cell is compared to.")]
-Margin = Annotated[str, typer.Option(help="Equivalence margin for proportion metrics: 1pp, 1% or 0.01 (one point); "
+Reference = Annotated[str, typer.Option(rich_help_panel="Statistics", help="Reference cell every other cell is compared to.")]
+Margin = Annotated[str, typer.Option(rich_help_panel="Statistics", help="Equivalence margin for proportion metrics: 1pp, 1% or 0.01 (one point); "
                                           "per metric: acc=1pp,perplexity=0.05 (non-proportion metrics gate only "
                                           "with a margin of their own).")]
-LlTolerance = Annotated[float, typer.Option(help="Tolerance for the mean |Δ loglikelihood| per request (nats).")]
-Alpha = Annotated[float, typer.Option(help="Level of every test: EQUIVALENT needs the (1-2α) CI inside the margin.")]
-Multiple = Annotated[str, typer.Option(help="Control of DIFFERENT (beyond-margin) claims over the gating comparisons: "
+LlTolerance = Annotated[float, typer.Option(rich_help_panel="Statistics", help="Tolerance for the mean |Δ loglikelihood| per request (nats).")]
+Alpha = Annotated[float, typer.Option(rich_help_panel="Statistics", help="Level of every test: EQUIVALENT needs the (1-2α) CI inside the margin.")]
+Multiple = Annotated[str, typer.Option(rich_help_panel="Statistics", help="Control of DIFFERENT (beyond-margin) claims over the gating comparisons: "
                                             "holm (family-wise error rate), bh (false discovery rate: the expected "
                                             "share of false DIFFERENT claims), none (each comparison at α).")]
-Direction = Annotated[str, typer.Option(help="both: a change beyond the margin either way fails; worse: only a drop "
+Direction = Annotated[str, typer.Option(rich_help_panel="Statistics", help="both: a change beyond the margin either way fails; worse: only a drop "
                                              "beyond it (non-inferiority).")]
-Cluster = Annotated[bool, typer.Option(help="A cluster score test over the member tasks of a group (docs of one "
+Cluster = Annotated[bool, typer.Option(rich_help_panel="Statistics", help="A cluster score test over the member tasks of a group (docs of one "
                                             "subject are not independent).")]
-GateLogprobs = Annotated[bool, typer.Option(help="Let loglikelihood-shift verdicts gate the sign-off too.")]
-FailOnInconclusive = Annotated[bool, typer.Option(help="Exit non-zero when the sign-off is INCONCLUSIVE.")]
+GateLogprobs = Annotated[bool, typer.Option(rich_help_panel="Statistics", help="Let loglikelihood-shift verdicts gate the sign-off too.")]
+FailOnInconclusive = Annotated[bool, typer.Option(rich_help_panel="Run folder and outputs", help="Exit non-zero when the sign-off is INCONCLUSIVE.")]
 FAIL_ON_INCONCLUSIVE = True
-JunitXml = Annotated[Path | None, typer.Option(metavar="PATH", help="Also write the sign-off as a JUnit XML file: one "
+JunitXml = Annotated[Path | None, typer.Option(rich_help_panel="Run folder and outputs", metavar="PATH", help="Also write the sign-off as a JUnit XML file: one "
                                                "testcase per gating comparison, one testsuite per task.")]
-SummaryMd = Annotated[Path | None, typer.Option(metavar="PATH", help="Also write a short markdown summary of the "
+SummaryMd = Annotated[Path | None, typer.Option(rich_help_panel="Run folder and outputs", metavar="PATH", help="Also write a short markdown summary of the "
                                                 "sign-off (for a PR comment); appended to $GITHUB_STEP_SUMMARY "
                                                 "too, whenever that is set.")]
 
 # ------------------------------------------------------------------ others shared by verbs
-Device = Annotated[str, typer.Option(help="cpu, cuda or auto.")]
-DatasetsDir = Annotated[str | None, typer.Option(envvar="EVALPARITY_DATASETS_DIR",
+Device = Annotated[str, typer.Option(rich_help_panel="Cells", help="cpu, cuda or auto.")]
+DatasetsDir = Annotated[str | None, typer.Option(rich_help_panel="Model and tasks", envvar="EVALPARITY_DATASETS_DIR",
                                                  help="Dataset mirror: DIR/<hub id>/<config>/<split>.jsonl.")]
 
 
