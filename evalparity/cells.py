@@ -30,7 +30,7 @@ import time
 import traceback
 from pathlib import Path
 
-from evalparity import __version__, backends, lmeval_patches, samples, shards, tasks
+from evalparity import __version__, backends, hostenv, lmeval_patches, samples, shards, tasks
 from evalparity.backends import precision
 from evalparity.config import (
     PLACEMENT_ENV,
@@ -318,6 +318,7 @@ def load_model(spec: RunSpec, cell: CellSpec, backend, args: dict, meta: dict, p
     lm = backend.create_lm(args)
     meta["load_s"] = time.perf_counter() - t0
     meta["precision"] = precision.probe() | {"attention_backend": backend.attention_backend(lm)}
+    meta["environment"] = hostenv.collect()  # after the load: torch and CUDA are up
     meta["settings"]["bos_added"] = _bos_added(lm)
     meta["settings"] |= backend.loaded_settings(lm)
     meta["settings"]["template_cache"] = lmeval_patches.cache_templates()

@@ -36,6 +36,7 @@ PACKAGE = ROOT / "evalparity"
 STAGES: list[tuple[str, ...]] = [
     ("evalparity", "evalparity.errors", "evalparity.config", "evalparity.files", "evalparity.quiet",  # leaves
      "evalparity.printable",  # user text shown, not obeyed: control characters written out
+     "evalparity.hostenv",  # what a cell ran on (stdlib only; torch only if the cell imported it)
      "evalparity.procs",  # child processes that die with their parent (stdlib only)
      "evalparity.shapes",  # what the memory plan and the backends share: model shapes, dtype sizes
      "evalparity.backends.registry",  # backend names only: spec checks them; the modules load when picked
@@ -54,6 +55,7 @@ STAGES: list[tuple[str, ...]] = [
 ]
 # Leaf modules: what the whole package shares, importing nothing of it but these.
 LEAVES = {"evalparity.errors": set(), "evalparity.config": set(), "evalparity.quiet": set(),
+          "evalparity.hostenv": set(),
           "evalparity.printable": set(), "evalparity.procs": set(),
           "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set()}
 # What `import evalparity.cli` must not load (seconds of start-up each; the verbs load them when they run).

@@ -89,6 +89,7 @@ class Setup:
     cells: Table
     differences: list[SettingDifference]
     settings: Table | None  # None: no cell recorded its settings (imported lm-eval outputs)
+    environment: Table | None = None  # what each cell ran on (hostenv); None: no cell recorded it
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,12 @@ def setup(spec: dict, metas: dict[str, dict]) -> Setup:
         keys = sorted({k for s in settings.values() for k in s if k != "seeds"})
         table = Table(["setting", *settings], [[k, *[str(s.get(k, "–"))[:60] for s in settings.values()]]
                                                for k in keys])
-    return Setup(_run_table(spec), cells, differences, table)
+    envs = {n: m.get("environment") for n, m in metas.items() if isinstance(m.get("environment"), dict)}
+    environment = None
+    if envs:
+        keys = sorted({k for e in envs.values() for k in e})
+        environment = Table(["environment", *envs], [[k, *[str(e.get(k, "–")) for e in envs.values()]] for k in keys])
+    return Setup(_run_table(spec), cells, differences, table, environment)
 
 
 def paired(comp: pd.DataFrame) -> Table:
