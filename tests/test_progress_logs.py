@@ -14,11 +14,11 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import evalparity
 from rich.console import Console
 
 from evalparity import progress
 from evalparity.errors import EvalParityError
-from tests.conftest import evalparity
 
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 

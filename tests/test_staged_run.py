@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from tests.conftest import evalparity
-from tests.tiny import MC_YAML, WORDS
-from tests.verdict_schema import check_verdicts
+from conftest import evalparity
+from tiny import MC_YAML, WORDS
+from verdict_schema import check_verdicts
 
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_backend  # noqa: E402
