@@ -165,8 +165,12 @@ def test_ray_auth_token_is_sent_to_this_hosts_cluster(monkeypatch, tmp_path, add
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
     if has_token:
         (tmp_path / "token").write_text("t" * 32)
+    # setenv first, so that monkeypatch restores the variable's absence after the test even when
+    # use_token_auth sets it (a delenv of an absent variable records nothing, and RAY_AUTH_MODE=token then
+    # leaked into every later test's `--ray local`, which has no token)
+    monkeypatch.setenv("RAY_AUTH_MODE", "unset")
     if mode is None:
-        monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+        monkeypatch.delenv("RAY_AUTH_MODE")
     else:
         monkeypatch.setenv("RAY_AUTH_MODE", mode)
     assert placement.use_token_auth(address) is sent

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import sys
 from pathlib import Path
 
@@ -64,7 +65,9 @@ def staged_run(tiny_model, tmp_path_factory):
                                                                    "publish-cell:hfcopy-fp32.r2"})
     before = {p.name: (p / "cell.json").stat().st_mtime_ns for p in (out / "stages").iterdir()
               if p.is_dir() and not p.name.startswith(".")}
-    resumed = evalparity(*args(tiny_model, tasks, out), "--ray", "local", env=ENV)
+    token = root / "ray_auth_token"  # a token of its own, as tests/test_ray.py: Ray may have token auth on
+    token.write_text(secrets.token_hex(32))
+    resumed = evalparity(*args(tiny_model, tasks, out), "--ray", "local", env=ENV | {"RAY_AUTH_TOKEN_PATH": str(token)})
     return out, killed, before, resumed
 
 
