@@ -16,6 +16,7 @@ the parent shows as the within-cell bar.
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import gc
 import importlib.metadata as md
@@ -427,9 +428,8 @@ def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, pr
     never scored again, so a killed run resumes at its last finished round. Returns the rounds scored."""
     backend = backends.get(cell.backend)
     args = backend.model_args(spec, cell, model_path)
-    lm = tm = None
+    lm = tm = loaded = None
     scored, r = 0, 0
-    load_s = 0.0
     while True:
         unit = rounds.part_name(cell.name, r)
         if units.is_done(run_dir, unit, STAGES, identity=spec.identity()):
@@ -440,10 +440,11 @@ def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, pr
         if request is None:  # the run has decided: no round r
             return scored
         if lm is None:
-            meta0 = cell_meta(spec, cell, model_path, backend, args)
-            lm, tm = load_model(spec, cell, backend, args, meta0, progress)
-            load_s = meta0["load_s"]
-        meta = cell_meta(spec, cell, model_path, backend, args) | {"round": r, "load_s": load_s if not scored else 0.0}
+            loaded = cell_meta(spec, cell, model_path, backend, args)
+            lm, tm = load_model(spec, cell, backend, args, loaded, progress)
+        # every round's record carries what the load found (precision, attention backend, environment, BOS)
+        meta = copy.deepcopy(loaded) | {"round": r, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                        "load_s": loaded["load_s"] if not scored else 0.0}
         out = units.tmp_dir(run_dir, unit, STAGES)
         if out.exists():
             shutil.rmtree(out)

@@ -91,6 +91,10 @@ def test_resident_cells_load_once(staged_run):
     part = {r: json.loads((out / "stages" / f"hfcopy-fp32.r{r}" / "cell.json").read_text()) for r in (2, 3)}
     assert part[2]["pid"] == part[3]["pid"]  # one process scored both rounds
     assert part[2]["load_s"] > 0 and part[3]["load_s"] == 0
+    for cell in ("hf-fp32", "hfcopy-fp32"):  # what the load found reaches every round and the merged cell
+        rec = json.loads((out / "cells" / cell / "cell.json").read_text())
+        assert rec["precision"] and rec["environment"]["python"] and "bos_added" in rec["settings"]
+    assert part[3]["precision"] == part[2]["precision"]
 
 
 def test_the_agreeing_task_stops_early_and_the_planted_one_goes_to_the_end(staged_run):
