@@ -129,7 +129,7 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
              "eval_s": sum(m.get("eval_s") or 0.0 for m in metas),
              "write_s": sum(m.get("write_s") or 0.0 for m in metas),
              "wall_s": wall or sum(m.get("wall_s") or 0.0 for m in metas),
-             "rounds": [{"round": r, "docs": int(m.get("n_rows", 0)), "load_s": m.get("load_s"),
+             "rounds": [{"round": r, "rows": int(m.get("n_rows", 0)), "load_s": m.get("load_s"),
                          "eval_s": m.get("eval_s"), "pid": m.get("pid"), "placement": m.get("placement")}
                         for r, m in enumerate(metas)],
              "aggregate": aggregate(table), "peak_rss_gib": max(m.get("peak_rss_gib") or 0 for m in metas),

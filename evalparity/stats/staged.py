@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
-from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
+from evalparity.errors import EvalParityError
 from evalparity.staging import StagingPlan, order
 from evalparity.stats import verdict
 from evalparity.stats.sequential import StagedDesign, StagedResult, decide, settle
@@ -80,9 +81,13 @@ class Trace:
                 "tasks": [self.units[k].to_json() for k in sorted(self.units)]}
 
 
-def _positions(plan: StagingPlan, leaf: str, n: int) -> np.ndarray:
+@lru_cache(maxsize=256)
+def _positions(seed: int, leaf: str, n: int) -> np.ndarray:
+    """Each doc's place in its leaf's staged order (the inverse of ``staging.order``), computed once per leaf:
+    ``reached_look`` and ``replay`` both read it, at every round of a run."""
     pos = np.empty(n, dtype=np.int64)
-    pos[order(plan.seed, leaf, n)] = np.arange(n)
+    pos[order(seed, leaf, n)] = np.arange(n)
+    pos.setflags(write=False)
     return pos
 
 
@@ -102,7 +107,7 @@ def reached_look(plan: StagingPlan, unit: str, docs: pd.MultiIndex, where: str) 
         if ids.min() < 0 or ids.max() >= leaves[leaf]:
             raise EvalParityError(f"{where}: task {leaf} has doc {int(ids.max())} beyond the {leaves[leaf]} it "
                                   "was staged with: rerun into a new --out")
-        pos = _positions(plan, leaf, leaves[leaf])[ids]
+        pos = _positions(plan.seed, leaf, leaves[leaf])[ids]
         counts[leaf], top[leaf] = len(np.unique(ids)), int(pos.max()) + 1
     for k, row in enumerate(u.counts):
         want = dict(zip((leaf for leaf, _ in u.leaves), row))
@@ -151,7 +156,7 @@ def replay(rows: Sequence[GatingRow], plan: StagingPlan, *, alpha: float, direct
     positions = {}
     for u in plan.units:
         for leaf, n in u.leaves:
-            positions[leaf] = _positions(plan, leaf, n)
+            positions[leaf] = _positions(plan.seed, leaf, n)
     located = {r.index: _look_of_docs(r.signed, positions, plan.unit(r.unit)) for r in rows if r.signed is not None}
     for k in range(plan.rounds):
         for u in plan.units:
@@ -236,12 +241,3 @@ def incomplete_reason(trace: Trace) -> str | None:
         return None
     names = ", ".join(f"{u.unit} (look {u.reached + 1} of {len(u.looks)}, not settled)" for u in left)
     return f"the staged run stopped before its tasks settled: {names}; rerun the same command to resume"
-
-
-def check_exit(trace: Trace) -> None:
-    """Refuse (exit 5) a trace with unfinished tasks, for callers that cannot report them."""
-    why = incomplete_reason(trace)
-    if why:
-        raise EvalParityError(why, EXIT_CELL_FAILED)
-
-
