@@ -202,7 +202,7 @@ def test_flips_detect_systematic_drift():
 
 
 @pytest.mark.parametrize("method,sm", [("holm", "holm"), ("bh", "fdr_bh"), ("none", None)])
-def test_rejection_thresholds_agree_with_statsmodels(method, sm):
+def test_rejection_thresholds_agree_with_statsmodels(method, sm, frozen_heap):
     rng = np.random.default_rng(4)
     for _ in range(50):
         p = rng.uniform(0, 0.05, int(rng.integers(1, 30))) ** rng.uniform(0.5, 2)
