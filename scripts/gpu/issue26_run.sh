@@ -7,6 +7,9 @@
 #            tells the compile caches' share of a cold start from the imports'
 #   full     --full (every document), for the same verdicts' comparison
 #   pocock   --spending pocock: α spent nearly evenly over the looks (earlier stops when drift is small)
+#   profile  the staged command with every cell under cProfile (EVALPARITY_PROFILE=1) and the run's own
+#            process too (setup.pstats): where a cold start goes, function by function (cProfile slows
+#            Python-heavy code: not a timing run)
 #   big      the 14B-shaped random-weight model, --full --limit $LIMIT (default 200): each cell's load and
 #            rate on one H200, to price a sign-off at the stopping n
 set -uo pipefail
@@ -19,7 +22,11 @@ BUDGET=${BUDGET:-560}
 mkdir -p "$EVALPARITY_CACHE/wheels"
 cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
 EXTRA=()
+PY=(python3)
 case $MODE in
+  profile)
+    export EVALPARITY_PROFILE=1
+    PY=(python3 -m cProfile -o /tmp/setup-$LABEL.pstats) ;;
   fresh)
     F=/tmp/fresh-$LABEL; rm -rf "$F"; mkdir -p "$F"
     export TRITON_CACHE_DIR=$F/triton VLLM_CACHE_ROOT=$F/vllm TORCHINDUCTOR_CACHE_DIR=$F/inductor \
@@ -32,7 +39,7 @@ case $MODE in
 esac
 rm -rf "$RUN"
 T0=$(date +%s.%N)
-timeout "$BUDGET" python3 -m evalparity.cli run --device cuda --tasks hellaswag --num-fewshot 0 \
+timeout "$BUDGET" "${PY[@]}" -m evalparity.cli run --device cuda --tasks hellaswag --num-fewshot 0 \
   --datasets-dir .gpudata --out "$RUN" --no-fail-on-inconclusive "${EXTRA[@]}" 2>&1 | tail -40
 echo "run $LABEL: exit ${PIPESTATUS[0]} after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
@@ -43,7 +50,9 @@ if [[ -n ${OUT:-} && -d $RUN ]]; then
     n=$(basename "$(dirname "$f")"); grep -E "took|Loading|loading|init engine|compil|Triton|--- |warmup|KV cache" "$f" \
       | head -80 > "$RUN/logs/$n.txt"
   done
+  cp /tmp/setup-$LABEL.pstats "$RUN/" 2>/dev/null || true
   (cd "$RUN" && tar czf "$OUT/$LABEL.tgz" spec.json run.json stats/verdicts.json cells/*/cell.json \
-     stages/round-*.json stages/*/cell.json logs report/report.md warmup.log 2>/dev/null)
+     stages/round-*.json stages/*/cell.json logs report/report.md warmup.log setup-*.pstats \
+     stages/*/profile.txt stages/*/profile.pstats stages/.tmp-*/profile.txt stages/.tmp-*/profile.pstats 2>/dev/null)
   ls -la "$OUT"
 fi
