@@ -1,9 +1,9 @@
 """Batched pre-tokenisation (backends/pretokenize.py): the same token ids as lm-eval's own per-request path,
 for both backends, on awkward strings and on real HellaSwag requests; and a memo that disagrees is dropped.
 
-Each backend's LM runs in a child process (vLLM needs its environment before import). The child feeds the
-same requests through ``loglikelihood`` with the scoring stubbed out (so only tokenisation is compared) and
-through lm-eval's ``_encode_pair`` one request at a time.
+Each backend's LM runs in a child process (vLLM needs its environment before import), one per backend for
+the three modes. The child feeds the same requests through ``loglikelihood`` with the scoring stubbed out (so
+only tokenisation is compared) and through lm-eval's ``_encode_pair`` one request at a time.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     from evalparity.backends import hf, vllm
 
-    backend, model, data, mode = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    backend, model, data, modes = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
     if backend == "hf":
         lm = hf.create_lm({"pretrained": model, "device": "cpu", "dtype": "float32", "batch_size": 8})
     else:
@@ -41,28 +41,34 @@ SCRIPT = textwrap.dedent("""
         def __init__(self, args):
             self.args = tuple(args)
 
-    if mode == "corrupt":  # a batch encoder that disagrees with tok_encode: the memo must not be used
-        lm.batch_encode = lambda strings: [[1] for _ in strings]
-    if mode == "raise":  # a batch encoder that fails: lm-eval's own path, not a failed cell
-        def fail(strings):
-            raise ValueError("this tokenizer takes no batches")
-        lm.batch_encode = fail
+    def fail(strings):
+        raise ValueError("this tokenizer takes no batches")
+
     seen = {}
     def score(reqs, **kw):
         seen["reqs"] = reqs
         return [(0.0, True)] * len(reqs)
     lm._loglikelihood_tokens = score
-    lm.loglikelihood([Req(p) for p in pairs], disable_tqdm=True)
-    ours = [[c, x] for _, c, x in seen["reqs"]]
-    theirs = []
-    for c, x in pairs:
-        if c:
-            theirs.append(list(map(list, lm._encode_pair(c, x))))
-        else:
-            theirs.append(None)  # lm-eval's empty-context rule: not pre-tokenised, compared below
-    print(json.dumps({"ours": ours, "theirs": theirs, "memo_used": lm.memo_used,
-                      "tokenize_s": lm.tokenize_s}))
+    out = {}
+    for mode in modes:  # one LM (one engine load), each mode's loglikelihood call from a clean state
+        lm.__dict__.pop("batch_encode", None)  # the backend's own batch encoder
+        lm.memo_used, seen["reqs"] = None, None
+        if mode == "corrupt":  # a batch encoder that disagrees with tok_encode: the memo must not be used
+            lm.batch_encode = lambda strings: [[1] for _ in strings]
+        if mode == "raise":  # a batch encoder that fails: lm-eval's own path, not a failed cell
+            lm.batch_encode = fail
+        lm.loglikelihood([Req(p) for p in pairs], disable_tqdm=True)
+        ours = [[c, x] for _, c, x in seen["reqs"]]
+        theirs = []
+        for c, x in pairs:
+            if c:
+                theirs.append(list(map(list, lm._encode_pair(c, x))))
+            else:
+                theirs.append(None)  # lm-eval's empty-context rule: not pre-tokenised, compared below
+        out[mode] = {"ours": ours, "theirs": theirs, "memo_used": lm.memo_used, "memo_left": lm._memo}
+    print(json.dumps(out))
 """)
+MODES = ("batched", "corrupt", "raise")
 
 
 def _pairs(n_docs: int) -> list[list[str]]:
@@ -82,21 +88,37 @@ def _pairs(n_docs: int) -> list[list[str]]:
     return pairs
 
 
-@pytest.mark.parametrize("backend", ["hf", "vllm"])
-@pytest.mark.parametrize("mode", ["batched", "corrupt", "raise"])
-def test_batched_tokenisation_matches_lm_eval(backend, mode, tiny_model, tmp_path):
+@pytest.fixture(scope="module")
+def tokenised(tiny_model, tmp_path_factory):
+    """``tokenised(backend)``: the pairs, and the requests as each mode tokenised them, from one child process
+    per backend: one LM load (a vLLM engine is 15-20 s on 2 CPU cores) instead of one per mode. The modes
+    run on that LM in turn, the clean LM first, each from the backend's own batch encoder with no memo left
+    over from the one before (``memo_left``)."""
     pairs = _pairs(60)
-    data = tmp_path / "pairs.json"
+    data = tmp_path_factory.mktemp("pretok") / "pairs.json"
     data.write_text(json.dumps(pairs))
-    module = hf if backend == "hf" else vllm
-    spec = RunSpec(model="m", tasks=("t",), cells=build_cells([backend], ["fp32"], 8, []), device="cpu",
-                   leaf_docs=(("t", 1),))
-    env = dict(os.environ) | cell_environment(spec, module.environment(spec, spec.cells[0]), offline=True)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, backend, str(tiny_model), str(data), mode],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["memo_used"] is (mode == "batched")
+    done: dict[str, dict] = {}
+
+    def get(backend: str) -> tuple[list, dict]:
+        if backend not in done:
+            module = hf if backend == "hf" else vllm
+            spec = RunSpec(model="m", tasks=("t",), cells=build_cells([backend], ["fp32"], 8, []), device="cpu",
+                           leaf_docs=(("t", 1),))
+            env = dict(os.environ) | cell_environment(spec, module.environment(spec, spec.cells[0]), offline=True)
+            proc = subprocess.run([sys.executable, "-c", SCRIPT, backend, str(tiny_model), str(data),
+                                   ",".join(MODES)], capture_output=True, text=True, env=env, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            done[backend] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return pairs, done[backend]
+    return get
+
+
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+@pytest.mark.parametrize("mode", MODES)
+def test_batched_tokenisation_matches_lm_eval(backend, mode, tokenised):
+    pairs, by_mode = tokenised(backend)
+    got = by_mode[mode]
+    assert got["memo_used"] is (mode == "batched") and got["memo_left"] is None
     n = len(got["theirs"])
     assert len(got["ours"]) == n == len(pairs) + 7
     for i, (ours, theirs) in enumerate(zip(got["ours"], got["theirs"])):
