@@ -4,6 +4,7 @@ and harmless when the cache is corrupt."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 from lm_eval.tasks import TaskManager
@@ -21,18 +22,31 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / "task-index"
 
 
-def test_cached_index_equals_lm_evals_own(cache, tiny_tasks):
-    first = tasks.task_manager([str(tiny_tasks)])  # builds and writes the cache
-    files = list(cache.glob(f"{task_index.FILE_PREFIX}*.pkl"))
+@pytest.fixture(scope="module")
+def built(tiny_tasks, tmp_path_factory):
+    """A task manager built through an empty cache, which writes the cache: (that cache folder, the manager).
+    Built once (lm-eval parses its ~14,000 YAMLs: 8-10 s on 2 cores) for the two tests that need a written
+    cache."""
+    root = tmp_path_factory.mktemp("built") / "cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EVALPARITY_CACHE", str(root))
+        first = tasks.task_manager([str(tiny_tasks)])
+    return root, first
+
+
+def test_cached_index_equals_lm_evals_own(built, tiny_tasks, monkeypatch):
+    root, first = built  # built and written the cache
+    files = list((root / "task-index").glob(f"{task_index.FILE_PREFIX}*.pkl"))
     assert len(files) == 1
+    monkeypatch.setenv("EVALPARITY_CACHE", str(root))
     second = tasks.task_manager([str(tiny_tasks)])  # reads it
     plain = TaskManager(include_path=tasks.include_paths([str(tiny_tasks)]))
     assert _entries(first) == _entries(second) == _entries(plain)
     assert "tiny_mc" in second.all_tasks and "hellaswag" in second.all_tasks  # include path and lm-eval's own
 
 
-def test_a_corrupt_cache_is_rebuilt(cache, tiny_tasks):
-    tasks.task_manager([str(tiny_tasks)])
+def test_a_corrupt_cache_is_rebuilt(built, cache, tiny_tasks):
+    shutil.copytree(built[0] / "task-index", cache)  # a cache as a build wrote it
     (path,) = cache.glob(f"{task_index.FILE_PREFIX}*.pkl")
     path.write_bytes(b"not a pickle")
     tm = tasks.task_manager([str(tiny_tasks)])
