@@ -1,10 +1,11 @@
 """The report stage: reads ``stats/`` and ``cells/*/cell.json``, writes ``report/report.md``,
 ``report/report.html`` (self-contained: CSS inline, figures embedded as data URIs) and ``report/figures/``.
 
-Sections, in the order a reviewer reads them: sign-off and why; the verdict matrix (tasks x cells, group
-members folded under their group); the run's setup; the paired statistics per comparison; figures;
-loglikelihood drift, flips and generations; the noise floor; where the drift comes from; the most
-consequential flipped samples.
+Sections, in the order a reviewer reads them: sign-off, why and the next step; the verdict matrix (tasks x
+cells, each cell its verdict, Δ with its interval and n; group members folded under their group) with its
+legend, and how verdicts are decided; the run's setup; the paired statistics per comparison, each with its
+reason; figures; loglikelihood drift, flips and generations; the noise floor; where the drift comes from; the
+most consequential flipped samples.
 
 How it is built, one room per concern:
 
@@ -21,12 +22,12 @@ from pathlib import Path
 
 from evalparity.files import write_atomic
 from evalparity.report.build import build_context, load_drift
-from evalparity.report.formatting import COLORS
+from evalparity.report.formatting import TONES
 from evalparity.report.markdown import md_escape, md_fence
 from evalparity.report.render import render_html, render_markdown
 from evalparity.rundir import layout
 
-__all__ = ["COLORS", "load_drift", "md_escape", "md_fence", "write_report"]
+__all__ = ["TONES", "load_drift", "md_escape", "md_fence", "write_report"]
 
 
 def write_report(run_dir: Path) -> dict[str, Path]:

@@ -41,31 +41,39 @@ def figure(path: Path | None, alt: str) -> Figure | None:
     return Figure(alt, f"figures/{path.name}", base64.b64encode(path.read_bytes()).decode())
 
 
-def _kept(path: Path | None, figdir: Path, name: str) -> Path | None:
+def _kept(fig, figdir: Path, name: str) -> Path | None:
     # A figure whose inputs are not here (a run directory copied without its per-sample tables) keeps
     # the PNG an earlier report stage drew, so the report can be rewritten from stats/ alone.
+    path = figures.save(fig, figdir / name)
     return path if path is not None else (figdir / name if (figdir / name).exists() else None)
 
 
-def _figures(run_dir: Path, figdir: Path, comp: pd.DataFrame, flipped: pd.DataFrame) -> list[Figure]:
+def _figures(run_dir: Path, figdir: Path, comp: pd.DataFrame, flipped: pd.DataFrame,
+             colors: dict[str, str]) -> list[Figure]:
+    shown, total = figures.score_rows(comp)
+    which = (f"all {total} gating comparisons of proportions" if len(shown) == total else
+             f"{len(shown)} of {total} gating comparisons of proportions, the ones not EQUIVALENT first")
     drawn = [
-        figure(figures.score_differences(comp, figdir), "Score differences with paired confidence intervals"),
-        figure(_kept(figures.delta_distributions(read_stats(run_dir, "delta_histogram"), figdir), figdir,
+        figure(figures.save(figures.draw_score_differences(comp), figdir / "score_differences.png"),
+               f"Score differences with the CIs their verdicts were decided on ({which})"),
+        figure(_kept(figures.draw_delta_distributions(read_stats(run_dir, "delta_histogram"), colors), figdir,
                      "delta_loglikelihood.png"), "Distribution of |Δ loglikelihood| per cell"),
-        figure(_kept(figures.flips_vs_margin(flipped, figdir), figdir, "flips_vs_margin.png"),
+        figure(_kept(figures.draw_flips_vs_margin(flipped, colors), figdir, "flips_vs_margin.png"),
                "Flipped decisions against the reference margin"),
-        figure(_kept(figures.first_divergence(read_stats(run_dir, "first_divergence"), figdir), figdir,
+        figure(_kept(figures.draw_first_divergence(read_stats(run_dir, "first_divergence"), colors), figdir,
                      "first_divergence.png"), "First divergence of greedy generations"),
     ]
     return [f for f in drawn if f is not None]
 
 
-def _drift(run_dir: Path, figdir: Path) -> Drift | None:
+def _drift(run_dir: Path, figdir: Path, colors: dict[str, str]) -> Drift | None:
     summaries = load_drift(run_dir)
     if not summaries:
         return None
-    drawn = [figure(figures.drift_by_layer(summaries, figdir), "Relative error and cosine distance by layer"),
-             figure(figures.drift_by_position(summaries, figdir), "Final-layer drift by token position")]
+    drawn = [figure(figures.save(figures.draw_drift_by_layer(summaries, colors), figdir / "drift_by_layer.png"),
+                    "Relative error and cosine distance by layer"),
+             figure(figures.save(figures.draw_drift_by_position(summaries, colors), figdir / "drift_by_position.png"),
+                    "Final-layer drift by token position")]
     return sections.drift(summaries, [f for f in drawn if f is not None])
 
 
@@ -75,18 +83,21 @@ def build_context(run_dir: Path, figdir: Path) -> ReportContext:
     comp = read_stats(run_dir, "comparisons")
     flipped = read_stats(run_dir, "flipped_samples")
     spec = read_json(layout.spec_file(run_dir)) or {}
+    metas = cell_records(run_dir, verdicts.get("cells") or [])
+    # every cell the figures may draw: the run's, and any that only the drift stage probed
+    colors = figures.cell_colors([*(verdicts.get("cells") or []), *load_drift(run_dir)])
     return ReportContext(
         model=str(verdicts.get("model") or "a comparison of lm-eval outputs"),
-        sign_off=sections.sign_off(verdicts),
+        sign_off=sections.sign_off(verdicts, comp),
         method=sections.method(verdicts["options"]),
         verdicts=sections.verdict_matrix(comp),
-        setup=sections.setup(spec, cell_records(run_dir, verdicts.get("cells") or [])),
+        setup=sections.setup(spec, metas),
         paired=sections.paired(comp),
-        figures=_figures(run_dir, figdir, comp, flipped),
+        figures=_figures(run_dir, figdir, comp, flipped, colors),
         deltas=sections.deltas(read_stats(run_dir, "deltas")),
         flips=sections.flips(read_stats(run_dir, "flips")),
         generations=sections.generations(read_stats(run_dir, "generations")),
         noise_floor=sections.noise_floor(comp),
-        drift=_drift(run_dir, figdir),
+        drift=_drift(run_dir, figdir, colors),
         flipped_samples=sections.flipped_samples(flipped),
     )

@@ -18,13 +18,8 @@ from markupsafe import Markup
 
 from evalparity.printable import visible
 from evalparity.report.context import ReportContext
-from evalparity.report.formatting import COLORS
+from evalparity.report.formatting import SIGN_OFF_TONES, TONES, tone_class, tone_of
 from evalparity.report.markdown import md_escape, md_fence
-
-
-def verdict_color(text: str) -> str | None:
-    """The colour of a table cell that starts with a verdict or a sign-off ('DIFFERENT -1.25' is red)."""
-    return COLORS.get(text.split(" ")[0]) if text else None
 
 
 def shown(value):
@@ -45,7 +40,7 @@ def environment(fmt: str) -> Environment:
     if fmt == "md":
         env.filters.update(md=md_escape, fence=md_fence, html=html.escape)
     else:
-        env.globals.update(colors=COLORS, verdict_color=verdict_color)
+        env.globals.update(palette=TONES | SIGN_OFF_TONES, tone_class=tone_class, tone_of=tone_of)
     return env
 
 

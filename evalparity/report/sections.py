@@ -7,21 +7,42 @@ wording around them is in the templates.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from evalparity.report.context import (
     Drift,
     Figure,
     Fold,
+    LegendEntry,
+    Matrix,
+    MatrixCell,
+    MatrixRow,
     Method,
+    Paired,
+    PairedRow,
     SettingDifference,
     Setup,
+    SideBySide,
     SignOff,
     Table,
     VerdictMatrix,
     WorstTokens,
 )
-from evalparity.report.formatting import beyond_noise, ci, effect, num, verdict_cell
+from evalparity.report.formatting import (
+    MEANING,
+    TONES,
+    beyond_noise,
+    ci,
+    count,
+    effect,
+    interval,
+    level,
+    metric_label,
+    noise_mark,
+    num,
+)
 
 # How many flipped samples the last section prints, the most consequential first.
 FLIPPED_SHOWN = 10
@@ -29,15 +50,43 @@ FLIPPED_SHOWN = 10
 # Settings whose values must agree between cells for a difference to be drift and not setup.
 MUST_AGREE = ("bos_added", "max_length", "max_gen_toks", "num_fewshot", "limit")
 
+# Verdicts that settle a comparison; any other leaves it open, and the sign-off's next step is more docs.
+SETTLED = ("EQUIVALENT", "DIFFERENT")
 
-def sign_off(verdicts: dict) -> SignOff:
+
+def sign_off(verdicts: dict, comp: pd.DataFrame) -> SignOff:
+    """The sign-off as ``verdicts.json`` records it, the gating comparisons counted per verdict, and the next
+    step that the comparisons' own reasons would otherwise each repeat."""
     so = verdicts["sign_off"]
     staging = verdicts.get("staging") or {}
     staged = [(t["task"], f"stopped at look {t['stopped_at_look']} of {t['of_looks']}, {t['docs']:,} of "
                           f"{t['docs_available']:,} docs scored ({t['why']})") for t in staging.get("tasks", [])]
+    gating = comp[comp["gating"]] if "gating" in comp else comp
+    counts = so.get("counts") or (gating["verdict"].value_counts().to_dict() if "verdict" in gating else {})
     return SignOff(so["status"], so["reason"], [(i["cell"], i["why"]) for i in so.get("incomplete_cells", [])],
                    [(i["task"], ", ".join(i["missing_from"])) for i in so.get("tasks_not_compared", [])],
-                   staged, staging.get("off"))
+                   staged, staging.get("off"), [(v, int(n)) for v, n in counts.items() if n],
+                   next_step(so["status"], gating))
+
+
+def next_step(status: str, gating: pd.DataFrame) -> str | None:
+    """What to do about a sign-off that is not a PASS: for unsettled comparisons, the docs per task that would
+    settle them (the largest ``n_needed``); for DIFFERENT ones, where to look."""
+    if status == "PASS" or gating.empty:
+        return None
+    if status == "FAIL":
+        bad = gating[gating["verdict"] == "DIFFERENT"]
+        return (f"{len(bad)} of {len(gating)} gating comparisons are DIFFERENT: the drift exceeds the margin there; "
+                "evalparity drift --run-dir <this run> localises it in the network.")
+    unsettled = gating[~gating["verdict"].isin(SETTLED)]
+    if unsettled.empty:
+        return None
+    needed = [x for x in unsettled["n_needed"] if x is not None and math.isfinite(x)]
+    what = f"{len(unsettled)} of {len(gating)} gating comparisons are unsettled"
+    if not needed:
+        return f"{what}, and no number of docs is known to settle them: see their reasons below."
+    return (f"{what}: about {math.ceil(max(needed)):,} docs per task would settle them (raise --limit, or drop "
+            "it to score every doc).")
 
 
 def method(options: dict) -> Method:
@@ -50,8 +99,12 @@ def method(options: dict) -> Method:
         multiple=options["multiple"])
 
 
-def _metric_label(metric: str, filt: str) -> str:
-    return metric + ("" if filt == "none" else f" ({filt})")
+def matrix_cell(r, noise_marked: bool) -> MatrixCell:
+    """A comparison as the matrix shows it: verdict, Δ with its interval, n and the interval's level."""
+    bounds = interval(r)
+    lvl = level(r)
+    return MatrixCell(str(r.verdict), effect(r) + ("" if bounds == "–" else f" {bounds}"),
+                      f"n = {count(r.n)}" + (f" · {lvl} CI" if lvl else ""), noise_mark(r, noise_marked))
 
 
 def verdict_matrix(comp: pd.DataFrame) -> VerdictMatrix | None:
@@ -61,37 +114,67 @@ def verdict_matrix(comp: pd.DataFrame) -> VerdictMatrix | None:
     if c.empty:
         return None
     cells = sorted(c["cell"].unique())
-    header = ["task", "metric", *cells]
 
-    def rows(part: pd.DataFrame) -> list[list[str]]:
-        out = []
-        for (task, _m, _f), g in part.groupby(["task", "metric", "filter"], sort=True):
+    def matrix(part: pd.DataFrame) -> Matrix:
+        rows = []
+        for (task, metric, filt), g in part.groupby(["task", "metric", "filter"], sort=True):
             by_cell = {r.cell: r for r in g.itertuples()}
-            out.append([task, _metric_label(g["metric"].iloc[0], g["filter"].iloc[0]),
-                        *[verdict_cell(by_cell[x], noise_marked) if x in by_cell else "–" for x in cells]])
-        return out
+            rows.append(MatrixRow(str(task), metric_label(metric, filt),
+                                  [matrix_cell(by_cell[x], noise_marked) if x in by_cell else None for x in cells]))
+        return Matrix(cells, rows)
 
     top = c[(c["level"] == "group") | (c["group"] == c["task"])]
     members = c[(c["level"] == "task") & (c["group"] != c["task"])]
-    folds = [Fold(str(group), gm["task"].nunique(), Table(header, rows(gm)))
-             for group, gm in members.groupby("group", sort=True)]
-    return VerdictMatrix(Table(header, rows(top)), folds, noise_marked)
+    folds = [Fold(str(group), gm["task"].nunique(), matrix(gm)) for group, gm in members.groupby("group", sort=True)]
+    shown = set(c["verdict"])
+    legend = [LegendEntry(v, MEANING[v]) for v in TONES if v != "NO MARGIN" or v in shown]
+    return VerdictMatrix(matrix(top), folds, noise_marked, legend)
 
 
-def _run_table(spec: dict) -> Table:
+def _bos(al: dict, metas: dict[str, dict]) -> str:
+    """The BOS policy asked for and, read back from each loaded model, whether requests did start with BOS:
+    'tokenizer default' alone would not say what was used."""
+    asked = {True: "added", False: "not added", None: "tokenizer default"}.get(al.get("add_bos_token"),
+                                                                              str(al.get("add_bos_token")))
+    read = {n: (m.get("settings") or {}).get("bos_added") for n, m in metas.items()
+            if "bos_added" in (m.get("settings") or {})}
+    if not read:
+        return asked
+    kinds = set(read.values())
+    if len(kinds) == 1:
+        value = kinds.pop()
+        used = "not read back" if value is None else f"{'added' if value else 'not added'} in every cell"
+    else:
+        used = "; ".join(f"{label} in {', '.join(n for n, v in read.items() if v is value)}"
+                         for value, label in ((True, "added"), (False, "not added"), (None, "not read back"))
+                         if value in kinds)
+    return f"{asked}; used: {used}"
+
+
+def _chat(al: dict) -> str:
+    if not al.get("apply_chat_template"):
+        return "off (lm-eval's plain prompts)"
+    extra = [f"system instruction {al['system_instruction']!r}"] if al.get("system_instruction") else []
+    if al.get("fewshot_as_multiturn") is not None:
+        extra.append(f"few-shot as multi-turn {al['fewshot_as_multiturn']}")
+    return "the tokenizer's chat template" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _run_table(spec: dict, metas: dict[str, dict]) -> Table:
     if not spec:
         return Table(["setting", "value"], [["run", "imported lm-eval outputs (evalparity compare)"]])
     al = spec.get("alignment", {})
     return Table(["setting", "value"], [
         ["model", str(spec.get("model"))], ["tasks", ", ".join(spec.get("tasks", []))],
-        ["limit", str(spec.get("limit"))],
+        ["limit", "none: every doc" if spec.get("limit") is None else str(spec.get("limit"))],
         ["per-task limits", ", ".join(f"{k}={v}" for k, v in spec.get("task_limits", [])) or "none"],
-        ["num_fewshot", str(spec.get("num_fewshot"))],
+        ["num_fewshot", "each task's own" if spec.get("num_fewshot") is None else str(spec.get("num_fewshot"))],
         ["device", str(spec.get("device"))], ["seed", str(al.get("seed"))],
-        ["HF log-softmax in fp32", str(al.get("softmax_fp32"))], ["BOS token", str(al.get("add_bos_token"))],
+        ["HF log-softmax in fp32", str(al.get("softmax_fp32"))], ["BOS token", _bos(al, metas)],
         ["max length (both)", str(al.get("max_length"))], ["vLLM prefix caching", str(al.get("prefix_caching"))],
         ["true fp32 (no TF32)", str(al.get("true_fp32"))],
         ["max generated tokens", str(al.get("max_gen_toks") or "each task's own")],
+        ["chat template", _chat(al)],
     ])
 
 
@@ -99,6 +182,10 @@ def _run_table(spec: dict) -> Table:
 # backend records of its own (``Backend.versions``, e.g. vllm), in between
 _VERSIONS_LEFT_OUT = ("python", "evalparity", "datasets", "numpy")
 _VERSIONS_FIRST, _VERSIONS_LAST = ("torch", "transformers"), ("lm_eval",)
+# Attention backends a record names without saying which kernel ran (vLLM's "auto" is its config, not its pick).
+_ATTENTION_UNKNOWN = ("auto", "see cell.log", "unknown", "None", "")
+# Precision switches of CUDA and Triton: they mean nothing on a CPU cell, whose record still holds them.
+_GPU_ONLY = ("cuda_", "cudnn_", "triton_")
 
 
 def _versions(ver: dict) -> str:
@@ -106,61 +193,99 @@ def _versions(ver: dict) -> str:
     return ", ".join(f"{k} {ver.get(k, '?')}" for k in (*_VERSIONS_FIRST, *own, *_VERSIONS_LAST))
 
 
+def _attention(m: dict) -> str:
+    """The attention backend the loaded model reports (``precision.attention_backend``), and plainly when the
+    record does not say which kernel ran."""
+    used = str((m.get("precision") or {}).get("attention_backend", ""))
+    return f"not recorded ({used or 'no record'}: see the cell's log)" if used in _ATTENTION_UNKNOWN else used
+
+
 def _cell_row(name: str, m: dict) -> list[str]:
     ver = m.get("versions", {})
-    prec = m.get("precision", {})
     return [name, m.get("status", "?"), str(m.get("batch_size", "–")), m.get("device_name", "–"),
             f"{num(m.get('load_s'))} / {num(m.get('eval_s'))}",
             num(m.get("peak_rss_gib")) + (f" / GPU {num(m['peak_gpu_gib'])}" if "peak_gpu_gib" in m else ""),
-            _versions(ver) if ver else m.get("source", "–"),
-            f"matmul {prec.get('float32_matmul_precision', '–')}, TF32 {prec.get('cuda_matmul_allow_tf32', '–')}, "
-            f"triton {prec.get('triton_f32_default', '–')}, attn {prec.get('attention_backend', '–')}"
-            if prec else "–"]
+            _attention(m) if m.get("precision") else "–", _versions(ver) if ver else m.get("source", "–")]
+
+
+def setting_text(value) -> str:
+    """A recorded setting as text, whole (the page wraps it): a mapping as 'key=value' pairs."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={setting_text(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, list):
+        return ", ".join(setting_text(v) for v in value) or "none"
+    return str(value)
+
+
+def _unset(value) -> bool:
+    return value is None or value == "None"
+
+
+def side_by_side(records: dict[str, dict], label: str) -> SideBySide | None:
+    """``records`` (cell -> key -> value) as what every cell shares and what differs; keys unset in every
+    cell are only named."""
+    if not records:
+        return None
+    keys = sorted({k for r in records.values() for k in r})
+    shared, differing, unset = [], [], []
+    for k in keys:
+        values = [None if _unset(r.get(k)) else setting_text(r[k]) for r in records.values()]
+        if all(v is None for v in values):
+            unset.append(k)
+        elif len(records) > 1 and len(set(values)) == 1:
+            shared.append([k, values[0]])
+        else:
+            differing.append([k, *["–" if v is None else v for v in values]])
+    return SideBySide(Table([label, "every cell"], shared) if shared else None,
+                      Table([label, *records], differing) if differing else None, unset)
+
+
+def _settings(m: dict) -> dict:
+    """A cell's effective settings and its precision switches (those of CUDA and Triton only on a GPU)."""
+    gpu = m.get("device") not in ("cpu",)
+    prec = {f"precision: {k}": v for k, v in (m.get("precision") or {}).items()
+            if k != "attention_backend" and (gpu or not k.startswith(_GPU_ONLY))}
+    return {k: v for k, v in (m.get("settings") or {}).items() if k != "seeds"} | prec
 
 
 def setup(spec: dict, metas: dict[str, dict]) -> Setup:
     """The run's spec, each cell's environment (``cell.json``) and the cells' effective settings."""
-    cells = Table(["cell", "status", "batch", "device", "load / eval s", "peak memory GiB", "versions", "precision"],
-                  [_cell_row(name, m) for name, m in metas.items()])
+    cells = Table(["cell", "status", "batch", "device", "load / eval s", "peak memory GiB", "attention backend",
+                   "versions"], [_cell_row(name, m) for name, m in metas.items()])
     settings = {n: m.get("settings", {}) for n, m in metas.items() if m.get("settings")}
     differences = []
     for key in MUST_AGREE:
         values = {str(s.get(key)) for s in settings.values() if key in s}
         if len(values) > 1:
             differences.append(SettingDifference(key, ", ".join(sorted(values))))
-    table = None
-    if settings:
-        keys = sorted({k for s in settings.values() for k in s if k != "seeds"})
-        table = Table(["setting", *settings], [[k, *[str(s.get(k, "–"))[:60] for s in settings.values()]]
-                                               for k in keys])
-    envs = {n: m.get("environment") for n, m in metas.items() if isinstance(m.get("environment"), dict)}
-    environment = None
-    if envs:
-        keys = sorted({k for e in envs.values() for k in e})
-        environment = Table(["environment", *envs], [[k, *[str(e.get(k, "–")) for e in envs.values()]] for k in keys])
-    return Setup(_run_table(spec), cells, differences, table, environment)
+    envs = {n: m["environment"] for n, m in metas.items() if isinstance(m.get("environment"), dict)}
+    return Setup(_run_table(spec, metas), cells, differences,
+                 side_by_side({n: _settings(m) for n, m in metas.items() if m.get("settings")}, "setting"),
+                 side_by_side(envs, "environment"))
 
 
-def paired(comp: pd.DataFrame) -> Table:
-    """Every gating comparison with its estimate, interval, p-values and verdict."""
-    rows = [[r.task, _metric_label(r.metric, r.filter), r.cell, str(int(r.n)), num(r.reference_score),
-             num(r.cell_score), effect(r), ci(r), num(r.p_equivalence), num(r.p_beyond_adjusted),
-             num(r.p_shift_adjusted), beyond_noise(r), r.verdict, r.reason]
+def paired(comp: pd.DataFrame) -> Paired:
+    """Every gating comparison with its estimate, interval, p-values, verdict and reason."""
+    noise_marked = bool(comp["beyond_noise"].notna().any()) if "beyond_noise" in comp else False
+    rows = [PairedRow(str(r.task), metric_label(r.metric, r.filter), str(r.cell), count(r.n),
+                      f"{num(r.reference_score)} → {num(r.cell_score)}", effect(r), ci(r), num(r.p_equivalence),
+                      num(r.p_beyond_adjusted), num(r.p_shift_adjusted), beyond_noise(r), str(r.verdict),
+                      str(r.reason))
             for r in comp[comp["gating"]].itertuples()]
-    return Table(["task", "metric", "cell", "n", "ref", "cell", "Δ", "CI (the verdict's)", "p equiv",
-                  "p beyond (adj)", "p change (adj)", "beyond noise floor", "verdict", "reason"], rows)
+    return Paired(rows, noise_marked)
 
 
 def deltas(d: pd.DataFrame) -> Table | None:
     """Loglikelihood drift per request, cross-backend pairs; None when the run scored no loglikelihoods."""
     if d.empty:
         return None
-    rows = [[r.task, r.cell, str(int(r.n)), num(r.abs_mean), f"[{num(r.abs_ci_low)}, {num(r.abs_ci_high)}]",
-             num(r.mean), f"[{num(r.ci_low)}, {num(r.ci_high)}]", num(r.abs_median), num(r.abs_p95),
-             num(r.abs_p99), num(r.abs_max), num(r.wilcoxon_p), f"{int(r.n_nonfinite_ref)} / {int(r.n_nonfinite_cell)}"]
+    rows = [[r.task, r.cell, count(r.n), f"{num(r.abs_mean)} [{num(r.abs_ci_low)}, {num(r.abs_ci_high)}]",
+             f"{num(r.mean)} [{num(r.ci_low)}, {num(r.ci_high)}]",
+             " / ".join(num(x) for x in (r.abs_median, r.abs_p95, r.abs_p99, r.abs_max)), num(r.wilcoxon_p),
+             f"{int(r.n_nonfinite_ref)} / {int(r.n_nonfinite_cell)}"]
             for r in d[d["kind"] == "cross"].itertuples()]
-    return Table(["task", "cell", "requests", "mean |Δ|", "95% CI", "mean Δ", "95% CI", "median |Δ|", "p95 |Δ|",
-                  "p99 |Δ|", "max |Δ|", "Wilcoxon p", "non-finite ref / cell"], rows)
+    return Table(["task", "cell", "requests", "mean |Δ| [95% CI]", "mean Δ [95% CI]",
+                  "|Δ| median / p95 / p99 / max", "Wilcoxon p", "non-finite ref / cell"], rows)
 
 
 def flips(f: pd.DataFrame) -> Table | None:
@@ -186,8 +311,8 @@ def noise_floor(comp: pd.DataFrame) -> Table | None:
     nf = comp[comp["kind"].isin(["noise_floor", "precision_mode"])]
     if nf.empty:
         return None
-    rows = [[r.task, r.metric, r.kind.replace("_", " "), f"{r.reference} vs {r.cell}", str(int(r.n)),
-             effect(r), ci(r), r.verdict or "– (yardstick)"] for r in nf.itertuples()]
+    rows = [[r.task, metric_label(r.metric, r.filter), r.kind.replace("_", " "), f"{r.reference} vs {r.cell}",
+             count(r.n), effect(r), ci(r), r.verdict or "– (yardstick)"] for r in nf.itertuples()]
     return Table(["task", "metric", "kind", "pair", "n", "Δ", "CI", "verdict"], rows)
 
 
