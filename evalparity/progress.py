@@ -11,7 +11,9 @@ terminal):
 
   one when a cell is first seen running, one per phase it enters, one for every 10 % of a bar or after
   ``EVALPARITY_PROGRESS_S`` seconds without a line for that cell (default 30; a heartbeat while it loads a
-  model for minutes), and one when it ends, with its status and time.
+  model for minutes), and one when it ends, with its status and time. The time is ``runlog.stamp``, the
+  one clock of every line of a piped run's log (``cli.output`` stamps the run's other lines and its log
+  records with it), so that the block naming the run (``run_block``) and each cell's lines read in order.
 
 Why two faces: a live display redraws in place. Without a terminal rich cannot, so it printed nothing while
 the cells ran and dumped the bars' last frame at the end: a multi-hour GPU run left its CI log silent, and
@@ -44,6 +46,7 @@ from rich.text import Text
 
 from evalparity import config
 from evalparity.printable import visible
+from evalparity.runlog import stamp
 
 INTERVAL_ENV = config.PROGRESS_ENV
 STEP = 0.1  # a progress line for every tenth of a bar, even within the interval
@@ -96,21 +99,18 @@ def clock_text(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-def stamp() -> str:
-    """Now in UTC, ISO 8601 to the second: the time a CI log line was written, whatever the runner's zone."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def run_block(console: Console, *, model: str, device: str, cells: Iterable[str], done: Iterable[str],
               out: Path | str, executor: str) -> None:
     """The lines a run starts with, on either face: the model, the device, the cells (those already done
-    marked), the output folder and the executor, so that a log says what it is a log of. Names and paths are
-    user text: printed as ``Text``, control characters written out."""
+    marked), the output folder and the executor, so that a log says what it is a log of; timestamped, as every
+    line of a log, where there is no terminal. Names and paths are user text: printed as ``Text``, control
+    characters written out."""
     done = set(done)
     names = ", ".join(f"{c} (done)" if c in done else c for c in cells)
+    when = "" if console.is_interactive else f"{stamp()}  "
     for key, value in (("model", model), ("device", device), ("cells", names), ("out", out),
                        ("executor", executor)):
-        console.print(Text(f"{key:<9} {visible(value)}"), soft_wrap=True, highlight=False)
+        console.print(Text(f"{when}{key:<9} {visible(value)}"), soft_wrap=True, highlight=False)
 
 
 class _Eta(TimeRemainingColumn):

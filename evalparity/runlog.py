@@ -17,6 +17,12 @@ from evalparity.files import write_json
 from evalparity.rundir import layout
 
 
+def stamp() -> str:
+    """Now in UTC, ISO 8601 to the second: the one clock every timestamped log line starts with (the progress
+    lines, ``progress``; the run's other lines and log records, ``cli.output``), whatever the runner's zone."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 class RunLog:
     """Seconds per named stage, in the order they ran."""
 

@@ -9,21 +9,31 @@ User text (paths, model, task, metric and cell names, error messages that quote 
 before it is put in a console line: rich would read ``[/]`` or ``[bold]`` in a folder's name as markup (and
 fail, or print a different path), and a terminal would obey an ANSI escape or a carriage return in a task
 name. ``printable.visible`` is the control-character half alone, for plain ``print`` to stdout.
+
+A log in a file or a CI system has no clock of its own: within ``timestamped_log`` (``run``, from its first
+line to its sign-off), when stderr is no terminal, every line of the command's log (``log``, and every log
+record) starts with the time, the same clock as the progress lines (``runlog.stamp``); results (tables, the
+sign-off, warnings and errors) keep their first words where scripts and people look for them. On a terminal
+the live bars carry the one clock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
 from evalparity.printable import visible
+from evalparity.runlog import stamp
 
 console = Console(stderr=True, emoji=False)  # ':smile:' in a task name stays as typed
+_timestamped = False  # inside ``timestamped_log``
 
 
 def safe(text: object) -> str:
@@ -43,18 +53,49 @@ def error_line(message: object, label: str = "error:") -> Text:
     return Text.assemble((label, "red"), " ", visible(message))
 
 
+@contextlib.contextmanager
+def timestamped_log() -> Iterator[None]:
+    """Within it, when the console is no terminal, ``log`` lines and log records start with the time."""
+    global _timestamped
+    before, _timestamped = _timestamped, True
+    try:
+        yield
+    finally:
+        _timestamped = before
+
+
+def when() -> str:
+    """The time a log line starts with (``runlog.stamp`` and two spaces), or "" on a terminal and outside
+    ``timestamped_log``."""
+    return f"{stamp()}  " if _timestamped and not console.is_interactive else ""
+
+
+def log(message: str | Text, **kw) -> None:
+    """A line of the command's log: ``message`` as ``console.print`` takes it (a str is read as rich markup,
+    so user text in it goes through ``safe``; a ``Text`` is printed as written), after the time where
+    ``when`` gives one. A timestamped line is never wrapped: a continuation line would have no time."""
+    prefix = when()
+    if not prefix:
+        console.print(message, **kw)
+        return
+    kw["soft_wrap"] = True
+    console.print(Text.assemble(prefix, message) if isinstance(message, Text) else prefix + message, **kw)
+
+
 class ConsoleHandler(logging.Handler):
-    """evalparity's log records as plain lines on ``console``, as its messages always looked: no time, level
-    or source path (the level shows only as a colour, on a terminal), never wrapped mid-line by rich, never
-    read as rich markup, and with control characters shown, not obeyed."""
+    """evalparity's log records as plain lines on ``console``, as its messages always looked: no level or
+    source path (the level shows only as a colour, on a terminal), the time only where ``when`` gives one,
+    never wrapped mid-line by rich, never read as rich markup, and with control characters shown, not
+    obeyed."""
 
     STYLES = {logging.DEBUG: "dim", logging.INFO: "cyan", logging.WARNING: "yellow"}
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             style = self.STYLES.get(record.levelno, "red" if record.levelno > logging.WARNING else "")
-            line = visible(self.format(record), keep_newlines=True)
-            console.print(Text(line, style=style), soft_wrap=True, highlight=False)
+            prefix = when()  # on each line of a record of several
+            line = visible(self.format(record), keep_newlines=True).replace("\n", "\n" + prefix)
+            console.print(Text.assemble(prefix, (line, style)), soft_wrap=True, highlight=False)
         except Exception:  # noqa: BLE001 - logging's contract: a failing handler reports, never raises
             self.handleError(record)
 
