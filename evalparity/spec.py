@@ -243,6 +243,15 @@ def build_cells(backends: list[str], dtypes: list[str], batch_size: int | str,
     return tuple(cells)
 
 
+def check_two_cells(cells: tuple[CellSpec, ...], others: list[str], single_cell: bool) -> None:
+    """A run compares cells: with ``others`` (the cells its run folder holds already) it needs two, unless
+    ``single_cell`` asks for one alone (to add it to a run folder later). One line, before anything starts."""
+    if len(cells) + len(others) < 2 and not single_cell:
+        raise EvalParityError(f"this run has a single cell ({cells[0].name}): there is nothing to compare it "
+                              "with; add a backend or dtype (e.g. --dtypes fp32,bf16), or pass --single-cell "
+                              "to run it alone")
+
+
 def check_limit(limit: int | str | None) -> tuple[int | None, float | None]:
     """``--limit`` as (documents per task, None) or, as lm-eval reads a number below 1, (None, the fraction of
     each task's documents); a one-line error for anything else."""

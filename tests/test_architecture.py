@@ -48,8 +48,10 @@ STAGES: list[tuple[str, ...]] = [
     ("evalparity.samples",),
     ("evalparity.stats", "evalparity.staging"),  # a staged run's looks (staging) and their statistics
     ("evalparity.phases", "evalparity.lmeval_patches", "evalparity.cells", "evalparity.shards",
-     "evalparity.placement", "evalparity.progress", "evalparity.stager", "evalparity.matrix", "evalparity.importer"),
-    ("evalparity.plan", "evalparity.report",),
+     "evalparity.placement", "evalparity.progress", "evalparity.stager", "evalparity.matrix", "evalparity.importer",
+     "evalparity.failures"),  # why cells failed, from the run folder's attempt history
+    ("evalparity.plan", "evalparity.report",
+     "evalparity.signoff"),  # the statistics and report published, the reference, the exit code
     ("evalparity.drift",),
     ("evalparity.doctor", "evalparity.cli"),
 ]
@@ -298,6 +300,52 @@ def test_the_cli_starts_without_heavy_libraries():
     assert proc.returncode == 0, proc.stderr
     loaded = {name.split(".")[0] for name in json.loads(proc.stdout)}
     assert not loaded & set(HEAVY), f"import evalparity.cli loads {sorted(loaded & set(HEAVY))}"
+
+
+# ---------------------------------------------------------------- the verbs: one module each, none calling another
+CLI = "evalparity.cli"
+
+
+def verb_modules() -> set[str]:
+    """The cli modules that hold a verb: those ``cli/__init__`` registers with the app
+    (``app.command(...)(module.function)``, ``app.add_typer(module.app, ...)``)."""
+    tree = ast.parse((PACKAGE / "cli" / "__init__.py").read_text(encoding="utf-8"))
+    out = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Call) and isinstance(f.func, ast.Attribute) and f.func.attr == "command":
+            registered = node.args
+        elif isinstance(f, ast.Attribute) and f.attr == "add_typer":
+            registered = node.args[:1]
+        else:
+            continue
+        out |= {f"{CLI}.{a.value.id}" for a in registered
+                if isinstance(a, ast.Attribute) and isinstance(a.value, ast.Name)}
+    return out
+
+
+def verbs_calling_verbs(graph: dict[str, set[str]], verbs: set[str]) -> list[str]:
+    """Each import of a verb's module by another cli module (the app itself, ``cli/__init__``, excepted):
+    what verbs share belongs in a module of its own (``cli/options``, ``cli/output``, ``cli/finish``) or
+    outside the CLI (``signoff``)."""
+    return [f"{m} imports {t}" for m, targets in sorted(graph.items()) if m.startswith(CLI + ".")
+            for t in sorted(targets) if t in verbs and t != m]
+
+
+def test_no_cli_module_imports_a_verbs_module():
+    verbs = verb_modules()
+    assert {f"{CLI}.run", f"{CLI}.report", f"{CLI}.compare", f"{CLI}.plan", f"{CLI}.models"} <= verbs, verbs
+    bad = verbs_calling_verbs(import_graph(inside_functions=True), verbs)
+    assert not bad, "a cli module imports a verb's module (move what they share out of the verb): " + "; ".join(bad)
+
+
+def test_the_verb_check_finds_a_verb_importing_another():
+    graph = {f"{CLI}.run": {f"{CLI}.report", f"{CLI}.options"}, CLI: {f"{CLI}.run", f"{CLI}.report"},
+             f"{CLI}.finish": {f"{CLI}.output", "evalparity.signoff"}, f"{CLI}.output": {f"{CLI}.plan"}}
+    assert verbs_calling_verbs(graph, {f"{CLI}.run", f"{CLI}.report", f"{CLI}.plan"}) == [
+        f"{CLI}.output imports {CLI}.plan", f"{CLI}.run imports {CLI}.report"]
 
 
 # ---------------------------------------------------------------- the run folder's one door

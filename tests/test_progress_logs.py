@@ -178,7 +178,42 @@ def test_a_piped_run_logs_its_cells_before_it_signs_off(tiny_model, tiny_tasks, 
         lines = re.findall(rf"^{STAMP}  {cell}  .*$", err[:sign_off], flags=re.M)
         assert any("elapsed" in line for line in lines), err  # its start or progress lines
         assert any(re.search(r"  ok in \d+:\d\d:\d\d", line) for line in lines), err  # and its end
-    block = err[:re.search(rf"^{STAMP}  ", err, flags=re.M).start()]  # before the first timestamped line
     for key, value in (("model", ""), ("device", "cpu"), ("cells", "hf-fp32, hf-bf16"), ("out", str(out)),
-                       ("executor", "local")):
-        assert re.search(rf"^{key} +{re.escape(value)}", block, flags=re.M), block
+                       ("executor", "local")):  # the plan, before the first cell's line
+        assert re.search(rf"^{STAMP}  {key} +{re.escape(value)}", err[:err.index("hf-fp32  ")], flags=re.M), err
+    # Every line of the run's log starts with the time: all before the cells' table, and after it up to the
+    # report; the results (the tables, the sign-off) keep their first words where people and scripts look.
+    lines = err.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("┏"))
+    bottom = next(i for i, line in enumerate(lines) if line.startswith("└"))
+    report = next(i for i, line in enumerate(lines) if line.endswith("  report ..."))
+    logged = lines[:top - 1] + lines[bottom + 1:report + 1]  # top - 1: the table's title
+    assert len(logged) > 10 and all(re.match(STAMP + "  ", line) for line in logged), err
+    assert any(line.endswith("  statistics ...") for line in logged), err
+    assert re.search(r"^sign-off: ", err, flags=re.M) and not re.search(rf"^{STAMP}  sign-off", err, flags=re.M)
+
+
+def test_log_lines_and_records_are_timestamped_in_a_piped_run_only(monkeypatch):
+    """``output.log`` and the log records: the time first within ``timestamped_log`` on a pipe, the same
+    clock as the progress lines; never outside it (``report``'s lines) and never on a terminal."""
+    import logging
+
+    from evalparity.cli import output
+
+    record = logging.LogRecord("evalparity.x", logging.WARNING, __file__, 1, "took over a lock\nof %s", ("r",), None)
+    for terminal in (False, True):
+        out = io.StringIO()
+        console = Console(file=out, force_terminal=terminal, force_interactive=terminal, color_system=None,
+                          width=40)
+        monkeypatch.setattr(output, "console", console)
+        with output.timestamped_log():
+            output.log("checking 1 task(s) and their data ... " + "x" * 40)  # longer than the console
+            output.ConsoleHandler().emit(record)
+        output.log("statistics ...")
+        output.ConsoleHandler().emit(record)
+        lines = out.getvalue().splitlines()
+        if terminal:
+            assert not any(re.match(STAMP, line) for line in lines), lines
+            continue
+        assert [bool(re.match(STAMP + "  ", line)) for line in lines] == [True] * 3 + [False] * 3, lines
+        assert lines[0].endswith("x" * 40) and lines[2].endswith("of r")  # not wrapped: no line without a time

@@ -1,6 +1,11 @@
-"""Options that more than one verb takes, each declared once as a ``typing.Annotated`` type, with its default
-taken from the one place that owns it: a verb writes ``alpha: Alpha = STATS.alpha`` and gets the same flag,
-help text and default as every other verb.
+"""The command line's options, each declared once, and the mechanism that lets verbs share them.
+
+Options come in groups (``dataclasses``): each field is one option, its type an ``Annotated[..., typer.Option]``
+that holds its flag, help text and panel, its default the field's, taken from the one place that owns it. A
+verb names the groups it takes as parameters (``stats: Statistics``); ``verb`` spreads their fields into the
+signature typer reads, and hands the verb each group built from what was typed. Adding an option is one field
+plus the code that reads it; a group that several verbs take (``Statistics``, ``Outputs`` here; ``run``'s own
+in ``cli/run.py``) is declared once for all of them.
 
 Checking. Ranges and choices are checked by the code that owns them (``StatsOptions``, ``spec``'s parsers,
 ``devices.resolve_device``) and, for what only the command line knows, in each verb's ``check_arguments``;
@@ -12,8 +17,14 @@ The helpers at the end (``at_least``, ``check_seed``, ``positive_finite``) are t
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import math
 import os
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -26,42 +37,92 @@ from evalparity.stats.options import MARGIN as MARGIN  # re-exported: --margin's
 from evalparity.stats.options import StatsOptions
 
 STATS = StatsOptions()  # the statistics defaults (stats/options.py)
+STATISTICS, OUTPUTS = "Statistics", "Run folder and outputs"  # help panels
 
-# ------------------------------------------------------------------ statistics: run, report, compare
-Reference = Annotated[str, typer.Option(rich_help_panel="Statistics", help="Reference cell every other cell is compared to.")]
-Margin = Annotated[str, typer.Option(rich_help_panel="Statistics", help="Equivalence margin for proportion metrics: 1pp, 1% or 0.01 (one point); "
-                                          "per metric: acc=1pp,perplexity=0.05 (non-proportion metrics gate only "
-                                          "with a margin of their own).")]
-LlTolerance = Annotated[float, typer.Option(rich_help_panel="Statistics", help="Tolerance for the mean |Δ loglikelihood| per request (nats).")]
-Alpha = Annotated[float, typer.Option(rich_help_panel="Statistics", help="Level of every test: EQUIVALENT needs the (1-2α) CI inside the margin.")]
-Multiple = Annotated[str, typer.Option(rich_help_panel="Statistics", help="Control of DIFFERENT (beyond-margin) claims over the gating comparisons: "
-                                            "holm (family-wise error rate), bh (false discovery rate: the expected "
-                                            "share of false DIFFERENT claims), none (each comparison at α).")]
-Direction = Annotated[str, typer.Option(rich_help_panel="Statistics", help="both: a change beyond the margin either way fails; worse: only a drop "
-                                             "beyond it (non-inferiority).")]
-Cluster = Annotated[bool, typer.Option(rich_help_panel="Statistics", help="A cluster score test over the member tasks of a group (docs of one "
-                                            "subject are not independent).")]
-GateLogprobs = Annotated[bool, typer.Option(rich_help_panel="Statistics", help="Let loglikelihood-shift verdicts gate the sign-off too.")]
-FailOnInconclusive = Annotated[bool, typer.Option(rich_help_panel="Run folder and outputs", help="Exit non-zero when the sign-off is INCONCLUSIVE.")]
-FAIL_ON_INCONCLUSIVE = True
-JunitXml = Annotated[Path | None, typer.Option(rich_help_panel="Run folder and outputs", metavar="PATH", help="Also write the sign-off as a JUnit XML file: one "
-                                               "testcase per gating comparison, one testsuite per task.")]
-SummaryMd = Annotated[Path | None, typer.Option(rich_help_panel="Run folder and outputs", metavar="PATH", help="Also write a short markdown summary of the "
-                                                "sign-off (for a PR comment); appended to $GITHUB_STEP_SUMMARY "
-                                                "too, whenever that is set.")]
 
-# ------------------------------------------------------------------ others shared by verbs
+# ------------------------------------------------------------------ groups of options, spread into a verb
+def is_group(annotation: object) -> bool:
+    """Whether a verb's parameter is a group of options (a dataclass) rather than one option."""
+    return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+
+
+def verb(func: Callable[..., None]) -> Callable[..., None]:
+    """``func`` as typer should see it: each parameter annotated with a group (a dataclass of options)
+    replaced by the group's fields, one option each, in their order; called, it gets each group built from
+    its fields' values. The other parameters (arguments, a verb's own options) pass through as they are.
+    Two groups that declare the same option (or an option named like a group) are a programming error,
+    raised at import."""
+    hints = typing.get_type_hints(func, include_extras=True)
+    params: list[inspect.Parameter] = []
+    groups: dict[str, type] = {}
+    for p in inspect.signature(func).parameters.values():
+        annotation = hints.get(p.name, p.annotation)
+        if not is_group(annotation):
+            params.append(p.replace(annotation=annotation, kind=inspect.Parameter.KEYWORD_ONLY))
+            continue
+        groups[p.name] = annotation
+        fields = typing.get_type_hints(annotation, include_extras=True)
+        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                     annotation=fields[f.name]) for f in dataclasses.fields(annotation)]
+    names = [p.name for p in params] + list(groups)  # a group's name is a keyword of the call too
+    if len(set(names)) != len(names):
+        raise TypeError(f"{func.__name__}: a name declared twice: {sorted({n for n in names if names.count(n) > 1})}")
+
+    @functools.wraps(func)
+    def spread(**values):
+        built = {name: group(**{f.name: values.pop(f.name) for f in dataclasses.fields(group)})
+                 for name, group in groups.items()}
+        return func(**values, **built)
+
+    spread.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    spread.__annotations__ = {p.name: p.annotation for p in params}
+    return spread
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """The statistics options: ``run``, ``report`` and ``plan`` (``compare``: ``CompareStatistics``)."""
+
+    reference: Annotated[str, typer.Option(rich_help_panel=STATISTICS, help="Reference cell every other cell is compared to.")] = STATS.reference
+    margin: Annotated[str, typer.Option(rich_help_panel=STATISTICS, help="Equivalence margin for proportion metrics: 1pp, 1% or 0.01 (one point); per metric: acc=1pp,perplexity=0.05 (non-proportion metrics gate only with a margin of their own).")] = MARGIN
+    ll_tolerance: Annotated[float, typer.Option(rich_help_panel=STATISTICS, help="Tolerance for the mean |Δ loglikelihood| per request (nats).")] = STATS.ll_tolerance
+    alpha: Annotated[float, typer.Option(rich_help_panel=STATISTICS, help="Level of every test: EQUIVALENT needs the (1-2α) CI inside the margin.")] = STATS.alpha
+    multiple: Annotated[str, typer.Option(rich_help_panel=STATISTICS, help="Control of DIFFERENT (beyond-margin) claims over the gating comparisons: holm (family-wise error rate), bh (false discovery rate: the expected share of false DIFFERENT claims), none (each comparison at α).")] = STATS.multiple
+    direction: Annotated[str, typer.Option(rich_help_panel=STATISTICS, help="both: a change beyond the margin either way fails; worse: only a drop beyond it (non-inferiority).")] = STATS.direction
+    cluster: Annotated[bool, typer.Option(rich_help_panel=STATISTICS, help="A cluster score test over the member tasks of a group (docs of one subject are not independent).")] = STATS.cluster
+    gate_logprobs: Annotated[bool, typer.Option(rich_help_panel=STATISTICS, help="Let loglikelihood-shift verdicts gate the sign-off too.")] = STATS.gate_logprobs
+
+    def options(self) -> StatsOptions:
+        """The statistics options, checked (one line, exit 2, for anything out of range) before a verb starts
+        anything: ``StatsOptions`` holds the rules, so that no two verbs can disagree."""
+        return StatsOptions.from_cli(**{**dataclasses.asdict(self), "reference": self.reference or ""})
+
+
+@dataclass(frozen=True)
+class CompareStatistics(Statistics):
+    """``compare``'s: the same, but its reference defaults to the first lm-eval output it is given."""
+
+    reference: Annotated[str | None, typer.Option(help="Reference cell (default: the first PATH).")] = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What a verb that signs off writes besides the run folder, and how its exit code treats INCONCLUSIVE:
+    ``run``, ``report`` and ``compare``."""
+
+    fail_on_inconclusive: Annotated[bool, typer.Option(rich_help_panel=OUTPUTS, help="Exit non-zero when the sign-off is INCONCLUSIVE.")] = True
+    junit_xml: Annotated[Path | None, typer.Option(rich_help_panel=OUTPUTS, metavar="PATH", help="Also write the sign-off as a JUnit XML file: one testcase per gating comparison, one testsuite per task.")] = None
+    summary_md: Annotated[Path | None, typer.Option(rich_help_panel=OUTPUTS, metavar="PATH", help="Also write a short markdown summary of the sign-off (for a PR comment); appended to $GITHUB_STEP_SUMMARY too, whenever that is set.")] = None
+
+    def check(self, run_dir: Path) -> None:
+        """The two paths, checked against ``run_dir`` before the verb starts anything (``check_ci_outputs``)."""
+        check_ci_outputs(run_dir, self.junit_xml, self.summary_md)
+
+
+# ------------------------------------------------------------------ single options more than one verb takes
 Device = Annotated[str, typer.Option(rich_help_panel="Cells", help="cpu, cuda or auto.")]
 DatasetsDir = Annotated[str | None, typer.Option(rich_help_panel="Model and tasks", envvar="EVALPARITY_DATASETS_DIR",
                                                  help="Dataset mirror: DIR/<hub id>/<config>/<split>.jsonl.")]
-
-
-def stats_options(*, reference: str, margin: str, ll_tolerance: float, alpha: float, multiple: str,
-                  direction: str, cluster: bool, gate_logprobs: bool) -> StatsOptions:
-    """The statistics options, checked (one line, exit 2, for anything out of range) before a verb starts
-    anything: ``StatsOptions`` holds the rules, so ``run``, ``report`` and ``compare`` cannot disagree."""
-    return StatsOptions.from_cli(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
-                                 multiple=multiple, cluster=cluster, gate_logprobs=gate_logprobs, direction=direction)
 
 
 # lm-eval's own command-line spellings, for users who come from `lm_eval`: what evalparity calls each.

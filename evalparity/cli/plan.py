@@ -12,19 +12,7 @@ import typer
 from rich.table import Table
 
 from evalparity import rundir
-from evalparity.cli.options import (
-    MARGIN,
-    STATS,
-    Alpha,
-    Cluster,
-    Direction,
-    GateLogprobs,
-    LlTolerance,
-    Margin,
-    Multiple,
-    Reference,
-    stats_options,
-)
+from evalparity.cli.options import Statistics, verb
 from evalparity.cli.output import console, safe
 from evalparity.errors import EvalParityError
 from evalparity.files import read_json, write_json
@@ -32,26 +20,20 @@ from evalparity.printable import visible
 from evalparity.rundir import layout
 
 
+@verb
 def plan(
     run_dir: Annotated[Path, typer.Argument(help="A run directory (a pilot, or any earlier run) written by `evalparity run` or `compare`.")],
     power: Annotated[str, typer.Option(help="Power targets, comma-separated: the chance that a comparison with no true difference settles EQUIVALENT. The first is the summary's.")] = "0.8,0.9",
     json_path: Annotated[Path | None, typer.Option("--json", help="Where to write the plan as JSON (default: RUN_DIR/plan.json).")] = None,
-    reference: Reference = STATS.reference,
-    margin: Margin = MARGIN,
-    ll_tolerance: LlTolerance = STATS.ll_tolerance,
-    alpha: Alpha = STATS.alpha,
-    multiple: Multiple = STATS.multiple,
-    direction: Direction = STATS.direction,
-    cluster: Cluster = STATS.cluster,
-    gate_logprobs: GateLogprobs = STATS.gate_logprobs,
+    *,
+    stats: Statistics,
 ) -> None:
     """Plan a sign-off from a run: the docs per task (N, and the docs expected with early stopping) that settle
     every gating comparison EQUIVALENT under the staged rule at each power, planned at the run's discordance
     and Δ = 0, and each cell's time for them at the rates it measured."""
     from evalparity import plan as planning  # heavy: pandas, scipy (the statistics)
 
-    opts = stats_options(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
-                         multiple=multiple, direction=direction, cluster=cluster, gate_logprobs=gate_logprobs)
+    opts = stats.options()
     powers = planning.parse_powers(power)
     planning.check_is_run(run_dir)
     target = json_path if json_path is not None else layout.plan_file(run_dir)

@@ -5,56 +5,51 @@ the sign-off report.
 get wrong is refused before the run directory is locked; the lock comes before anything is started; the
 run's own Ray instance starts before the slow setup so the two overlap; every task's data is checked before
 any model loads; and the exit code says the worst of the cells and the sign-off.
+
+Its options come in groups (``cli.options.verb``), each declared once below, beside the statistics and
+outputs that ``report`` and ``compare`` take too; a step takes the groups it reads.
 """
 
 from __future__ import annotations
 
-import errno
+import dataclasses
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
-from evalparity import config, memplan, rundir
+from evalparity import config, failures, memplan, rundir, signoff
 from evalparity import tasks as tasks_mod
+from evalparity.cli.finish import finish
 from evalparity.cli.options import (
-    FAIL_ON_INCONCLUSIVE,
-    MARGIN,
-    STATS,
-    Alpha,
-    Cluster,
+    OUTPUTS,
     DatasetsDir,
     Device,
-    Direction,
-    FailOnInconclusive,
-    GateLogprobs,
-    JunitXml,
-    LlTolerance,
-    Margin,
-    Multiple,
-    Reference,
-    SummaryMd,
+    Outputs,
+    Statistics,
     at_least,
-    check_ci_outputs,
     check_seed,
-    stats_options,
+    verb,
 )
-from evalparity.cli.output import console, safe
-from evalparity.cli.report import stats_and_report
-from evalparity.config import CELLS, DRIFT, SHARDS
+from evalparity.cli.output import console, log, safe, timestamped_log
+from evalparity.config import DRIFT
 from evalparity.data import embedded, mirrors
 from evalparity.devices import check_dtypes, resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.models import resolve_model
-from evalparity.rundir import layout, records, units
+from evalparity.printable import visible
+from evalparity.rundir import layout, records
 from evalparity.runlog import RunLog
 from evalparity.spec import (
     Alignment,
     RunSpec,
     build_cells,
     check_limit,
+    check_two_cells,
     fraction_limits,
     model_label,
     parse_batch_size,
@@ -64,162 +59,196 @@ from evalparity.spec import (
 from evalparity.stats.options import check_metric_names
 
 EMBEDDED_LIMIT = 6
+MODEL, CELLS, ALIGN, PLACE, STAGE = ("Model and tasks", "Cells", "Alignment (what would pass for drift)", "Placement",
+                                     "Staging")  # help panels
 
 
-def run(
-    model: Annotated[str | None, typer.Option(rich_help_panel="Model and tasks", help="Local path or hub id. Default: the embedded SmolLM2-135M-Instruct.")] = None,
-    tasks: Annotated[str | None, typer.Option(rich_help_panel="Model and tasks", help="lm-eval task/group names, comma-separated. Default: gpqa_diamond_zeroshot,gsm8k (embedded data).")] = None,
-    backends: Annotated[str, typer.Option(rich_help_panel="Cells", help="Backends, comma-separated: vllm, hf.")] = "vllm,hf",
-    dtypes: Annotated[str, typer.Option(rich_help_panel="Cells", help="fp32/float32, bf16/bfloat16, fp16/float16, comma-separated.")] = "fp32,bf16,fp16",
-    limit: Annotated[str | None, typer.Option(rich_help_panel="Model and tasks", help="Documents per task, or a fraction below 1 of each task's (as lm-eval's --limit 0.1). Default: all (6 for the embedded default run).")] = None,
-    num_fewshot: Annotated[int | None, typer.Option(rich_help_panel="Model and tasks", help="Few-shot examples (default: the task's own; 0 for the embedded default run).")] = None,
-    device: Device = "auto",
-    batch_size: Annotated[str | None, typer.Option(rich_help_panel="Cells", help="Batch size of every main cell: a number or auto (default: 8 on CPU, auto on GPU).")] = None,
-    task_limit: Annotated[list[str] | None, typer.Option(rich_help_panel="Model and tasks", help="Per-task document limit TASK=N, overriding --limit for that task. Repeatable.")] = None,
-    tf32: Annotated[str, typer.Option(rich_help_panel="Cells", help="Backends that get an extra fp32 cell in TF32 (e.g. vllm,hf), to measure TF32 as its own cell.")] = "",
-    repeat: Annotated[list[str] | None, typer.Option(rich_help_panel="Cells", help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None,
-    include_path: Annotated[list[str] | None, typer.Option(rich_help_panel="Model and tasks", help="Folder of extra task YAMLs. Repeatable.")] = None,
-    datasets_dir: DatasetsDir = None,
-    out: Annotated[Path | None, typer.Option(rich_help_panel="Run folder and outputs", help="Run directory. Default: results/<model>-<timestamp>.")] = None,
-    force: Annotated[bool, typer.Option(rich_help_panel="Run folder and outputs", help="Rerun cells that already finished.")] = False,
-    max_length: Annotated[int, typer.Option(rich_help_panel="Alignment (what would pass for drift)", help="Context length on both backends (capped at the model's).")] = 2048,
-    add_bos_token: Annotated[bool | None, typer.Option("--add-bos-token/--no-add-bos-token", rich_help_panel="Alignment (what would pass for drift)", help="BOS policy on both backends (default: the tokenizer's).")] = None,
-    align_softmax: Annotated[bool, typer.Option(rich_help_panel="Alignment (what would pass for drift)", help="HF log-softmax in fp32, as vLLM does.")] = True,
-    prefix_caching: Annotated[bool, typer.Option(rich_help_panel="Alignment (what would pass for drift)", help="vLLM prefix caching (off: it can return stale prompt logprobs).")] = False,
-    true_fp32: Annotated[bool, typer.Option(rich_help_panel="Alignment (what would pass for drift)", help="fp32 cells without TF32 (torch, cuDNN, Triton).")] = True,
-    seed: Annotated[int, typer.Option(rich_help_panel="Alignment (what would pass for drift)", help="Seed for lm-eval, numpy, torch and few-shot sampling.")] = 1234,
-    max_gen_toks: Annotated[int | None, typer.Option(rich_help_panel="Model and tasks", help="Cap on generated tokens, the same on both backends (default: each task's own; 64 for the embedded default run).")] = None,
-    hf_args: Annotated[str, typer.Option(rich_help_panel="Cells", help="Extra lm-eval hf model args, k=v,k=v.")] = "",
-    vllm_args: Annotated[str, typer.Option(rich_help_panel="Cells", help="Extra lm-eval vllm model args, k=v,k=v.")] = "",
-    reference: Reference = STATS.reference,
-    margin: Margin = MARGIN,
-    ll_tolerance: LlTolerance = STATS.ll_tolerance,
-    alpha: Alpha = STATS.alpha,
-    multiple: Multiple = STATS.multiple,
-    direction: Direction = STATS.direction,
-    cluster: Cluster = STATS.cluster,
-    gate_logprobs: GateLogprobs = STATS.gate_logprobs,
-    fail_on_inconclusive: FailOnInconclusive = FAIL_ON_INCONCLUSIVE,
-    junit_xml: JunitXml = None,
-    summary_md: SummaryMd = None,
-    drift: Annotated[int, typer.Option(rich_help_panel="Run folder and outputs", help="Also localise the drift on this many prompts from the run's tasks (0: off).")] = 0,
-    ray: Annotated[str | None, typer.Option(rich_help_panel="Placement", help="Run the cells as Ray tasks: a cluster ADDRESS, auto (RAY_ADDRESS or a running local cluster) or local (a new instance on this host). Default: Ray on this host when several GPUs are visible, else one cell at a time.")] = None,
-    shards: Annotated[int, typer.Option(rich_help_panel="Placement", help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1,
-    tensor_parallel: Annotated[int, typer.Option(rich_help_panel="Placement", help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1,
-    single_cell: Annotated[bool, typer.Option(rich_help_panel="Run folder and outputs", help="Allow a run of one cell (nothing to compare it with): e.g. to add it to a run directory later.")] = False,
-    cells_per_gpu: Annotated[int | None, typer.Option(rich_help_panel="Placement", help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None,
-    full: Annotated[bool, typer.Option("--full", rich_help_panel="Staging", help="Score every document of every task. Default: staged, each task in looks of growing size (--first-look, doubling) in a fixed random order, stopping as soon as all its gating comparisons are settled.")] = False,
-    first_look: Annotated[int, typer.Option(rich_help_panel="Staging", help="Documents per task at the first look of a staged run; each later look doubles, while at most half the task, and the last is all of it.")] = config.FIRST_LOOK,
-    apply_chat_template: Annotated[bool, typer.Option(rich_help_panel="Model and tasks", help="Wrap every request in the model's chat template (lm-eval's --apply_chat_template), on every cell alike; refused for a tokenizer without one.")] = False,
-    system_instruction: Annotated[str | None, typer.Option(rich_help_panel="Model and tasks", help="A system instruction before every request (lm-eval's --system_instruction), on every cell alike.")] = None,
-    fewshot_as_multiturn: Annotated[bool | None, typer.Option("--fewshot-as-multiturn/--no-fewshot-as-multiturn", rich_help_panel="Model and tasks", help="With a chat template: few-shot examples as conversation turns (default: lm-eval's).")] = None,
-    spending: Annotated[str, typer.Option(rich_help_panel="Staging", help="How a staged run spends α over its looks: obf (O'Brien-Fleming-like: early stops need overwhelming evidence, the last look keeps nearly all of α) or pocock (Pocock-like: earlier stops when the drift is small, more docs when it is near the margin).")] = "obf",
-) -> None:
+# ------------------------------------------------------------------ the options, by what reads them
+@dataclass(frozen=True)
+class ModelAndTasks:
+    """What is evaluated: the model, its tasks and how many of their documents."""
+
+    model: Annotated[str | None, typer.Option(rich_help_panel=MODEL, help="Local path or hub id. Default: the embedded SmolLM2-135M-Instruct.")] = None
+    tasks: Annotated[str | None, typer.Option(rich_help_panel=MODEL, help="lm-eval task/group names, comma-separated. Default: gpqa_diamond_zeroshot,gsm8k (embedded data).")] = None
+    limit: Annotated[str | None, typer.Option(rich_help_panel=MODEL, help="Documents per task, or a fraction below 1 of each task's (as lm-eval's --limit 0.1). Default: all (6 for the embedded default run).")] = None
+    num_fewshot: Annotated[int | None, typer.Option(rich_help_panel=MODEL, help="Few-shot examples (default: the task's own; 0 for the embedded default run).")] = None
+    task_limit: Annotated[list[str] | None, typer.Option(rich_help_panel=MODEL, help="Per-task document limit TASK=N, overriding --limit for that task. Repeatable.")] = None
+    include_path: Annotated[list[str] | None, typer.Option(rich_help_panel=MODEL, help="Folder of extra task YAMLs. Repeatable.")] = None
+    datasets_dir: DatasetsDir = None
+
+
+@dataclass(frozen=True)
+class CellOptions:
+    """The matrix: which cells, on which device, at which batch size, with which extra model arguments."""
+
+    backends: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Backends, comma-separated: vllm, hf.")] = "vllm,hf"
+    dtypes: Annotated[str, typer.Option(rich_help_panel=CELLS, help="fp32/float32, bf16/bfloat16, fp16/float16, comma-separated.")] = "fp32,bf16,fp16"
+    device: Device = "auto"
+    batch_size: Annotated[str | None, typer.Option(rich_help_panel=CELLS, help="Batch size of every main cell: a number or auto (default: 8 on CPU, auto on GPU).")] = None
+    tf32: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Backends that get an extra fp32 cell in TF32 (e.g. vllm,hf), to measure TF32 as its own cell.")] = ""
+    repeat: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None
+    hf_args: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Extra lm-eval hf model args, k=v,k=v.")] = ""
+    vllm_args: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Extra lm-eval vllm model args, k=v,k=v.")] = ""
+
+
+@dataclass(frozen=True)
+class AlignmentOptions:
+    """What every cell does alike (``spec.Alignment``), so that a difference between them is not drift."""
+
+    max_length: Annotated[int, typer.Option(rich_help_panel=ALIGN, help="Context length on both backends (capped at the model's).")] = 2048
+    add_bos_token: Annotated[bool | None, typer.Option("--add-bos-token/--no-add-bos-token", rich_help_panel=ALIGN, help="BOS policy on both backends (default: the tokenizer's).")] = None
+    align_softmax: Annotated[bool, typer.Option(rich_help_panel=ALIGN, help="HF log-softmax in fp32, as vLLM does.")] = True
+    prefix_caching: Annotated[bool, typer.Option(rich_help_panel=ALIGN, help="vLLM prefix caching (off: it can return stale prompt logprobs).")] = False
+    true_fp32: Annotated[bool, typer.Option(rich_help_panel=ALIGN, help="fp32 cells without TF32 (torch, cuDNN, Triton).")] = True
+    seed: Annotated[int, typer.Option(rich_help_panel=ALIGN, help="Seed for lm-eval, numpy, torch and few-shot sampling.")] = 1234
+    max_gen_toks: Annotated[int | None, typer.Option(rich_help_panel=MODEL, help="Cap on generated tokens, the same on both backends (default: each task's own; 64 for the embedded default run).")] = None
+    apply_chat_template: Annotated[bool, typer.Option(rich_help_panel=MODEL, help="Wrap every request in the model's chat template (lm-eval's --apply_chat_template), on every cell alike; refused for a tokenizer without one.")] = False
+    system_instruction: Annotated[str | None, typer.Option(rich_help_panel=MODEL, help="A system instruction before every request (lm-eval's --system_instruction), on every cell alike.")] = None
+    fewshot_as_multiturn: Annotated[bool | None, typer.Option("--fewshot-as-multiturn/--no-fewshot-as-multiturn", rich_help_panel=MODEL, help="With a chat template: few-shot examples as conversation turns (default: lm-eval's).")] = None
+
+    def alignment(self, max_length: int) -> Alignment:
+        """The spec's record of these options, with the context length the model allows."""
+        return Alignment(softmax_fp32=self.align_softmax, add_bos_token=self.add_bos_token, max_length=max_length,
+                         prefix_caching=self.prefix_caching, seed=self.seed, true_fp32=self.true_fp32,
+                         max_gen_toks=self.max_gen_toks, apply_chat_template=self.apply_chat_template,
+                         system_instruction=self.system_instruction, fewshot_as_multiturn=self.fewshot_as_multiturn)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Where the run goes and what it does with what is there already."""
+
+    out: Annotated[Path | None, typer.Option(rich_help_panel=OUTPUTS, help="Run directory. Default: results/<model>-<timestamp>.")] = None
+    force: Annotated[bool, typer.Option(rich_help_panel=OUTPUTS, help="Rerun cells that already finished.")] = False
+    drift: Annotated[int, typer.Option(rich_help_panel=OUTPUTS, help="Also localise the drift on this many prompts from the run's tasks (0: off).")] = 0
+    single_cell: Annotated[bool, typer.Option(rich_help_panel=OUTPUTS, help="Allow a run of one cell (nothing to compare it with): e.g. to add it to a run directory later.")] = False
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    """Where the cells run: one at a time here, or on Ray, sharded, over several GPUs each."""
+
+    ray: Annotated[str | None, typer.Option(rich_help_panel=PLACE, help="Run the cells as Ray tasks: a cluster ADDRESS, auto (RAY_ADDRESS or a running local cluster) or local (a new instance on this host). Default: Ray on this host when several GPUs are visible, else one cell at a time.")] = None
+    shards: Annotated[int, typer.Option(rich_help_panel=PLACE, help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1
+    tensor_parallel: Annotated[int, typer.Option(rich_help_panel=PLACE, help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1
+    cells_per_gpu: Annotated[int | None, typer.Option(rich_help_panel=PLACE, help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None
+
+
+@dataclass(frozen=True)
+class StagingOptions:
+    """How many documents: staged looks that stop when settled, or every one."""
+
+    full: Annotated[bool, typer.Option("--full", rich_help_panel=STAGE, help="Score every document of every task. Default: staged, each task in looks of growing size (--first-look, doubling) in a fixed random order, stopping as soon as all its gating comparisons are settled.")] = False
+    first_look: Annotated[int, typer.Option(rich_help_panel=STAGE, help="Documents per task at the first look of a staged run; each later look doubles, while at most half the task, and the last is all of it.")] = config.FIRST_LOOK
+    spending: Annotated[str, typer.Option(rich_help_panel=STAGE, help="How a staged run spends α over its looks: obf (O'Brien-Fleming-like: early stops need overwhelming evidence, the last look keeps nearly all of α) or pocock (Pocock-like: earlier stops when the drift is small, more docs when it is near the margin).")] = "obf"
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What ``check_arguments`` parsed from the arguments alone."""
+
+    task_list: list[str]
+    limit: int | None
+    fraction: float | None  # lm-eval's fractional --limit: each task's share, made per-task limits later
+    task_limits: tuple[tuple[str, int], ...]
+    batch_size: int | str | None  # None: the device's default
+
+
+# ------------------------------------------------------------------ the verb
+@verb
+def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: AlignmentOptions, stats: Statistics,
+        outputs: Outputs, place: PlacementOptions, staged: StagingOptions) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
     from evalparity.matrix import Placement  # heavy: pandas (matrix -> cells -> samples)
 
     timings = RunLog()
-    opts = stats_options(reference=reference, margin=margin, ll_tolerance=ll_tolerance, alpha=alpha,
-                         multiple=multiple, direction=direction, cluster=cluster, gate_logprobs=gate_logprobs)
-    task_list, limit, num_fewshot, max_gen_toks = embedded_default(model, tasks, limit, num_fewshot, max_gen_toks)
-    limit, fraction, task_limits, bs = check_arguments(tasks, task_list, limit, num_fewshot, max_gen_toks, tensor_parallel,
-                                             cells_per_gpu, task_limit, batch_size, max_length=max_length, seed=seed,
-                                             drift=drift, shards=shards)
-    run_dir = out or default_out(model)
-    check_ci_outputs(run_dir, junit_xml, summary_md)
+    opts = stats.options()
+    what, align = embedded_default(what, align)
+    args = check_arguments(what, align, cells, folder, place)
+    run_dir = folder.out or default_out(what.model)
+    outputs.check(run_dir)
     lock = rundir.acquire(run_dir)  # a directory this run created is removed again if it fails before writing
     head = None
-    try:
-        check_resumed_spec(run_dir)
-        n_jobs = len(split_list(backends)) * len(split_list(dtypes)) * shards + len(repeat or [])
-        head = start_ray_early(device, tensor_parallel, ray, cells_per_gpu, n_jobs)
-        dev = resolve_device(device)
-        cell_specs = plan_cells(run_dir, dev, backends, dtypes, bs, repeat, tf32, shards, tensor_parallel, single_cell)
-        offline = go_offline_without_hub()
-        model_id, model_path, max_len, fingerprint = identify_model(model, max_length)
-        check_chat_template(apply_chat_template, fewshot_as_multiturn, model_path)
-        memory_plan = plan_memory(dev, ray, model_path, cell_specs, max_len, tensor_parallel, cells_per_gpu)
-        placement = Placement(ray=ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan else cells_per_gpu or 1)
-        task_list, task_aliases, plan = preflight(task_list, tasks is None, include_path, datasets_dir, limit,
-                                                  num_fewshot, task_limits)
-        if fraction is not None:  # lm-eval's fractional --limit: each task's share, recorded per task
-            task_limits = fraction_limits(fraction, plan.leaves, task_limits)
-        staged = plan_staging(full, first_look, task_list, plan, limit, task_limits, cell_specs, opts, seed,
-                              spending)
-        spec = build_spec(
-            model_id=model_id, task_list=task_list, cell_specs=cell_specs, limit=limit, num_fewshot=num_fewshot,
-            dev=dev, include_path=include_path, datasets_dir=datasets_dir, align_softmax=align_softmax,
-            add_bos_token=add_bos_token, max_len=max_len, prefix_caching=prefix_caching, seed=seed,
-            true_fp32=true_fp32, max_gen_toks=max_gen_toks, hf_args=hf_args, vllm_args=vllm_args,
-            task_limits=task_limits, plan=plan, tensor_parallel=tensor_parallel, fingerprint=fingerprint,
-            task_aliases=task_aliases, memory_plan=memory_plan, staging=staged,
-            chat=(apply_chat_template, system_instruction, fewshot_as_multiturn))
-        report_documents(spec, plan, limit)
-        opts = choose_reference(opts, reference, cell_specs)
-        check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
-        timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
-        outcomes = run_cells(spec, run_dir, model_path, force, offline, placement, timings, head, opts)
+    with timestamped_log():  # piped, every line of the run's log starts with the time
+        try:
+            check_resumed_spec(run_dir)
+            head = start_ray_early(cells, place)
+            dev = resolve_device(cells.device)
+            cell_specs = plan_cells(run_dir, dev, cells, args.batch_size, place, folder.single_cell)
+            offline = go_offline_without_hub()
+            model_id, model_path, max_len, fingerprint = identify_model(what.model, align.max_length)
+            check_chat_template(align.apply_chat_template, align.fewshot_as_multiturn, model_path)
+            memory_plan = plan_memory(dev, place.ray, model_path, cell_specs, max_len, place.tensor_parallel,
+                                      place.cells_per_gpu)
+            placement = Placement(ray=place.ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan
+                                  else place.cells_per_gpu or 1)
+            task_list, task_aliases, plan = preflight(args, what)
+            task_limits = args.task_limits if args.fraction is None else \
+                fraction_limits(args.fraction, plan.leaves, args.task_limits)  # each task's share, recorded
+            staging = plan_staging(staged, task_list, plan, args.limit, task_limits, cell_specs, opts, align.seed)
+            spec = build_spec(what, align, cells, place, model_id=model_id, fingerprint=fingerprint,
+                              task_list=task_list, task_aliases=task_aliases, plan=plan, cell_specs=cell_specs,
+                              limit=args.limit, task_limits=task_limits, dev=dev, max_len=max_len,
+                              memory_plan=memory_plan, staging=staging)
+            report_documents(spec, plan, args.limit)
+            opts = signoff.choose_reference(opts, [c.name for c in cell_specs],
+                                            fallback=stats.reference == Statistics.reference)
+            check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
+            timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
+            outcomes = run_cells(spec, run_dir, model_path, folder.force, offline, placement, timings, head, opts)
 
-        failed = report_outcomes(run_dir, outcomes)
-        check_enough_cells(outcomes, opts, single_cell)
-        if drift:
-            localise_drift(run_dir, model_path, drift, cell_specs, opts, dev, max_len, timings)
-        code = stats_and_report(run_dir, opts, fail_on_inconclusive, timings, junit_xml=junit_xml,
-                                summary_md=summary_md)
-        if head is not None:
-            with timings.stage("ray_head_stop"):  # what is left of its stop, begun before the statistics
-                head.close()
-        raise typer.Exit(exit_code(failed, code))
-    finally:
-        timings.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
-        if head is not None:
-            head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
-        lock.release()
+            failed = report_outcomes(run_dir, outcomes)
+            check_enough_cells(outcomes, opts, folder.single_cell)
+            if folder.drift:
+                localise_drift(run_dir, model_path, folder.drift, cell_specs, opts, dev, max_len, timings)
+            code = finish(run_dir, opts, outputs, timings)
+            if head is not None:
+                with timings.stage("ray_head_stop"):  # what is left of its stop, begun before the statistics
+                    head.close()
+            raise typer.Exit(signoff.exit_code(failed, code))
+        finally:
+            timings.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
+            if head is not None:
+                head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
+            lock.release()
 
 
 # ------------------------------------------------------------------ before the lock: the arguments alone
-def embedded_default(model: str | None, tasks: str | None, limit: int | None, num_fewshot: int | None,
-                     max_gen_toks: int | None) -> tuple[list[str], int | None, int | None, int | None]:
-    """(tasks, limit, few-shot, generation cap), with the embedded default run's own where the user gave
-    none. A first run (no --model, no --tasks) should finish in minutes on 2 CPU cores: few docs, zero-shot
-    (the embedded mirror has no train split), and generations capped at 64 tokens; each of these is recorded
-    in the spec, so the report says so."""
-
-    task_list = split_list(tasks) if tasks is not None else list(embedded.DEFAULT_TASKS)
-    if model is None and tasks is None:
-        limit = EMBEDDED_LIMIT if limit is None else limit
-        num_fewshot = 0 if num_fewshot is None else num_fewshot
-        max_gen_toks = 64 if max_gen_toks is None else max_gen_toks
-    return task_list, limit, num_fewshot, max_gen_toks
+def embedded_default(what: ModelAndTasks, align: AlignmentOptions) -> tuple[ModelAndTasks, AlignmentOptions]:
+    """The options with the embedded default run's own where the user gave none. A first run (no --model,
+    no --tasks) should finish in minutes on 2 CPU cores: few docs, zero-shot (the embedded mirror has no
+    train split), and generations capped at 64 tokens; each of these is recorded in the spec, so the report
+    says so."""
+    if what.model is not None or what.tasks is not None:
+        return what, align
+    what = dataclasses.replace(what, limit=str(EMBEDDED_LIMIT) if what.limit is None else what.limit,
+                               num_fewshot=0 if what.num_fewshot is None else what.num_fewshot)
+    return what, dataclasses.replace(align, max_gen_toks=64 if align.max_gen_toks is None else align.max_gen_toks)
 
 
-def check_arguments(tasks: str | None, task_list: list[str], limit: int | None, num_fewshot: int | None,
-                    max_gen_toks: int | None, tensor_parallel: int, cells_per_gpu: int | None,
-                    task_limit: list[str] | None, batch_size: str | None, *, max_length: int = 2048,
-                    seed: int = 0, drift: int = 0, shards: int = 1):
+def check_arguments(what: ModelAndTasks, align: AlignmentOptions, cells: CellOptions, folder: RunFolder,
+                    place: PlacementOptions) -> Checked:
     """Every check that needs nothing but the arguments (and the ``EVALPARITY_*`` switches), in one place and
     before anything is locked or started, so that a typo costs nothing: one line, exit 2. Returns what the
-    checks parsed: (limit, the fraction of each task when --limit is below 1, task limits, batch size or None
-    for the device's default). What needs more (the
-    device, the run directory, the tasks' data) is checked by the step that has it."""
-
-    if tasks is not None and not task_list:
+    checks parsed. What needs more (the device, the run directory, the tasks' data) is checked by the step
+    that has it."""
+    task_list = split_list(what.tasks) if what.tasks is not None else list(embedded.DEFAULT_TASKS)
+    if what.tasks is not None and not task_list:
         raise EvalParityError("--tasks is empty: give lm-eval task or group names, e.g. --tasks hellaswag")
-    if max_gen_toks is not None and max_gen_toks < 1:
-        raise EvalParityError(f"--max-gen-toks {max_gen_toks} must be at least 1")
-    limit, fraction = check_limit(limit)
-    if num_fewshot is not None and num_fewshot < 0:
-        raise EvalParityError(f"--num-fewshot {num_fewshot} is negative: give 0 or more")
-    if tensor_parallel < 1 or (cells_per_gpu is not None and cells_per_gpu < 1):
+    if align.max_gen_toks is not None and align.max_gen_toks < 1:
+        raise EvalParityError(f"--max-gen-toks {align.max_gen_toks} must be at least 1")
+    limit, fraction = check_limit(what.limit)
+    if what.num_fewshot is not None and what.num_fewshot < 0:
+        raise EvalParityError(f"--num-fewshot {what.num_fewshot} is negative: give 0 or more")
+    if place.tensor_parallel < 1 or (place.cells_per_gpu is not None and place.cells_per_gpu < 1):
         raise EvalParityError("--tensor-parallel and --cells-per-gpu must be at least 1")
-    at_least("--max-length", max_length, 1, "tokens of context")
-    at_least("--drift", drift, 0, "prompts; 0 is off")
-    at_least("--shards", shards, 1)
-    check_seed("--seed", seed)
+    at_least("--max-length", align.max_length, 1, "tokens of context")
+    at_least("--drift", folder.drift, 0, "prompts; 0 is off")
+    at_least("--shards", place.shards, 1)
+    check_seed("--seed", align.seed)
     config.check_environment()
-    task_limits = parse_task_limits(task_limit or [])
-    bs = parse_batch_size(batch_size) if batch_size is not None else None
-    return limit, fraction, task_limits, bs
+    bs = parse_batch_size(cells.batch_size) if cells.batch_size is not None else None
+    return Checked(task_list, limit, fraction, parse_task_limits(what.task_limit or []), bs)
 
 
 def default_out(model: str | None) -> Path:
@@ -237,31 +266,30 @@ def check_resumed_spec(run_dir: Path) -> None:
         records.check_spec(layout.spec_file(run_dir))
 
 
-def start_ray_early(device: str, tensor_parallel: int, ray: str | None, cells_per_gpu: int | None, n_jobs: int):
+def start_ray_early(cells: CellOptions, place: PlacementOptions):
     """The run's own Ray instance, if it will likely want one, started now in its own process so that its
     start overlaps the setup (torch's import, the task index, every task's data) instead of following it.
     Without --cells-per-gpu the memory plan decides the packing later; the guess here is that every job may
     share a GPU. A wrong guess costs nothing (``matrix.early_ray_head``)."""
     from evalparity.matrix import Placement, early_ray_head  # heavy: pandas (matrix -> cells -> samples)
 
-    return early_ray_head(device, tensor_parallel, Placement(ray=ray, cells_per_gpu=cells_per_gpu or n_jobs), n_jobs)
+    n_jobs = len(split_list(cells.backends)) * len(split_list(cells.dtypes)) * place.shards + len(cells.repeat or [])
+    return early_ray_head(cells.device, place.tensor_parallel,
+                          Placement(ray=place.ray, cells_per_gpu=place.cells_per_gpu or n_jobs), n_jobs)
 
 
-def plan_cells(run_dir: Path, dev: str, backends: str, dtypes: str, bs, repeat: list[str] | None, tf32: str,
-               shards: int, tensor_parallel: int, single_cell: bool):
+def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: PlacementOptions, single_cell: bool):
     """The cells, checked against the device: what it can run (tensor parallelism needs GPUs; vLLM's half
     precision on CPU needs AVX2/AVX-512), the default batch size (8 on CPU, auto on GPU), and at least two
-    cells to compare, counting those the run directory holds already, unless --single-cell."""
+    cells to compare, counting those the run directory holds already (``spec.check_two_cells``)."""
 
     bs = bs if bs is not None else (8 if dev == "cpu" else "auto")
-    if tensor_parallel > 1 and dev == "cpu":
+    if place.tensor_parallel > 1 and dev == "cpu":
         raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
-    cell_specs = build_cells(split_list(backends), split_list(dtypes), bs, repeat or [], split_list(tf32), shards)
+    cell_specs = build_cells(split_list(cells.backends), split_list(cells.dtypes), bs, cells.repeat or [],
+                             split_list(cells.tf32), place.shards)
     check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
-    if len(cell_specs) + len(other_cells(run_dir, cell_specs)) < 2 and not single_cell:
-        raise EvalParityError(f"this run has a single cell ({cell_specs[0].name}): there is nothing to compare it "
-                              "with; add a backend or dtype (e.g. --dtypes fp32,bf16), or pass --single-cell "
-                              "to run it alone")
+    check_two_cells(cell_specs, other_cells(run_dir, cell_specs), single_cell)
     return cell_specs
 
 
@@ -319,7 +347,7 @@ def plan_memory(dev: str, ray: str | None, model_path, cell_specs, max_len: int,
     if dev == "cpu":
         return None
     if ray not in (None, "local"):
-        console.print("[dim]memory plan: skipped, the cells run on the Ray cluster's GPUs, not this host's[/dim]")
+        log("[dim]memory plan: skipped, the cells run on the Ray cluster's GPUs, not this host's[/dim]")
         return None
 
     plan = memplan.plan([(c.name, c.backend, c.dtype, c.batch_size) for c in cell_specs],
@@ -327,68 +355,63 @@ def plan_memory(dev: str, ray: str | None, model_path, cell_specs, max_len: int,
                         max_length=max_len, n_jobs=sum(c.shards for c in cell_specs),
                         tensor_parallel=tensor_parallel, cells_per_gpu=cells_per_gpu)
     for line in plan.lines():
-        console.print(line, highlight=False)
+        log(line, highlight=False)
     return plan
 
 
-def preflight(task_list: list[str], embedded_tasks: bool, include_path: list[str] | None,
-              datasets_dir: str | None, limit: int | None, num_fewshot: int | None, task_limits):
+def preflight(args: Checked, what: ModelAndTasks):
     """(tasks, the aliases resolved, the preflight plan): every task's name and data checked before any model
     loads, so that a typo or a missing dataset fails in seconds, not after the first cell. The default tasks
     read the embedded mirror, prepared (once) first."""
 
-    if embedded_tasks:
+    if what.tasks is None:
         embedded.dataset_mirror()
-    roots = mirrors.mirror_roots(datasets_dir)
-    console.print(f"checking {len(task_list)} task(s) and their data ...")
-    tm = tasks_mod.task_manager(include_path or [])
-    task_list, task_aliases = tasks_mod.resolve_names(task_list, tm)
+    roots = mirrors.mirror_roots(what.datasets_dir)
+    log(f"checking {len(args.task_list)} task(s) and their data ...")
+    tm = tasks_mod.task_manager(what.include_path or [])
+    task_list, task_aliases = tasks_mod.resolve_names(args.task_list, tm)
     for typed, real in task_aliases.items():
-        console.print(f"task {safe(repr(typed))} is lm-eval's group {safe(repr(real))}: running {safe(real)}")
-    plan = tasks_mod.preflight(task_list, tm, roots, limit, num_fewshot)
-    unknown_limits = [t for t, _ in task_limits if t not in plan.leaves and t not in plan.groups]
+        log(f"task {safe(repr(typed))} is lm-eval's group {safe(repr(real))}: running {safe(real)}")
+    plan = tasks_mod.preflight(task_list, tm, roots, args.limit, what.num_fewshot)
+    unknown_limits = [t for t, _ in args.task_limits if t not in plan.leaves and t not in plan.groups]
     if unknown_limits:
         raise EvalParityError(f"--task-limit names {unknown_limits[0]}, which is not among the run's tasks: use one of "
                               f"{', '.join(sorted(plan.leaves))}")
     return task_list, task_aliases, plan
 
 
-def build_spec(*, model_id, task_list, cell_specs, limit, num_fewshot, dev, include_path, datasets_dir,
-               align_softmax, add_bos_token, max_len, prefix_caching, seed, true_fp32, max_gen_toks, hf_args,
-               vllm_args, task_limits, plan, tensor_parallel, fingerprint, task_aliases, memory_plan, staging=None,
-               chat=(False, None, None)):
+def build_spec(what: ModelAndTasks, align: AlignmentOptions, cells: CellOptions, place: PlacementOptions, *,
+               model_id, fingerprint, task_list, task_aliases, plan, cell_specs, limit, task_limits, dev, max_len,
+               memory_plan, staging) -> RunSpec:
     """The run's spec: everything its cells' results depend on, in one record (``spec.json``), which a
-    rerun into the same directory must match."""
+    rerun into the same directory must match. The option groups give what was typed; the keywords, what the
+    setup found from it (the model, the tasks' names and documents, the cells, the device, the plans)."""
     from evalparity.cells import versions  # heavy: pandas (cells -> samples); loaded by the preflight already
 
-
     return RunSpec(
-        model=model_id, tasks=tuple(task_list), cells=cell_specs, limit=limit, num_fewshot=num_fewshot,
-        device=dev, include_paths=tuple(str(Path(p).resolve()) for p in include_path or []),
-        datasets_dir=str(Path(datasets_dir).resolve()) if datasets_dir else None,
-        alignment=Alignment(softmax_fp32=align_softmax, add_bos_token=add_bos_token, max_length=max_len,
-                            prefix_caching=prefix_caching, seed=seed, true_fp32=true_fp32,
-                            max_gen_toks=max_gen_toks, apply_chat_template=chat[0], system_instruction=chat[1],
-                            fewshot_as_multiturn=chat[2]),
-        hf_args=hf_args, vllm_args=vllm_args, task_limits=task_limits,
-        leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=tensor_parallel,
+        model=model_id, tasks=tuple(task_list), cells=cell_specs, limit=limit, num_fewshot=what.num_fewshot,
+        device=dev, include_paths=tuple(str(Path(p).resolve()) for p in what.include_path or []),
+        datasets_dir=str(Path(what.datasets_dir).resolve()) if what.datasets_dir else None,
+        alignment=align.alignment(max_len),
+        hf_args=cells.hf_args, vllm_args=cells.vllm_args, task_limits=task_limits,
+        leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=place.tensor_parallel,
         model_fingerprint=fingerprint,
         task_aliases=tuple(task_aliases.items()),
         memory_plan=memory_plan.to_json() if memory_plan else {},
-        task_configs=tasks_mod.config_digest(include_path or []),
+        task_configs=tasks_mod.config_digest(what.include_path or []),
         software=tuple(sorted((k, v) for k, v in versions().items())),
         staging=staging,
     )
 
 
-def plan_staging(full: bool, first_look: int, task_list: list[str], plan, limit: int | None, task_limits,
-                 cell_specs, opts, seed: int, spending: str = "obf") -> dict | None:
+def plan_staging(staged: StagingOptions, task_list: list[str], plan, limit: int | None, task_limits, cell_specs,
+                 opts, seed: int) -> dict | None:
     """The staged design of the run (``staging.make_plan``), printed, as the spec records it; None when every
     doc is scored: ``--full``, or staging does not apply (said why), or no task has more than one look."""
     from evalparity import staging  # numpy, scipy: after the preflight has loaded them
 
-    at_least("--first-look", first_look, 1, "docs")
-    if full:
+    at_least("--first-look", staged.first_look, 1, "docs")
+    if staged.full:
         return None
     off = None
     if any(c.shards > 1 for c in cell_specs):
@@ -396,21 +419,21 @@ def plan_staging(full: bool, first_look: int, task_list: list[str], plan, limit:
     elif opts.gate_logprobs:
         off = "--gate-logprobs gates on loglikelihoods, which the staged rule does not cover"
     if off:
-        console.print(f"staged: off ({off}); scoring every document")
+        log(f"staged: off ({off}); scoring every document")
         return None
     per_task = dict(RunSpec(model="", tasks=(), cells=(), limit=limit, task_limits=task_limits,
                             leaf_docs=tuple(sorted(plan.leaves.items()))).samples() or {})
     docs = {leaf: len(per_task[leaf]) if leaf in per_task else min(n, limit or n) for leaf, n in plan.leaves.items()}
     units = {task: [(leaf, docs[leaf]) for leaf in leaves]
              for task, leaves in staging.units_of(task_list, plan.leaves, plan.groups).items()}
-    staged = staging.make_plan(units, seed=seed, first=first_look, spending=spending)
-    if staged is None:
+    design = staging.make_plan(units, seed=seed, first=staged.first_look, spending=staged.spending)
+    if design is None:
         return None
-    for u in staged.units:
+    for u in design.units:
         looks = ", ".join(f"{n:,}" for n in u.looks)
-        console.print(f"staged: {safe(u.name)} looks at {looks} docs, stopping when its gating comparisons "
-                      "settle (--full scores every doc)", highlight=False, soft_wrap=True)
-    return staged.to_json()
+        log(f"staged: {safe(u.name)} looks at {looks} docs, stopping when its gating comparisons "
+            "settle (--full scores every doc)", highlight=False, soft_wrap=True)
+    return design.to_json()
 
 
 def report_documents(spec, plan, limit: int | None) -> None:
@@ -419,21 +442,7 @@ def report_documents(spec, plan, limit: int | None) -> None:
     per_task = spec.samples()
     n_docs = sum(len(ids) for ids in per_task.values()) if per_task else \
         sum(min(n, limit or n) for n in plan.leaves.values())
-    console.print(f"tasks: {len(plan.leaves)} leaf task(s), {n_docs:,} documents per cell")
-
-
-def choose_reference(opts, reference: str, cell_specs):
-    """The statistics options with a reference that is a cell of this run: the default hf-fp32 falls back to
-    the first cell (a run without HF fp32 still compares); a --reference given and absent is an error,
-    before any cell runs."""
-    if opts.reference in {c.name for c in cell_specs}:
-        return opts
-    if reference == STATS.reference:
-        first = cell_specs[0].name
-        console.print(f"[yellow]{STATS.reference} is not in this run: comparing against {first}[/yellow]")
-        return opts.with_reference(first)
-    raise EvalParityError(f"--reference {reference} is not a cell of this run: use one of "
-                          f"{', '.join(c.name for c in cell_specs)}")
+    log(f"tasks: {len(plan.leaves)} leaf task(s), {n_docs:,} documents per cell")
 
 
 # ------------------------------------------------------------------ the matrix and after
@@ -450,55 +459,29 @@ def run_cells(spec, run_dir: Path, model_path, force: bool, offline: bool, place
 
 
 def report_outcomes(run_dir: Path, outcomes) -> list[str]:
-    """The failed cells, printed with every attempt's reason and log, and what to do (rerun; free the disk
-    when it was full); returned by name."""
+    """The failed cells, printed with every attempt's reason and log (``failures``), and what to do (rerun;
+    free the disk when it was full); returned by name."""
     failed = [o.name for o in outcomes if o.status == "failed"]
     if failed:
-        console.print(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}. Rerun the same command to "
-                      "retry them.[/red]")
-        print_attempts(run_dir, failed, {o.name: o.meta for o in outcomes})
-        disk_full = [o.name for o in outcomes if o.status == "failed" and disk_is_full(o.meta.get("error"))]
+        log(f"[red]{len(failed)} cell(s) failed: {', '.join(failed)}. Rerun the same command to retry them.[/red]")
+        for line in failures.attempt_lines(run_dir, failed, {o.name: o.meta for o in outcomes}):
+            log(Text(visible(line)), soft_wrap=True, highlight=False)
+        disk_full = [o.name for o in outcomes if o.status == "failed" and failures.disk_is_full(o.meta.get("error"))]
         if disk_full:
-            console.print(f"[red]{', '.join(disk_full)}: the disk holding {safe(run_dir)} is full (or over its quota): "
-                          "free space there, then rerun the same command[/red]", soft_wrap=True, highlight=False)
+            log(f"[red]{', '.join(disk_full)}: the disk holding {safe(run_dir)} is full (or over its quota): "
+                "free space there, then rerun the same command[/red]", soft_wrap=True, highlight=False)
     return failed
 
 
-def print_attempts(run_dir: Path, failed: list[str], metas: dict[str, dict]) -> None:
-    """Every failed attempt of each failed cell (or its shards), each with its reason and kept log, and this
-    run's own when it could not be recorded (a full disk): never a log path that does not exist."""
-    for name in failed:
-        shards = layout.attempts_dir(run_dir, name, SHARDS).parent
-        tried = [(CELLS, name)] + [(SHARDS, p.name) for p in sorted(shards.glob(f"{name}.*of*"))]
-        last = None
-        for folder, unit in tried:
-            for a in units.attempt_history(run_dir, unit, folder):
-                last = a.get("error")
-                console.print(f"  {unit} attempt {safe(a.get('attempt'))}: {safe(a.get('error') or 'no reason recorded')}"
-                              f" (log: {safe(a.get('log_path') or 'none written')})", soft_wrap=True, highlight=False)
-        now = metas.get(name, {}).get("error")
-        if last is None or (now and now != last and metas.get(name, {}).get("unrecorded")):
-            log = layout.log_file(layout.cell_dir(run_dir, name))
-            where = f" (log: {log.relative_to(run_dir)})" if last is None and log.is_file() \
-                and not metas.get(name, {}).get("unrecorded") else ""
-            console.print(f"  {name}: {safe(now or 'no reason recorded')}{safe(where)}", soft_wrap=True, highlight=False)
-
-
-def disk_is_full(error) -> bool:
-    """Whether a failure's reason is a full disk (or quota): the fix is the user's, not a rerun's."""
-
-    return isinstance(error, str) and any(os.strerror(e) in error for e in (errno.ENOSPC, errno.EDQUOT))
-
-
 def check_enough_cells(outcomes, opts, single_cell: bool) -> None:
-    """Stop before the statistics when there is nothing to compare: exit 0 for the one cell --single-cell
-    asked for, exit 5 when fewer than two cells (or not the reference) finished."""
-    ok = [o for o in outcomes if o.status != "failed"]
+    """Stop before the statistics when there is nothing to compare (``signoff.enough_cells``): exit 0 for the
+    one cell --single-cell asked for, exit 5 when fewer than two cells (or not the reference) finished."""
+    ok = [o.name for o in outcomes if o.status != "failed"]
     if single_cell and len(ok) == len(outcomes) == 1:
-        console.print(f"one cell, {ok[0].name}, finished: no comparison made (--single-cell)")
+        log(f"one cell, {ok[0]}, finished: no comparison made (--single-cell)")
         raise typer.Exit(0)
-    if len(ok) < 2 or opts.reference not in {o.name for o in ok}:
-        console.print(f"[red]not enough finished cells to compare (reference {safe(opts.reference)})[/red]")
+    if not signoff.enough_cells(ok, opts.reference):
+        log(f"[red]not enough finished cells to compare (reference {safe(opts.reference)})[/red]")
         raise typer.Exit(EXIT_CELL_FAILED)
 
 
@@ -512,9 +495,3 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
         run_drift(str(model_path), prompts_from_run(run_dir, n_prompts), [c.name for c in cell_specs if not c.tag],
                   layout.drift_dir(stage), reference=opts.reference, device=dev, max_len=max_len, console=console,
                   shown=layout.drift_dir(run_dir))
-
-
-def exit_code(failed: list[str], code: int) -> int:
-    """The sign-off's code, unless it passed while some cell failed: then 5, so CI never reads a PASS over
-    cells that did not run."""
-    return EXIT_CELL_FAILED if failed and code == 0 else code
