@@ -1,6 +1,7 @@
 """The command line: one module per verb (``run``, ``report``, ``plan``, ``compare``, ``drift``, ``doctor``,
-``models``),
-the options more than one verb takes (``options``), and where output goes (``output``). Each verb turns
+``models``), none importing another's (tests/test_architecture.py); what they share in modules of its own:
+the options, declared once in groups (``options``), what ``run``, ``report`` and ``compare`` end with
+(``finish``), where output goes (``output``) and ``--help``'s layout (``helptext``). Each verb turns
 EvalParityError into one line on stderr and its exit code (``main``), and never shows a traceback for bad
 input.
 
@@ -17,6 +18,7 @@ import sys
 import typer
 
 from evalparity.cli import compare, doctor, drift, models, plan, report, run
+from evalparity.cli.helptext import PanelCommand
 from evalparity.cli.options import lmeval_hint
 from evalparity.cli.output import configure_logging, console, error_line, signed_off
 from evalparity.errors import EvalParityError
@@ -40,12 +42,12 @@ def _version(value: bool) -> None:
 def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print evalparity's version and exit.")) -> None:
     """Does backend or dtype drift change model quality? Paired statistics over lm-eval runs."""
-app.command("run")(run.run)
-app.command("report")(report.report)
-app.command("plan")(plan.plan)
-app.command("compare")(compare.compare)
-app.command("drift")(drift.drift)
-app.command("doctor")(doctor.doctor)
+app.command("run", cls=PanelCommand)(run.run)
+app.command("report", cls=PanelCommand)(report.report)
+app.command("plan", cls=PanelCommand)(plan.plan)
+app.command("compare", cls=PanelCommand)(compare.compare)
+app.command("drift", cls=PanelCommand)(drift.drift)
+app.command("doctor", cls=PanelCommand)(doctor.doctor)
 app.add_typer(models.app, name="models")
 
 
