@@ -323,6 +323,7 @@ def load_model(spec: RunSpec, cell: CellSpec, backend, args: dict, meta: dict, p
     meta["settings"]["bos_added"] = _bos_added(lm)
     meta["settings"] |= backend.loaded_settings(lm)
     meta["settings"]["template_cache"] = lmeval_patches.cache_templates()
+    meta["settings"]["env_info_cache"] = lmeval_patches.cache_env_info()
     return lm, tm
 
 
@@ -343,7 +344,7 @@ def evaluate(lm, tm, spec: RunSpec, cell: CellSpec, backend, args: dict, meta: d
     clock.start()
     results = lm_eval.simple_evaluate(
         model=lm, model_args=args, tasks=list(task_names), num_fewshot=spec.num_fewshot,
-        limit=limit, samples=samples_arg,
+        limit=limit, samples=lmeval_patches.fast_samples(samples_arg),
         log_samples=True, task_manager=tm, evaluation_tracker=tracker, cache_requests=False,
         bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed,

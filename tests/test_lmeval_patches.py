@@ -64,3 +64,46 @@ def test_template_cache_renders_the_same_requests(tiny_tasks):
         assert rows, task
         for a, b in zip(rows, cached["requests"][task], strict=True):
             assert a == b, f"{task} doc {a[0]} choice {a[1]}: {a} != {b}"
+
+
+def test_index_set_selects_the_same_docs_in_lm_evals_doc_iterator():
+    """lm-eval's own ``Task.doc_iterator`` on a plain list and on ``IndexSet``: the same (index, doc) pairs."""
+    from types import SimpleNamespace
+
+    from lm_eval.api.task import Task
+
+    from evalparity.lmeval_patches import IndexSet, fast_samples
+
+    docs = [{"i": i} for i in range(500)]
+    fake = SimpleNamespace(eval_docs=docs, config=SimpleNamespace(task="t"))
+    chosen = [3, 7, 8, 120, 499, 250]
+    plain = list(Task.doc_iterator(fake, samples=list(chosen)))
+    fast = list(Task.doc_iterator(fake, samples=IndexSet(chosen)))
+    assert fast == plain and [d["i"] for _, d in fast] == sorted(chosen)
+    assert 120 in IndexSet(chosen) and 121 not in IndexSet(chosen) and list(IndexSet(chosen)) == chosen
+    assert json.dumps(fast_samples({"t": chosen})) == json.dumps({"t": chosen})
+    assert fast_samples(None) is None
+
+
+def test_env_info_is_computed_once_per_process_and_copied(monkeypatch):
+    from lm_eval import evaluator
+
+    from evalparity import lmeval_patches
+
+    calls = []
+
+    def add_env_info(storage):
+        calls.append(1)
+        storage.update({"pretty_env_info": "torch ...", "versions": {"lm_eval": "x"}})
+
+    monkeypatch.setattr(evaluator, "add_env_info", add_env_info)
+    assert lmeval_patches.cache_env_info() and lmeval_patches.cache_env_info()
+    first, second = {"results": 1}, {"results": 2}
+    evaluator.add_env_info(first)
+    evaluator.add_env_info(second)
+    assert len(calls) == 1
+    assert second == {"results": 2, "pretty_env_info": "torch ...", "versions": {"lm_eval": "x"}}
+    first["versions"]["lm_eval"] = "changed"  # each result has its own copy
+    third = {}
+    evaluator.add_env_info(third)
+    assert second["versions"]["lm_eval"] == third["versions"]["lm_eval"] == "x" and len(calls) == 1

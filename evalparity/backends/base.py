@@ -102,6 +102,11 @@ class Backend(Protocol):
         run on the same GPU at the same time. Fields not returned are None."""
         ...
 
+    # ---- optional, not part of the protocol: a backend module MAY define
+    #   warm_caches(architectures: list[str], device: str) -> list[str] | None
+    # a command that fills a per-machine cache its cells would otherwise each fill at once; the run starts it
+    # when its setup begins and waits for it before its cells (``evalparity.warmup``).
+
     # ---- drift localisation
 
     def drift_probe(self, model_path: str, dtype: str, max_len: int, device: str) -> Any:

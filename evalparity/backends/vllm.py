@@ -100,6 +100,16 @@ def flat_scoring_params():
         return None
 
 
+def warm_caches(architectures: list[str], device: str) -> list[str] | None:
+    """The command that fills vLLM's model-info cache for these architectures while the run sets up
+    (``backends/vllm_warmup.py`` says why); None on the CPU, where the cells run one at a time."""
+    if device == "cpu" or not architectures:
+        return None
+    import sys
+
+    return [sys.executable, "-m", "evalparity.backends.vllm_warmup", *architectures]
+
+
 def use_job_ports(args: dict | None = None) -> str | None:
     """Point vLLM at this job's own port range (``$EVALPARITY_PORT_BASE``, from ``config.job_port_base``)
     unless the user set ``VLLM_PORT``; returns the port vLLM will probe from (None: vLLM's own choice).
