@@ -47,6 +47,22 @@ def tiny_run(tiny_model, tiny_tasks, tmp_path_factory):
     return out, proc
 
 
+def crash_args(model: Path, tasks: Path, out: Path) -> list[str]:
+    """A one-cell run whose cell crashes for real: ``backend=seq2seq`` makes HF load an encoder-decoder class
+    for a Llama config."""
+    return ["run", "--model", str(model), "--tasks", "tiny_mc", "--include-path", str(tasks), "--backends", "hf",
+            "--dtypes", "fp32", "--limit", "2", "--max-length", "256", "--single-cell", "--hf-args", "backend=seq2seq",
+            "--out", str(out)]
+
+
+@pytest.fixture(scope="session")
+def crashed_cell(tiny_model, tiny_tasks, tmp_path_factory):
+    """That run, once: (its folder, the finished command). test_run_tiny reads it; test_faults reruns a copy
+    for the second attempt."""
+    out = tmp_path_factory.mktemp("crash") / "r"
+    return out, evalparity(*crash_args(tiny_model, tiny_tasks, out))
+
+
 @pytest.fixture
 def frozen_heap():
     """The heap as it is, frozen for one test (``gc.freeze``), so that a ``gc.collect()`` walks only what the

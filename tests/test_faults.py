@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import evalparity, one_line_error
+from conftest import crash_args, evalparity, one_line_error
 from faults_table import record
 from synthetic import make_lm_eval_dir
 
@@ -275,12 +275,15 @@ def test_report_on_a_full_disk_publishes_nothing(tmp_path):
         shutil.rmtree(mnt, ignore_errors=True)
 
 
-def test_every_failed_attempt_keeps_its_reason_and_log(tiny_model, tiny_tasks, tmp_path):
+def test_every_failed_attempt_keeps_its_reason_and_log(crashed_cell, tiny_model, tiny_tasks, tmp_path):
+    import shutil
+
     out = tmp_path / "r"
-    # backend=seq2seq makes HF load an encoder-decoder class for a Llama config: a real crash in the cell
-    args = _tiny_args(str(tiny_model), tiny_tasks, out, "--single-cell", "--hf-args", "backend=seq2seq")
-    for n in (1, 2):
-        proc = evalparity(*args)
+    # conftest.crash_args: a real crash in the cell. Attempt 1 is the session's crashed run (test_run_tiny
+    # reads it too), attempt 2 this test's rerun of a copy of it.
+    shutil.copytree(crashed_cell[0], out, symlinks=True)
+    attempts = (crashed_cell[1], evalparity(*crash_args(tiny_model, tiny_tasks, out)))
+    for n, proc in enumerate(attempts, 1):
         assert proc.returncode == 5, proc.stderr[-2000:]
         assert f"hf-fp32 attempt {n}:" in proc.stderr and f"attempts/cells/hf-fp32/attempt-{n}.log" in proc.stderr
     hist = out / "attempts" / "cells" / "hf-fp32"

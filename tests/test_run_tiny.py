@@ -159,13 +159,10 @@ def test_report_regenerates_alone(run_dir):
     assert (out / "report" / "report.md").exists()
 
 
-def test_a_crashing_cell_is_recorded(tiny_model, tiny_tasks, tmp_path):
-    out = tmp_path / "crash"
-    # backend=seq2seq makes HF try an encoder-decoder class for a Llama config: a real crash in the cell.
+def test_a_crashing_cell_is_recorded(crashed_cell):
+    # conftest.crash_args: a real crash in the cell (HF loads an encoder-decoder class for a Llama config).
     # (That the other cells are kept when one fails is test_ray's killed-worker test.)
-    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
-                      "--backends", "hf", "--dtypes", "fp32", "--limit", "3", "--single-cell", "--out", str(out),
-                      "--hf-args", "backend=seq2seq")
+    out, proc = crashed_cell
     assert proc.returncode == 5, proc.stderr[-2000:]
     for c in ("hf-fp32",):
         meta = json.loads((out / "cells" / c / "cell.json").read_text())
