@@ -13,11 +13,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from synthetic import make_run, reseal
 from test_report_markdown import Page
 
-from evalparity.report import md_escape, write_report
+from evalparity.report import md_escape, sections, write_report
 from evalparity.report.formatting import TONES
 from evalparity.report.sections import setup
 from evalparity.stats.compare import StatsOptions, compute
@@ -188,6 +189,20 @@ def test_markdown_fits_a_pr_comment(report):
     tables = md_tables(paired)
     assert len(tables) == 2 and all(columns(t[0]) <= 5 for t in tables), [t[0] for t in tables]
     assert max(columns(t[0]) for t in md_tables(md)) <= MD_COLUMNS
+
+
+def test_every_other_table_fits_too():
+    """The tables a synthetic run leaves empty (generations, loglikelihood drift, flips), one row each."""
+    one = {"task": "gsm8k", "cell": "vllm-fp16", "kind": "cross", "n": 6, "n_docs": 6, "metric": "acc"}
+    tables = [
+        sections.generations(pd.DataFrame([one | {"identical_ids": 0.5, "identical_text": 0.5, "n_diverged": 3,
+                                                  "median_first_divergence": 4.0, "n_without_ids": 0}])),
+        sections.deltas(pd.DataFrame([one | {k: 0.1 for k in (
+            "abs_mean", "abs_ci_low", "abs_ci_high", "mean", "ci_low", "ci_high", "abs_median", "abs_p95",
+            "abs_p99", "abs_max", "wilcoxon_p")} | {"n_nonfinite_ref": 0, "n_nonfinite_cell": 0}])),
+        sections.flips(pd.DataFrame([one | {"observed": 1, "expected": 0.5, "pvalue": 0.4}])),
+    ]
+    assert all(t is not None and len(t.header) <= MD_COLUMNS for t in tables), [t.header for t in tables]
 
 
 # ---------------------------------------------------------------- setup tables

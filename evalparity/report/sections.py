@@ -297,12 +297,14 @@ def flips(f: pd.DataFrame) -> Table | None:
 
 
 def generations(g: pd.DataFrame) -> Table | None:
+    """Greedy generations against the reference: how many are identical (token ids, then text) and where the
+    others first part."""
     if g.empty:
         return None
-    rows = [[r.task, r.cell, r.kind, str(int(r.n)), f"{100 * r.identical_ids:.1f}%", f"{100 * r.identical_text:.1f}%",
-             str(int(r.n_diverged)), num(r.median_first_divergence), str(int(r.n_without_ids))]
+    rows = [[r.task, r.cell, r.kind, count(r.n), f"{100 * r.identical_ids:.1f}% / {100 * r.identical_text:.1f}%",
+             count(r.n_diverged), num(r.median_first_divergence), count(r.n_without_ids)]
             for r in g.itertuples()]
-    return Table(["task", "cell", "kind", "docs", "identical token ids", "identical text", "diverged",
+    return Table(["task", "cell", "kind", "docs", "identical token ids / text", "diverged",
                   "median first divergence", "docs without ids"], rows)
 
 
