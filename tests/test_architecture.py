@@ -49,7 +49,8 @@ STAGES: list[tuple[str, ...]] = [
     ("evalparity.stats", "evalparity.staging"),  # a staged run's looks (staging) and their statistics
     ("evalparity.phases", "evalparity.lmeval_patches", "evalparity.cells", "evalparity.shards",
      "evalparity.placement", "evalparity.progress", "evalparity.stager", "evalparity.matrix", "evalparity.importer",
-     "evalparity.failures"),  # why cells failed, from the run folder's attempt history
+     "evalparity.failures",  # why cells failed, from the run folder's attempt history
+     "evalparity.warmup"),  # a backend's caches, warmed while a run sets up
     ("evalparity.plan", "evalparity.report",
      "evalparity.signoff"),  # the statistics and report published, the reference, the exit code
     ("evalparity.drift",),
