@@ -105,7 +105,7 @@ class Backend(Protocol):
     # ---- optional, not part of the protocol: a backend module MAY define
     #   warm_caches(architectures: list[str], device: str) -> list[str] | None
     # a command that fills a per-machine cache its cells would otherwise each fill at once; the run starts it
-    # when its setup begins and waits for it before its cells (``evalparity.warmup``).
+    # when its setup begins, beside the setup and the cells (``evalparity.warmup``).
 
     # ---- drift localisation
 
