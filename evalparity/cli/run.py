@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from evalparity import config, failures, memplan, rundir, signoff
+from evalparity import config, failures, memplan, rundir, signoff, warmup
 from evalparity import tasks as tasks_mod
 from evalparity.cli.finish import finish
 from evalparity.cli.options import (
@@ -168,13 +168,16 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
     run_dir = folder.out or default_out(what.model)
     outputs.check(run_dir)
     lock = rundir.acquire(run_dir)  # a directory this run created is removed again if it fails before writing
-    head = None
+    head = warm = None
     with timestamped_log():  # piped, every line of the run's log starts with the time
         try:
             check_resumed_spec(run_dir)
             head = start_ray_early(cells, place)
             dev = resolve_device(cells.device)
             cell_specs = plan_cells(run_dir, dev, cells, args.batch_size, place, folder.single_cell)
+            # per-machine caches the cells would each fill at once (vLLM's model info), while the setup goes on
+            warm = warmup.start({c.backend for c in cell_specs}, dev,
+                                Path(what.model).expanduser() if what.model else None)
             offline = go_offline_without_hub()
             model_id, model_path, max_len, fingerprint = identify_model(what.model, align.max_length)
             check_chat_template(align.apply_chat_template, align.fewshot_as_multiturn, model_path)
@@ -207,6 +210,8 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
                     head.close()
             raise typer.Exit(signoff.exit_code(failed, code))
         finally:
+            if warm is not None:
+                warm.close()
             timings.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
             if head is not None:
                 head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
