@@ -18,8 +18,9 @@ WIDTH = 80
 
 def help_text(verb: str) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("TERMINAL_WIDTH", "FORCE_COLOR")}
-    proc = subprocess.run([sys.executable, "-m", "evalparity.cli", verb, "--help"], capture_output=True, text=True,
-                          timeout=120, env={**env, "COLUMNS": str(WIDTH), "NO_COLOR": "1"})
+    argv = [sys.executable, "-m", "evalparity.cli", *([verb] if verb else []), "--help"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                          env={**env, "COLUMNS": str(WIDTH), "NO_COLOR": "1"})
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -40,7 +41,7 @@ def expected_default(p) -> str | None:
     return None if p.default in (None, (), [], "") else str(p.default)
 
 
-@pytest.mark.parametrize("verb", ["run", "report", "compare", "plan", "drift"])
+@pytest.mark.parametrize("verb", ["", "run", "report", "compare", "plan", "drift", "doctor"])
 def test_help_fits_80_columns_and_cuts_nothing(verb):
     out = help_text(verb)
     lines = out.splitlines()

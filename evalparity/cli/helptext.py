@@ -32,7 +32,14 @@ TYPE_WORDS = {"str": "TEXT", "text": "TEXT", "int": "INTEGER", "integer": "INTEG
 
 
 class PanelCommand(TyperCommand):
-    """A typer command whose ``--help`` is laid out by ``render``."""
+    """A typer command whose ``--help`` is laid out by ``render``; in the list of commands (``evalparity
+    --help``, typer's) its help's first paragraph as one line, rewrapped to the width (typer keeps a
+    docstring's line breaks there)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help and not self.short_help:
+            self.short_help = " ".join(inspect.cleandoc(self.help).split("\n\n")[0].split())
 
     def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         render(self, ctx, Console(width=rich_utils.MAX_WIDTH, force_terminal=rich_utils.FORCE_TERMINAL,
