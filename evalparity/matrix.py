@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape  # task names and errors in the table: text, never markup
 from rich.table import Table
@@ -374,25 +375,50 @@ def _record_crash(run_dir: Path, cell, end, wall: float) -> dict | None:
 
 
 def summary_table(outcomes: list[CellOutcome]) -> Table:
+    """One line per cell: status, where (on GPUs or Ray), load/eval/wall seconds, peak RSS. The scores are
+    ``scores_table``'s: in one table the aggregate column took 4 lines per cell and cut values at 80
+    columns, the width of a CI log (issue 27)."""
     t = Table(title="cells")
     # "where" (host and GPUs) only says something when cells ran on GPUs or through Ray
     places = [p for o in outcomes for p in _places(o.meta)]
     show_where = any(p.get("gpu_ids") or p.get("executor") == "ray" for p in places)
-    for col in ("cell", "status", "where", "load s", "eval s", "wall s", "peak RSS GiB", "aggregate"):
-        if col != "where" or show_where:  # aggregate: wrapped, never cut to "acc_norm=0…" (80 columns, a CI log)
-            t.add_column(col, overflow="fold" if col == "aggregate" else "ellipsis")
+    for col in ("cell", "status", "where", "load s", "eval s", "wall s", "peak RSS GiB"):
+        if col != "where" or show_where:
+            t.add_column(col, overflow="fold" if col in ("status", "where") else "ellipsis",
+                         justify="right" if col.endswith(("s", "GiB")) and col != "status" else "left")
     for o in outcomes:
         m = o.meta
-        agg = []
-        for task, vals in (m.get("aggregate") or {}).items():
-            for k, v in vals.items():
-                metric, _, filt = k.partition(",")
-                if metric in ("acc", "acc_norm", "exact_match") and isinstance(v, float):
-                    agg.append(escape(visible(f"{task} {metric}{'' if filt in ('', 'none') else '/' + filt}={v:.3f}")))
         status = o.status if o.status != "failed" else f"[red]failed[/red]: {escape(visible(m.get('error', '')[:60]))}"
         row = [o.name, status, where(m), _num(m.get("load_s")), _num(m.get("eval_s")), _num(m.get("wall_s")),
-               _num(m.get("peak_rss_gib"), 2), "\n".join(agg[:6]) + ("\n..." if len(agg) > 6 else "")]
+               _num(m.get("peak_rss_gib"), 2)]
         t.add_row(*(row if show_where else row[:2] + row[3:]))
+    return t
+
+
+SCORED = ("acc", "acc_norm", "exact_match")  # the headline metrics shown per cell
+
+
+def scores_table(outcomes: list[CellOutcome]) -> Table | None:
+    """lm-eval's headline scores (acc, acc_norm, exact_match per filter) as rows, a column per cell, three
+    decimals: six cells fit in 80 columns, and a value is never cut. None when no cell has one."""
+    scores: dict[tuple[str, str], dict[str, float]] = {}
+    for o in outcomes:
+        for task, vals in (o.meta.get("aggregate") or {}).items():
+            for k, v in vals.items():
+                metric, _, filt = k.partition(",")
+                if metric in SCORED and isinstance(v, float):
+                    label = metric + ("" if filt in ("", "none") else f" ({filt})")
+                    scores.setdefault((task, label), {})[o.name] = v
+    if not scores:
+        return None
+    names = [o.name for o in outcomes if any(o.name in row for row in scores.values())]
+    # no vertical rules, one label column, cell names broken at their first dash ("vllm" over "fp32")
+    t = Table(title="scores", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    t.add_column("task metric", overflow="fold")
+    for name in names:
+        t.add_column(escape(visible(name)).replace("-", "\n", 1), justify="right", overflow="fold")
+    for (task, label), row in scores.items():
+        t.add_row(escape(visible(f"{task} {label}")), *(f"{row[n]:.3f}" if n in row else "-" for n in names))
     return t
 
 

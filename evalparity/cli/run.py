@@ -455,11 +455,14 @@ def run_cells(spec, run_dir: Path, model_path, force: bool, offline: bool, place
               opts=None):
     """Every cell not yet done, each in its own process (``matrix``), with progress on the console; the
     outcomes, one per cell, and their summary table. A staged run decides between its rounds with ``opts``."""
-    from evalparity.matrix import run_matrix, summary_table  # heavy: pandas (matrix -> cells -> samples)
+    from evalparity.matrix import run_matrix, scores_table, summary_table  # heavy: pandas (-> cells -> samples)
 
     outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
                           placement=placement, log=timings, ray_head=head, opts=opts)
     console.print(summary_table(outcomes))
+    scores = scores_table(outcomes)
+    if scores is not None:
+        console.print(scores)
     return outcomes
 
 
