@@ -130,3 +130,24 @@ def test_numbers_stay_whole_when_names_are_long():
     check_numbers(text, rows)
     assert "-12.35 [-16.90, -7.80]" in text and "123,456" in text and "1,234,567" in text
     assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_the_terminal_and_the_report_give_the_same_next_step():
+    """One sentence for both (stats/next_step.py): the terminal's headline and the report's sign-off box."""
+    import numpy as np
+    import pandas as pd
+
+    from evalparity.cli.verdict_table import headline
+    from evalparity.report.sections import next_step as report_next_step
+
+    rows = [{"task": "hellaswag", "metric": "acc", "cell": "vllm-bf16", "verdict": "INCONCLUSIVE", "n_needed": 4410},
+            {"task": "hellaswag", "metric": "acc_norm", "cell": "vllm-bf16", "verdict": "EQUIVALENT",
+             "n_needed": None}]
+    terminal = headline({"sign_off": {"status": "INCONCLUSIVE", "reason": "r"}}, rows)[1]
+    frame = pd.DataFrame(rows).astype({"n_needed": "Int64"}).astype({"n_needed": object})
+    frame.loc[0, "n_needed"] = np.int64(4410)  # pandas hands the report numpy integers
+    assert report_next_step("INCONCLUSIVE", frame) == terminal
+    assert "about 4,410 docs per task would settle them" in terminal
+    bad = [dict(rows[0], verdict="DIFFERENT")]
+    assert report_next_step("FAIL", pd.DataFrame(bad)) == headline({"sign_off": {"status": "FAIL"}}, bad)[1]
+    assert report_next_step("PASS", pd.DataFrame(rows)) is None

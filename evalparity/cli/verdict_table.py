@@ -22,13 +22,13 @@ from rich.table import Table
 from rich.text import Text
 
 from evalparity.printable import visible
+from evalparity.stats.next_step import SETTLED, next_step
+from evalparity.stats.next_step import label as what
 
 EQUIVALENT, DIFFERENT, SHIFT, INCONCLUSIVE = "EQUIVALENT", "DIFFERENT", "SHIFT", "INCONCLUSIVE"
-SETTLED = (EQUIVALENT, DIFFERENT)
 ORDER = {DIFFERENT: 0, SHIFT: 1, INCONCLUSIVE: 2, EQUIVALENT: 4}  # anything else (NO MARGIN) before EQUIVALENT
 STYLE = {DIFFERENT: "red", SHIFT: "yellow", INCONCLUSIVE: "yellow", EQUIVALENT: "green"}
 PERCENT_UNITS = ("pp", "fraction")  # stored as a fraction of 1, shown in percentage points
-NAMED = 5  # the DIFFERENT comparisons a FAIL headline names before "and k more"
 
 
 def print_verdicts(console: Console, verdicts: dict) -> None:
@@ -74,16 +74,6 @@ def table(rows: list[dict]) -> Table:
     return t
 
 
-def what(c: dict) -> str:
-    """``task metric``, with the filter when it is not lm-eval's ``none`` and ``(group)`` for a group."""
-    task = visible(c.get("task", "")) + (" (group)" if c.get("level") == "group" else "")
-    metric = visible(c.get("metric", ""))
-    filt = c.get("filter")
-    if filt and filt != "none":
-        metric += f"/{visible(filt)}"
-    return f"{task} {metric}"
-
-
 def delta(c: dict, with_unit: bool = False) -> str:
     """``+0.13 [-0.32, 0.60]``: the effect and its CI, in pp for a proportion (stored as a fraction)."""
     unit = c.get("unit") or ""
@@ -117,37 +107,14 @@ def staging_lines(staging) -> list[str]:
 
 
 def headline(verdicts: dict, rows: list[dict]) -> tuple[str, str]:
-    """(status, what it means and what to do next), from the sign-off and the gating rows."""
+    """(status, what it means and what to do next), from the sign-off and the gating rows; the next step
+    is ``stats.next_step``'s, the sentence the report prints too."""
     sign = verdicts.get("sign_off") or {}
     status = str(sign.get("status") or "")
     reason = str(sign.get("reason") or "")
-    n = len(rows)
     if status == "PASS":
-        return status, f"all {n} EQUIVALENT"
-    if status == "FAIL":
-        bad = [r for r in rows if r.get("verdict") == DIFFERENT]
-        names = "; ".join(f"{what(r)} {visible(r.get('cell', ''))}" for r in bad[:NAMED])
-        more = f" and {len(bad) - NAMED} more" if len(bad) > NAMED else ""
-        return status, (f"{len(bad)} of {n} comparisons DIFFERENT ({names}{more}): the drift is beyond the margin "
-                        "there; `evalparity drift --run-dir RUN` localises it")
-    if status == "INCONCLUSIVE":
-        return status, _unsettled(verdicts, rows)
-    return status or "?", visible(reason)
-
-
-def _unsettled(verdicts: dict, rows: list[dict]) -> str:
-    """INCONCLUSIVE's next step: the docs per task that would settle every unsettled comparison (the largest
-    ``n_needed``)."""
-    open_ = [r for r in rows if r.get("verdict") not in SETTLED]
-    kinds = sorted({str(r.get("verdict")) for r in open_})
-    head = f"{len(open_)} of {len(rows)} comparisons unsettled" + (f" ({', '.join(kinds)})" if len(kinds) > 1 else "")
-    if not open_:
-        return head
-    needed = [r["n_needed"] for r in open_ if isinstance(r.get("n_needed"), (int, float))
-              and math.isfinite(r["n_needed"])]
-    if not needed:
-        return f"{head}; no number of docs is known to settle them: see the report"
-    return f"{head}; about {int(math.ceil(max(needed))):,} docs per task would settle them: raise --limit or drop it"
+        return status, f"all {len(rows)} EQUIVALENT"
+    return status or "?", next_step(status, rows) or visible(reason)
 
 
 def _count(x) -> str:

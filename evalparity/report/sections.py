@@ -7,8 +7,6 @@ wording around them is in the templates.
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from evalparity.report.context import (
@@ -43,6 +41,7 @@ from evalparity.report.formatting import (
     noise_mark,
     num,
 )
+from evalparity.stats.next_step import next_step as shared_next_step
 
 # How many flipped samples the last section prints, the most consequential first.
 FLIPPED_SHOWN = 10
@@ -51,7 +50,6 @@ FLIPPED_SHOWN = 10
 MUST_AGREE = ("bos_added", "max_length", "max_gen_toks", "num_fewshot", "limit")
 
 # Verdicts that settle a comparison; any other leaves it open, and the sign-off's next step is more docs.
-SETTLED = ("EQUIVALENT", "DIFFERENT")
 
 
 def sign_off(verdicts: dict, comp: pd.DataFrame) -> SignOff:
@@ -70,23 +68,8 @@ def sign_off(verdicts: dict, comp: pd.DataFrame) -> SignOff:
 
 
 def next_step(status: str, gating: pd.DataFrame) -> str | None:
-    """What to do about a sign-off that is not a PASS: for unsettled comparisons, the docs per task that would
-    settle them (the largest ``n_needed``); for DIFFERENT ones, where to look."""
-    if status == "PASS" or gating.empty:
-        return None
-    if status == "FAIL":
-        bad = gating[gating["verdict"] == "DIFFERENT"]
-        return (f"{len(bad)} of {len(gating)} gating comparisons are DIFFERENT: the drift exceeds the margin there; "
-                "evalparity drift --run-dir <this run> localises it in the network.")
-    unsettled = gating[~gating["verdict"].isin(SETTLED)]
-    if unsettled.empty:
-        return None
-    needed = [x for x in unsettled["n_needed"] if x is not None and math.isfinite(x)]
-    what = f"{len(unsettled)} of {len(gating)} gating comparisons are unsettled"
-    if not needed:
-        return f"{what}, and no number of docs is known to settle them: see their reasons below."
-    return (f"{what}: about {math.ceil(max(needed)):,} docs per task would settle them (raise --limit, or drop "
-            "it to score every doc).")
+    """What to do about a sign-off that is not a PASS (``stats.next_step``: the sentence the terminal prints)."""
+    return shared_next_step(status, gating.to_dict("records")) if not gating.empty else None
 
 
 def method(options: dict) -> Method:
