@@ -1,9 +1,10 @@
-"""Shared fixtures: a tiny random Llama model and two small local tasks, made once per test session."""
+"""Shared fixtures: a tiny random Llama model and two small local tasks, made once per test session; the
+shared runs on them, started ahead of the tests that read them (``ahead``)."""
 
 from __future__ import annotations
 
 import gc
-import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+import ahead  # noqa: E402
 from tiny import make_tasks, make_tiny_model  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -38,13 +40,46 @@ def tiny_run_args(model: Path, tasks: Path, out: Path) -> list[str]:
             "--out", str(out)]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _ahead(request):
+    """The long runs the collected tests read, started in the background as the session begins (``ahead``)."""
+    ahead.start(request)
+    yield
+    ahead.stop()
+
+
+def cli(*args: str) -> list[str]:
+    """The command line of ``evalparity ARGS`` as the tests run it (this interpreter, the installed package)."""
+    return [sys.executable, "-m", "evalparity.cli", *args]
+
+
+@ahead.job("tiny_run", first=True)  # the longest job (~100 s), read from test_compare on: started first
+def _tiny_run(ctx: ahead.Context):
+    out = ctx.mktemp("run") / "r"
+    copy = ctx.mktemp("run-copy") / "r"
+    args = tiny_run_args(ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks"), out)
+
+    def work():
+        proc = ctx.run(cli(*args))
+        if proc.returncode in (0, 3, 4):
+            shutil.copytree(out, copy, symlinks=True)
+        return out, proc, copy
+    return work
+
+
 @pytest.fixture(scope="session")
-def tiny_run(tiny_model, tiny_tasks, tmp_path_factory):
+def tiny_run(request):
     """One run of the tiny matrix (about 100 s on 2 CPU cores), shared by the tests that read it."""
-    out = tmp_path_factory.mktemp("run") / "r"
-    proc = evalparity(*tiny_run_args(tiny_model, tiny_tasks, out))
+    out, proc, _ = ahead.take("tiny_run", request)
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
     return out, proc
+
+
+def tiny_run_copy() -> Path:
+    """A copy of the shared tiny run made as it finished, before any test rewrote its report (test_run_tiny
+    does): for the one test that changes a copy of it (test_tamper's forced rerun). The tiny run's job
+    (ahead) waited for, or run here."""
+    return ahead.take("tiny_run", None)[2]
 
 
 def crash_args(model: Path, tasks: Path, out: Path) -> list[str]:
@@ -55,12 +90,18 @@ def crash_args(model: Path, tasks: Path, out: Path) -> list[str]:
             "--out", str(out)]
 
 
+@ahead.job("crashed_cell")
+def _crashed_cell(ctx: ahead.Context):
+    out = ctx.mktemp("crash") / "r"
+    args = crash_args(ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks"), out)
+    return lambda: (out, ctx.run(cli(*args)))
+
+
 @pytest.fixture(scope="session")
-def crashed_cell(tiny_model, tiny_tasks, tmp_path_factory):
+def crashed_cell(request):
     """That run, once: (its folder, the finished command). test_run_tiny reads it; test_faults reruns a copy
     for the second attempt."""
-    out = tmp_path_factory.mktemp("crash") / "r"
-    return out, evalparity(*crash_args(tiny_model, tiny_tasks, out))
+    return ahead.take("crashed_cell", request)
 
 
 @pytest.fixture
@@ -80,10 +121,7 @@ def frozen_heap():
 def evalparity(*args: str, cwd: Path | None = None, timeout: float = 900,
                env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the installed CLI as a user would, capturing its output."""
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "evalparity.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout, env=e)
+    return ahead.run(cli(*args), env=env, cwd=cwd, timeout=timeout)
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:

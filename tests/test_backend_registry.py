@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ahead
 import pytest
-from conftest import evalparity, one_line_error
+from conftest import cli, evalparity, one_line_error
 
 from evalparity import backends, devices
 from evalparity.backends import registry
@@ -100,12 +101,17 @@ def test_import_of_the_cli_loads_no_backend():
     assert sorted(json.loads(out)) == ["evalparity.backends.base", "evalparity.backends.registry"]
 
 
+@ahead.job("toy_run")
+def _toy_run(ctx: ahead.Context):
+    out = ctx.mktemp("toy") / "r"
+    args = run_args(ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks"), out, "--backends", "hf,hfcopy")
+    return lambda: (out, ctx.run(cli(*args), env=PLUGIN_ENV))
+
+
 @pytest.fixture(scope="module")
-def toy_run(tiny_model, tiny_tasks, tmp_path_factory):
-    """hf and hfcopy at fp32 (about 60 s on 2 CPU cores)."""
-    out = tmp_path_factory.mktemp("toy") / "r"
-    proc = evalparity(*run_args(tiny_model, tiny_tasks, out, "--backends", "hf,hfcopy"),
-                      env=PLUGIN_ENV)
+def toy_run(request):
+    """hf and hfcopy at fp32 (about 60 s on 2 CPU cores; started ahead: tests/ahead.py)."""
+    out, proc = ahead.take("toy_run", request)
     assert proc.returncode in (0, 4), proc.stderr[-3000:]  # the same numbers: never DIFFERENT
     return out
 

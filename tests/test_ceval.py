@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import time
 
+import ahead
 import pytest
-from conftest import SHARED_DATA, evalparity
+from conftest import SHARED_DATA, cli
 from synthetic_ceval import HUB_ID, SUBJECTS, write_mirror
 
 from evalparity import tasks
@@ -40,17 +41,37 @@ def test_synthetic_mirror_is_lm_evals_ceval_layout(tm, tmp_path):
     assert "[synthetic]" in (tmp_path / HUB_ID / "law" / "val.jsonl").read_text()
 
 
-@pytest.mark.skipif(not (SHARED_DATA / "Rowan" / "hellaswag").is_dir(),
-                    reason="../shared/data is not beside the checkout")
-def test_mission_command_offline(tiny_model, tmp_path):
-    data = write_mirror(tmp_path / "datasets")
+def _mirrored() -> bool:
+    return (SHARED_DATA / "Rowan" / "hellaswag").is_dir()
+
+
+@ahead.job("mission", wanted=_mirrored)
+def _mission_run(ctx: ahead.Context):
+    root = ctx.mktemp("mission")
+    data = write_mirror(root / "datasets")
     (data / "Rowan").symlink_to(SHARED_DATA / "Rowan", target_is_directory=True)
-    out = tmp_path / "run"
-    t0 = time.perf_counter()
-    proc = evalparity("run", "--tasks", "hellaswag,ceval", "--backends", "vllm,hf",
-                      "--model", str(tiny_model), "--datasets-dir", str(data), "--limit", "2", "--dtypes", "fp32",
-                      "--out", str(out), env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
-    print(f"mission command, 2 cells x 106 docs: {time.perf_counter() - t0:.1f} s")
+    out = root / "run"
+    cmd = cli("run", "--tasks", "hellaswag,ceval", "--backends", "vllm,hf", "--model", str(ctx.fixture("tiny_model")),
+              "--datasets-dir", str(data), "--limit", "2", "--dtypes", "fp32", "--out", str(out))
+
+    def work():
+        t0 = time.perf_counter()
+        proc = ctx.run(cmd, env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+        return out, proc, time.perf_counter() - t0
+    return work
+
+
+@pytest.fixture(scope="module")
+def mission(request):
+    """The mission's command on the tiny model, offline, on the synthetic mirror and the shared HellaSwag
+    mirror (started ahead: tests/ahead.py)."""
+    return ahead.take("mission", request)
+
+
+@pytest.mark.skipif(not _mirrored(), reason="../shared/data is not beside the checkout")
+def test_mission_command_offline(mission):
+    out, proc, took = mission
+    print(f"mission command, 2 cells x 106 docs: {took:.1f} s")
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]  # the verdict on a random model is not the point
     assert "task 'ceval' is lm-eval's group 'ceval-valid'" in proc.stderr
     spec = json.loads((out / "spec.json").read_text())

@@ -8,24 +8,33 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ahead
 import pytest
 from conftest import evalparity, one_line_error
 from synthetic import make_lm_eval_dir
 from verdict_schema import check_verdicts
 
 
-def plain_lm_eval(model: Path, tasks: Path, dtype: str, out: Path) -> Path:
-    args = [sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args",
+def plain_lm_eval(model: Path, tasks: Path, dtype: str, out: Path) -> list[str]:
+    """Plain lm_eval's command for one dtype of the shared tiny run's HF cells, its samples to ``out``."""
+    return [sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args",
             f"pretrained={model},dtype={dtype},softmax_dtype=float32,max_length=512",
             "--tasks", "tiny_mc,tiny_gen", "--include_path", str(tasks), "--limit", "10", "--batch_size", "8",
             "--seed", "1234", "--log_samples", "--output_path", str(out), "--device", "cpu"]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+
+
+@ahead.job("both")
+def _plain_runs(ctx: ahead.Context):
+    """The two plain lm_eval runs (started ahead: tests/ahead.py)."""
+    root = ctx.mktemp("plain")
+    model, tasks = ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks")
+    outs = {dtype: root / f"plain_{dtype}" for dtype in ("float32", "bfloat16")}
+    return lambda: {dtype: (out, ctx.run(plain_lm_eval(model, tasks, dtype, out), timeout=600))
+                    for dtype, out in outs.items()}
 
 
 @pytest.fixture(scope="module")
-def both(tiny_run, tiny_model, tiny_tasks, tmp_path_factory):
+def both(tiny_run, request, tmp_path_factory):
     """The shared tiny run's hf-fp32 and hf-bf16 cells, with their statistics recomputed on their own (a run
     directory is its cells: `report` reads cells/ and nothing else), against plain lm_eval's outputs of
     the same settings."""
@@ -41,8 +50,10 @@ def both(tiny_run, tiny_model, tiny_tasks, tmp_path_factory):
         shutil.copytree(tiny_run[0] / "cells" / cell, run / "cells" / cell)
     proc = evalparity("report", str(run))
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
-    a = plain_lm_eval(tiny_model, tiny_tasks, "float32", root / "plain_fp32")
-    b = plain_lm_eval(tiny_model, tiny_tasks, "bfloat16", root / "plain_bf16")
+    plain = ahead.take("both", request)
+    for _, lm in plain.values():
+        assert lm.returncode == 0, lm.stderr[-3000:]
+    a, b = plain["float32"][0], plain["bfloat16"][0]
     cmp_dir = root / "compare"
     proc2 = evalparity("compare", str(a), str(b), "--out", str(cmp_dir))
     assert proc2.returncode in (0, 3, 4), proc2.stderr[-3000:]
@@ -75,7 +86,8 @@ def test_compare_refuses_bad_inputs(both, tmp_path):
     _, _, a, b = both
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "no samples_" in one_line_error(evalparity("compare", str(a), str(empty), "--out", str(tmp_path / "o1")))
+    line = one_line_error(evalparity("compare", str(a), str(empty), "--out", str(tmp_path / "o1")))
+    assert "no samples_" in line, line
     # prompts that differ for the same doc id
     bad = tmp_path / "bad"
     subprocess.run(["cp", "-r", str(b), str(bad)], check=True)
@@ -88,7 +100,8 @@ def test_compare_refuses_bad_inputs(both, tmp_path):
     assert "different prompt" in line and "doc" in line
     # a truncated jsonl line
     f.write_text("\n".join(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]) + "\n")
-    assert "is not valid JSON" in one_line_error(evalparity("compare", str(a), str(bad), "--out", str(tmp_path / "o3")))
+    line = one_line_error(evalparity("compare", str(a), str(bad), "--out", str(tmp_path / "o3")))
+    assert "is not valid JSON" in line, line
     # no task in common
     other = tmp_path / "other"
     subprocess.run(["cp", "-r", str(b), str(other)], check=True)
@@ -115,7 +128,8 @@ def test_two_runs_in_one_output_folder_are_listed_and_one_can_be_picked(tmp_path
     line = one_line_error(evalparity("compare", str(other), str(mixed), "--out", str(out)))
     assert "2 lm-eval runs" in line and D1 in line and D2 in line and f"{mixed}@{D2}" in line, line
     assert not out.exists()
-    bad = one_line_error(evalparity("compare", str(other), f"{mixed}@2024-12-31T00-00-00.000000", "--out", str(out)))
+    bad = one_line_error(evalparity("compare", str(other), f"{mixed}@2024-12-31T00-00-00.000000", "--out",
+                                         str(out)))
     assert "no lm-eval run started 2024-12-31" in bad and D1 in bad and D2 in bad, bad
     for stamp, cell, tasks in ((D1, "hf-fp32", {"syn_a"}), (D2, "hf-bf16", {"syn_a"})):
         o = tmp_path / f"o-{cell}"

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
+import ahead
 import pytest
 import torch
-from conftest import evalparity, one_line_error
+from conftest import cli, evalparity, one_line_error
 from synthetic import make_run
 
 from evalparity import rundir
@@ -20,14 +21,21 @@ PROMPTS = ["the cat sat on the mat and ran far away to the big red house",
            "what is the question and which answer is true or false"]
 
 
-@pytest.fixture(scope="module")
-def drift_dir(tiny_model, tmp_path_factory):
-    root = tmp_path_factory.mktemp("drift")
+@ahead.job("drift_dir")
+def _drift_run(ctx: ahead.Context):
+    root = ctx.mktemp("drift")
     (root / "prompts.txt").write_text("\n".join(PROMPTS))
     out = root / "out"
-    proc = evalparity("drift", "--model", str(tiny_model), "--prompts", str(root / "prompts.txt"),
-                      "--cells", "vllm-fp32,vllm-bf16", "--gen-tokens", "8", "--max-length", "256",
-                      "--device", "cpu", "--out", str(out))
+    args = cli("drift", "--model", str(ctx.fixture("tiny_model")), "--prompts", str(root / "prompts.txt"),
+               "--cells", "vllm-fp32,vllm-bf16", "--gen-tokens", "8", "--max-length", "256", "--device", "cpu",
+               "--out", str(out))
+    return lambda: (out, ctx.run(args))
+
+
+@pytest.fixture(scope="module")
+def drift_dir(request):
+    """vllm-fp32 and vllm-bf16 against hf-fp32 on three prompts (started ahead: tests/ahead.py)."""
+    out, proc = ahead.take("drift_dir", request)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

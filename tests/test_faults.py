@@ -9,8 +9,9 @@ import json
 import os
 from pathlib import Path
 
+import ahead
 import pytest
-from conftest import crash_args, evalparity, one_line_error
+from conftest import cli, crash_args, evalparity, one_line_error
 from faults_table import record
 from synthetic import make_lm_eval_dir
 
@@ -89,12 +90,28 @@ def _cells(out: Path) -> dict[str, str]:
             if p.joinpath("cell.json").exists()}
 
 
-def test_changed_model_at_the_same_path_is_refused(tiny_model, tiny_tasks, tmp_path):
+@ahead.job("model_at_m")
+def _model_at_m(ctx: ahead.Context):
+    """A copy of the tiny model at ./m and a finished one-cell run of it from that folder (started ahead:
+    tests/ahead.py)."""
     import shutil
 
-    shutil.copytree(tiny_model, tmp_path / "m")
+    root = ctx.mktemp("model_at_m")
+    shutil.copytree(ctx.fixture("tiny_model"), root / "m")
+    cmd = cli(*_tiny_args("./m", ctx.fixture("tiny_tasks"), root / "r", "--single-cell"))
+    return lambda: (root, ctx.run(cmd, cwd=root))
+
+
+@pytest.fixture
+def model_at_m(request):
+    return ahead.take("model_at_m", request)
+
+
+def test_changed_model_at_the_same_path_is_refused(model_at_m, tiny_model, tiny_tasks):
+    import shutil
+
+    tmp_path, first = model_at_m
     out = tmp_path / "r"
-    first = evalparity(*_tiny_args("./m", tiny_tasks, out, "--single-cell"), cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     spec = json.loads((out / "spec.json").read_text())
     fp = spec["model_fingerprint"]

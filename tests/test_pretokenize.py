@@ -9,11 +9,10 @@ only tokenisation is compared) and through lm-eval's ``_encode_pair`` one reques
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 
+import ahead
 import pytest
 from conftest import SHARED_DATA
 
@@ -88,28 +87,34 @@ def _pairs(n_docs: int) -> list[list[str]]:
     return pairs
 
 
-@pytest.fixture(scope="module")
-def tokenised(tiny_model, tmp_path_factory):
-    """``tokenised(backend)``: the pairs, and the requests as each mode tokenised them, from one child process
-    per backend: one LM load (a vLLM engine is 15-20 s on 2 CPU cores) instead of one per mode. The modes
-    run on that LM in turn, the clean LM first, each from the backend's own batch encoder with no memo left
-    over from the one before (``memo_left``)."""
+@ahead.job("tokenised")
+def _children(ctx: ahead.Context):
+    """One child process per backend: one LM load (a vLLM engine is 15-20 s on 2 CPU cores) for the three
+    modes, not one per mode (started ahead: tests/ahead.py)."""
     pairs = _pairs(60)
-    data = tmp_path_factory.mktemp("pretok") / "pairs.json"
+    data = ctx.mktemp("pretok") / "pairs.json"
     data.write_text(json.dumps(pairs))
-    done: dict[str, dict] = {}
+    cmds = {}
+    for backend, module in (("hf", hf), ("vllm", vllm)):
+        spec = RunSpec(model="m", tasks=("t",), cells=build_cells([backend], ["fp32"], 8, []), device="cpu",
+                       leaf_docs=(("t", 1),))
+        env = cell_environment(spec, module.environment(spec, spec.cells[0]), offline=True)
+        cmd = [sys.executable, "-c", SCRIPT, backend, str(ctx.fixture("tiny_model")), str(data), ",".join(MODES)]
+        cmds[backend] = (cmd, env)
+    return lambda: (pairs, {b: ctx.run(cmd, env=env, timeout=600) for b, (cmd, env) in cmds.items()})
+
+
+@pytest.fixture(scope="module")
+def tokenised(request):
+    """``tokenised(backend)``: the pairs, and the requests as each mode tokenised them. The modes run on one
+    LM in turn, the clean LM first, each from the backend's own batch encoder with no memo left over from
+    the one before (``memo_left``)."""
+    pairs, procs = ahead.take("tokenised", request)
 
     def get(backend: str) -> tuple[list, dict]:
-        if backend not in done:
-            module = hf if backend == "hf" else vllm
-            spec = RunSpec(model="m", tasks=("t",), cells=build_cells([backend], ["fp32"], 8, []), device="cpu",
-                           leaf_docs=(("t", 1),))
-            env = dict(os.environ) | cell_environment(spec, module.environment(spec, spec.cells[0]), offline=True)
-            proc = subprocess.run([sys.executable, "-c", SCRIPT, backend, str(tiny_model), str(data),
-                                   ",".join(MODES)], capture_output=True, text=True, env=env, timeout=600)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            done[backend] = json.loads(proc.stdout.strip().splitlines()[-1])
-        return pairs, done[backend]
+        proc = procs[backend]
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return pairs, json.loads(proc.stdout.strip().splitlines()[-1])
     return get
 
 

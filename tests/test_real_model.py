@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 
+import ahead
 import numpy as np
 import pytest
-from conftest import SHARED_DATA, evalparity, one_line_error
+from conftest import SHARED_DATA, cli, evalparity, one_line_error
 
 from evalparity.samples import check_alignment, read_table
 
@@ -18,11 +19,18 @@ pytestmark = pytest.mark.skipif(not (SHARED_DATA / "Rowan" / "hellaswag").is_dir
                                 reason="../shared/data is not beside this checkout")
 
 
+@ahead.job("hellaswag_run", wanted=lambda: (SHARED_DATA / "Rowan" / "hellaswag").is_dir())
+def _hellaswag_run(ctx: ahead.Context):
+    out = ctx.mktemp("hs") / "run"
+    args = cli("run", "--tasks", "hellaswag", "--datasets-dir", str(SHARED_DATA), "--limit", "6",
+               "--dtypes", "fp32,bf16", "--out", str(out), "--no-fail-on-inconclusive")
+    return lambda: (out, ctx.run(args))
+
+
 @pytest.fixture(scope="module")
-def hellaswag_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hs") / "run"
-    proc = evalparity("run", "--tasks", "hellaswag", "--datasets-dir", str(SHARED_DATA), "--limit", "6",
-                      "--dtypes", "fp32,bf16", "--out", str(out), "--no-fail-on-inconclusive")
+def hellaswag_run(request):
+    """The embedded model's four cells on six HellaSwag docs (started ahead: tests/ahead.py)."""
+    out, proc = ahead.take("hellaswag_run", request)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

@@ -13,9 +13,10 @@ import subprocess
 import sys
 import time
 
+import ahead
 import pandas as pd
 import pytest
-from conftest import TINY_CELLS, evalparity, tiny_run_args
+from conftest import TINY_CELLS, cli, evalparity, tiny_run_args
 from verdict_schema import check_verdicts
 
 from evalparity.samples import HASHES, KEY, check_alignment, read_table
@@ -170,19 +171,36 @@ def test_a_crashing_cell_is_recorded(crashed_cell):
         assert "Traceback" in (out / "cells" / c / "cell.log").read_text()
 
 
-def test_killed_run_leaves_no_finished_looking_cell_and_resumes(tiny_model, tiny_tasks, tmp_path):
-    out = tmp_path / "killed"
-    args = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
-            "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "4",
-            "--out", str(out), "--no-fail-on-inconclusive"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and not (out / "cells" / ".tmp-hf-fp32" / "cell.log").exists():
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (out / "cells" / "hf-fp32" / "cell.json").exists()
-    done = evalparity(*args[3:])
+@ahead.job("killed_and_resumed")
+def _killed_and_resumed(ctx: ahead.Context):
+    """A two-cell run SIGKILLed (its whole process group) once its first cell has started, then the same
+    command again (started ahead: tests/ahead.py): (its folder, whether hf-fp32 looked finished right after
+    the kill, the rerun)."""
+    out = ctx.mktemp("killed") / "killed"
+    args = cli("run", "--model", str(ctx.fixture("tiny_model")), "--tasks", "tiny_mc", "--include-path",
+               str(ctx.fixture("tiny_tasks")), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "4", "--out",
+               str(out), "--no-fail-on-inconclusive")
+
+    def work():
+        proc = ctx.popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 300
+        while time.time() < deadline and not (out / "cells" / ".tmp-hf-fp32" / "cell.log").exists():
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        looked_finished = (out / "cells" / "hf-fp32" / "cell.json").exists()
+        return out, looked_finished, ctx.run(args)
+    return work
+
+
+@pytest.fixture
+def killed_and_resumed(request):
+    return ahead.take("killed_and_resumed", request)
+
+
+def test_killed_run_leaves_no_finished_looking_cell_and_resumes(killed_and_resumed):
+    out, looked_finished, done = killed_and_resumed
+    assert not looked_finished
     assert done.returncode == 0, done.stderr[-2000:]
     for c in ("hf-fp32", "hf-bf16"):
         assert json.loads((out / "cells" / c / "cell.json").read_text())["status"] == "ok"

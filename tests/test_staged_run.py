@@ -18,9 +18,10 @@ import secrets
 import sys
 from pathlib import Path
 
+import ahead
 import pandas as pd
 import pytest
-from conftest import evalparity
+from conftest import cli, evalparity
 from tiny import MC_YAML, WORDS
 from verdict_schema import check_verdicts
 
@@ -53,16 +54,23 @@ def args(model: Path, tasks: Path, out: Path) -> list[str]:
             "--margin", "10pp", "--out", str(out)]
 
 
+@ahead.job("staged_run")
+def _killed_run(ctx: ahead.Context):
+    """The killed run (no Ray: it can run ahead, tests/ahead.py); the fixture resumes it."""
+    root = ctx.mktemp("staged")
+    tasks = make_staged_tasks(root / "tasks")
+    out = root / "run"
+    cmd = cli(*args(ctx.fixture("tiny_model"), tasks, out))
+    return lambda: (root, tasks, ctx.run(cmd, env=ENV | {"EVALPARITY_TEST_KILL_AT": "publish-cell:hfcopy-fp32.r2"}))
+
+
 @pytest.fixture(scope="module")
-def staged_run(tiny_model, tmp_path_factory):
+def staged_run(tiny_model, request):
     """A staged run killed while hfcopy-fp32 publishes its part of round 3, then resumed to its end. The
     killed run has one cell at a time (each cell's process scores one round and exits); the resumed one runs
     on a local Ray instance, which holds both cells at once, so they stay loaded across rounds."""
-    root = tmp_path_factory.mktemp("staged")
-    tasks = make_staged_tasks(root / "tasks")
+    root, tasks, killed = ahead.take("staged_run", request)
     out = root / "run"
-    killed = evalparity(*args(tiny_model, tasks, out), env=ENV | {"EVALPARITY_TEST_KILL_AT":
-                                                                   "publish-cell:hfcopy-fp32.r2"})
     before = {p.name: (p / "cell.json").stat().st_mtime_ns for p in (out / "stages").iterdir()
               if p.is_dir() and not p.name.startswith(".")}
     token = root / "ray_auth_token"  # a token of its own, as tests/test_ray.py: Ray may have token auth on

@@ -20,12 +20,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import ahead
 import pytest
 import tamper
-from conftest import evalparity, one_line_error
+from conftest import cli, evalparity, one_line_error, tiny_run_copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import make_lm_eval_dir, make_run
+
+from evalparity.config import KILL_ENV
 
 CELLS = ["hf-fp32", "vllm-fp32", "hf-bf16"]
 EXAMPLES = int(os.environ.get("EVALPARITY_TAMPER_EXAMPLES", "60"))
@@ -236,22 +239,38 @@ def test_task_configuration_and_software_are_part_of_the_identity(tmp_path):
     prepare_run_dir(run, RunSpec(**{**spec.__dict__, "cells": fp16}))  # the same experiment resumes
 
 
-def test_force_rerun_killed_is_incomplete_not_the_old_verdict(tiny_run, tiny_model, tiny_tasks, tmp_path):
+@ahead.job("forced_run")
+def _forced_run(ctx: ahead.Context):
+    """A --force rerun of the HF cells of a copy of the shared tiny run, killed as hf-bf16 publishes (started
+    ahead: tests/ahead.py). The HF cells are the ones rerun: what --force does is the same for every backend,
+    and an HF cell of the tiny model starts in a quarter of a vLLM one's time (no engine)."""
+    model, tasks = ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks")
+
+    def work():
+        run = tiny_run_copy()
+        args = ["run", "--model", str(model), "--tasks", "tiny_mc,tiny_gen", "--include-path", str(tasks),
+                "--dtypes", "fp32,bf16", "--backends", "hf", "--limit", "10", "--max-length", "512", "--out", str(run)]
+        return run, ctx.run(cli(*args, "--force"), env={KILL_ENV: "publish-cell:hf-bf16"}, timeout=900)
+    return work
+
+
+@pytest.fixture
+def forced_run(tiny_run, request):
+    return ahead.take("forced_run", request)
+
+
+def test_force_rerun_killed_is_incomplete_not_the_old_verdict(forced_run, tiny_run):
     """After a --force rerun whose cell was killed, report signed off on the pre-force cell. The cells a
     forced run redoes are moved to attempts/ first, so until they finish again the run is INCOMPLETE."""
-    from evalparity.config import KILL_ENV
-
-    run = tmp_path / "r"
-    shutil.copytree(tiny_run[0], run, symlinks=True)
-    args = ["run", "--model", str(tiny_model), "--tasks", "tiny_mc,tiny_gen", "--include-path", str(tiny_tasks),
-            "--dtypes", "fp32,bf16", "--backends", "vllm", "--limit", "10", "--max-length", "512", "--out", str(run)]
-    proc = evalparity(*args, "--force", env={KILL_ENV: "publish-cell:vllm-bf16"}, timeout=900)
-    assert proc.returncode != 0, proc.stderr[-3000:]  # killed with vllm-bf16's publish (the hook kills the run too)
+    run, proc = forced_run
+    assert proc.returncode != 0, proc.stderr[-3000:]  # killed with hf-bf16's publish (the hook kills the run too)
     rep = evalparity("report", str(run))
-    assert rep.returncode == 5 and rep.stdout.startswith("INCOMPLETE") and "vllm-bf16" in rep.stdout, \
+    assert rep.returncode == 5 and rep.stdout.startswith("INCOMPLETE") and "hf-bf16" in rep.stdout, \
         (rep.stdout, rep.stderr[-2000:])
     kept = sorted(p.parent.name for p in (run / "attempts" / "cells").glob("*/superseded-*"))
-    assert kept == ["vllm-bf16", "vllm-fp32"]  # the cells --force replaced are kept, not deleted
+    assert kept == ["hf-bf16", "hf-fp32"]  # the cells --force replaced are kept, not deleted
+    assert (run / "cells" / "hf-fp32" / "cell.json").stat().st_mtime > (tiny_run[0] / "cells" / "hf-fp32" /
+                                                                        "cell.json").stat().st_mtime  # redone
 
 
 def test_a_comparison_cells_tag_is_verified_too(folders):

@@ -7,10 +7,11 @@ One vLLM engine on the tiny model scores the same requests twice in a child proc
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
+
+import ahead
+import pytest
 
 from evalparity.backends import vllm as backend
 from evalparity.matrix import cell_environment
@@ -45,12 +46,23 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_flat_scoring_matches_lm_evals_own_path(tiny_model):
+@ahead.job("scored")
+def _scoring_child(ctx: ahead.Context):
     spec = RunSpec(model="m", tasks=("t",), cells=build_cells(["vllm"], ["fp32"], 8, []), device="cpu",
                    leaf_docs=(("t", 1),))
-    env = dict(os.environ) | cell_environment(spec, backend.environment(spec, spec.cells[0]), offline=True)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model)], capture_output=True, text=True,
-                          env=env, timeout=600)
+    env = cell_environment(spec, backend.environment(spec, spec.cells[0]), offline=True)
+    cmd = [sys.executable, "-c", SCRIPT, str(ctx.fixture("tiny_model"))]
+    return lambda: ctx.run(cmd, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def scored(request):
+    """The child's finished process (started ahead: tests/ahead.py)."""
+    return ahead.take("scored", request)
+
+
+def test_flat_scoring_matches_lm_evals_own_path(scored):
+    proc = scored
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["flat_param"] is True and got["theirs_flat"] is False
