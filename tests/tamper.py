@@ -274,13 +274,23 @@ def finished_cells(run: Path) -> dict[str, dict[str, str]]:
 
 
 def run_cli(args: list[str]) -> tuple[int, str, str]:
-    """``evalparity ARGS`` in this process (as the console script runs it): (exit code, stdout, stderr)."""
+    """``evalparity ARGS`` in this process (as the console script runs it): (exit code, stdout, stderr).
+
+    What a command changes in the process is put back afterwards, so that the next test finds it as it was:
+    the sign-off's state, ``sys.argv``, the SIGINT handler (set to ignore once a sign-off is printed) and the
+    ``evalparity`` logger (``configure_logging`` gives it the console's handler and stops propagation, which
+    would hide its records from pytest's caplog in a later test)."""
+    import logging
+    import signal
+
     from evalparity import cli
     from evalparity.cli import output
 
     output._signed_off = None  # one command per process in use; this runs many
     out, err = io.StringIO(), io.StringIO()
-    argv = sys.argv
+    argv, sigint = sys.argv, signal.getsignal(signal.SIGINT)
+    log = logging.getLogger("evalparity")
+    handlers, level, propagate = list(log.handlers), log.level, log.propagate
     sys.argv = ["evalparity", *args]
     code: int | None = 0
     try:
@@ -291,9 +301,11 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         sys.argv = argv
-        import signal
-
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, sigint)
+        log.handlers[:] = handlers
+        log.setLevel(level)
+        log.propagate = propagate
+        output._signed_off = None
     return int(code or 0), out.getvalue(), err.getvalue()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import ahead
 import pytest
-from conftest import cli, evalparity, one_line_error
+from conftest import cli, evalparity, evalparity_here, one_line_error
 
 from evalparity import backends, devices
 from evalparity.backends import registry
@@ -137,7 +137,7 @@ def test_toy_backend_runs_through_evalparity_run(toy_run):
 
 def test_toy_backend_in_report_and_drift(toy_run):
     # The report reads files only: no plugin needed, and the toy cell can be the reference.
-    proc = evalparity("report", str(toy_run), "--reference", "hfcopy-fp32", "--no-fail-on-inconclusive")
+    proc = evalparity_here("report", str(toy_run), "--reference", "hfcopy-fp32", "--no-fail-on-inconclusive")
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (toy_run / "report" / "report.md").read_text()
     assert "hfcopy-fp32" in md and "hfcopy test backend" in md  # its version, in the cells table

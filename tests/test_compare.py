@@ -10,7 +10,7 @@ from pathlib import Path
 
 import ahead
 import pytest
-from conftest import evalparity, one_line_error
+from conftest import evalparity_here, one_line_error
 from synthetic import make_lm_eval_dir
 from verdict_schema import check_verdicts
 
@@ -48,14 +48,14 @@ def both(tiny_run, request, tmp_path_factory):
     (run / "spec.json").write_text(json.dumps(spec))
     for cell in ("hf-fp32", "hf-bf16"):
         shutil.copytree(tiny_run[0] / "cells" / cell, run / "cells" / cell)
-    proc = evalparity("report", str(run))
+    proc = evalparity_here("report", str(run))
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
     plain = ahead.take("both", request)
     for _, lm in plain.values():
         assert lm.returncode == 0, lm.stderr[-3000:]
     a, b = plain["float32"][0], plain["bfloat16"][0]
     cmp_dir = root / "compare"
-    proc2 = evalparity("compare", str(a), str(b), "--out", str(cmp_dir))
+    proc2 = evalparity_here("compare", str(a), str(b), "--out", str(cmp_dir))
     assert proc2.returncode in (0, 3, 4), proc2.stderr[-3000:]
     return run, cmp_dir, a, b
 
@@ -86,7 +86,7 @@ def test_compare_refuses_bad_inputs(both, tmp_path):
     _, _, a, b = both
     empty = tmp_path / "empty"
     empty.mkdir()
-    line = one_line_error(evalparity("compare", str(a), str(empty), "--out", str(tmp_path / "o1")))
+    line = one_line_error(evalparity_here("compare", str(a), str(empty), "--out", str(tmp_path / "o1")))
     assert "no samples_" in line, line
     # prompts that differ for the same doc id
     bad = tmp_path / "bad"
@@ -96,11 +96,11 @@ def test_compare_refuses_bad_inputs(both, tmp_path):
     row = json.loads(lines[0])
     row["prompt_hash"] = "0" * 64
     f.write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
-    line = one_line_error(evalparity("compare", str(a), str(bad), "--out", str(tmp_path / "o2")))
+    line = one_line_error(evalparity_here("compare", str(a), str(bad), "--out", str(tmp_path / "o2")))
     assert "different prompt" in line and "doc" in line
     # a truncated jsonl line
     f.write_text("\n".join(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]) + "\n")
-    line = one_line_error(evalparity("compare", str(a), str(bad), "--out", str(tmp_path / "o3")))
+    line = one_line_error(evalparity_here("compare", str(a), str(bad), "--out", str(tmp_path / "o3")))
     assert "is not valid JSON" in line, line
     # no task in common
     other = tmp_path / "other"
@@ -108,7 +108,7 @@ def test_compare_refuses_bad_inputs(both, tmp_path):
     for p in other.rglob("samples_*.jsonl"):
         p.rename(p.with_name(p.name.replace("tiny_", "other_")))
     assert "no task in common" in one_line_error(
-        evalparity("compare", str(a), str(other), "--out", str(tmp_path / "o4")))
+        evalparity_here("compare", str(a), str(other), "--out", str(tmp_path / "o4")))
 
 
 # ---------------------------------------------------------------- what compare cannot pair honestly (issue 25)
@@ -125,15 +125,15 @@ def test_two_runs_in_one_output_folder_are_listed_and_one_can_be_picked(tmp_path
     make_lm_eval_dir(mixed, dtype="bfloat16", task="syn_a", date=D2, seed=1, flip=2)
     other = make_lm_eval_dir(tmp_path / "other", dtype="float16", task="syn_a", seed=2)
     out = tmp_path / "o"
-    line = one_line_error(evalparity("compare", str(other), str(mixed), "--out", str(out)))
+    line = one_line_error(evalparity_here("compare", str(other), str(mixed), "--out", str(out)))
     assert "2 lm-eval runs" in line and D1 in line and D2 in line and f"{mixed}@{D2}" in line, line
     assert not out.exists()
-    bad = one_line_error(evalparity("compare", str(other), f"{mixed}@2024-12-31T00-00-00.000000", "--out",
+    bad = one_line_error(evalparity_here("compare", str(other), f"{mixed}@2024-12-31T00-00-00.000000", "--out",
                                          str(out)))
     assert "no lm-eval run started 2024-12-31" in bad and D1 in bad and D2 in bad, bad
     for stamp, cell, tasks in ((D1, "hf-fp32", {"syn_a"}), (D2, "hf-bf16", {"syn_a"})):
         o = tmp_path / f"o-{cell}"
-        proc = evalparity("compare", str(other), f"{mixed}@{stamp}", "--out", str(o), "--no-fail-on-inconclusive")
+        proc = evalparity_here("compare", str(other), f"{mixed}@{stamp}", "--out", str(o), "--no-fail-on-inconclusive")
         assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
         meta = json.loads((o / "cells" / cell / "cell.json").read_text())
         assert meta["source"] == f"{mixed.resolve()}@{stamp}"
@@ -149,13 +149,13 @@ def test_the_same_input_twice_is_refused(tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(a, copy)
     out = tmp_path / "o"
-    line = one_line_error(evalparity("compare", str(a), str(a), "--out", str(out)))
+    line = one_line_error(evalparity_here("compare", str(a), str(a), "--out", str(out)))
     assert "same lm-eval output" in line and str(a) in line, line
-    line = one_line_error(evalparity("compare", str(a), str(tmp_path / "x" / ".." / "a"), "--out", str(out)))
+    line = one_line_error(evalparity_here("compare", str(a), str(tmp_path / "x" / ".." / "a"), "--out", str(out)))
     assert "same lm-eval output" in line, line
-    line = one_line_error(evalparity("compare", str(a), str(copy), "--out", str(out)))
+    line = one_line_error(evalparity_here("compare", str(a), str(copy), "--out", str(out)))
     assert "byte-identical samples" in line and str(a) in line and str(copy) in line, line
-    line = one_line_error(evalparity("compare", str(a), f"{a}@{D1}", "--out", str(out)))  # the one run, picked
+    line = one_line_error(evalparity_here("compare", str(a), f"{a}@{D1}", "--out", str(out)))  # the one run, picked
     assert "byte-identical samples" in line, line
     assert not out.exists()
 
@@ -165,7 +165,7 @@ def test_tasks_missing_from_some_inputs_are_named_and_recorded(tmp_path):
     make_lm_eval_dir(a, dtype="float32", task="syn_b", seed=5)
     b = make_lm_eval_dir(tmp_path / "b", dtype="bfloat16", task="syn_a", seed=1)
     out = tmp_path / "o"
-    proc = evalparity("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
+    proc = evalparity_here("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
     assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
     warned = [ln for ln in proc.stderr.splitlines() if "not in every input" in ln]
     assert len(warned) == 1 and "syn_b (missing from hf-bf16)" in warned[0], proc.stderr
@@ -177,6 +177,6 @@ def test_tasks_missing_from_some_inputs_are_named_and_recorded(tmp_path):
         text = (out / "report" / name).read_text().replace("\\_", "_")  # report.md escapes markdown's _
         assert "Not compared: task syn_b is missing from hf-bf16" in text, name
     full = make_lm_eval_dir(tmp_path / "c", dtype="float16", task="syn_a", seed=2)
-    proc = evalparity("compare", str(b), str(full), "--out", str(tmp_path / "o2"), "--no-fail-on-inconclusive")
+    proc = evalparity_here("compare", str(b), str(full), "--out", str(tmp_path / "o2"), "--no-fail-on-inconclusive")
     assert "not in every input" not in proc.stderr
     assert json.loads((tmp_path / "o2" / "compare.json").read_text())["tasks_not_in_every_input"] == []

@@ -8,7 +8,7 @@ import json
 import ahead
 import pytest
 import torch
-from conftest import cli, evalparity, one_line_error
+from conftest import cli, evalparity, evalparity_here, one_line_error
 from synthetic import make_run
 
 from evalparity import rundir
@@ -109,9 +109,9 @@ def test_drift_refuses_a_folder_that_names_no_model(tmp_path):
     (cmp_dir / "compare.json").write_text(json.dumps({"schema": "evalparity.compare/1", "inputs": [], "names": []}))
     before = _snapshot(cmp_dir)
     for extra in ([], ["--model", str(tmp_path / "some-model")]):
-        line = one_line_error(evalparity("drift", "--run-dir", str(cmp_dir), *extra, "--device", "cpu", timeout=120))
+        line = one_line_error(evalparity_here("drift", "--run-dir", str(cmp_dir), *extra, "--device", "cpu"))
         assert "comparison of lm-eval outputs" in line and "pass --model and --prompts" in line, line
-    line = one_line_error(evalparity("drift", "--run-dir", str(tmp_path), "--device", "cpu", timeout=120))
+    line = one_line_error(evalparity_here("drift", "--run-dir", str(tmp_path), "--device", "cpu"))
     assert "no spec.json" in line and "pass --model and --prompts" in line, line
     assert _snapshot(cmp_dir) == before
 
@@ -130,7 +130,7 @@ def test_drift_publishes_into_the_run_staged_and_leaves_it_alone_with_out(tiny_m
     """With --out elsewhere the run is only read (its report was rewritten); without, drift/ and the report
     are swapped in together, with nothing of the staging left behind."""
     run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=3)
-    assert evalparity("report", str(run)).returncode in (0, 3, 4)
+    assert evalparity_here("report", str(run)).returncode in (0, 3, 4)
     before = _snapshot(run)
     args = ["--model", str(tiny_model), "--cells", "hf-bf16", "--n-prompts", "2", "--gen-tokens", "2",
             "--max-length", "128", "--device", "cpu"]

@@ -1,7 +1,12 @@
 """Fault injection: hostile names, changed models, concurrent runs, kills, full disks, read-only and
 truncated files. Every case asserts the same things: no finished-looking cell that is not finished, no
 cell from another spec or model, nothing outside the run directory touched, one line on stderr, and the
-documented exit code. The cases and their outcomes are printed as a table at the end of the session."""
+documented exit code. The cases and their outcomes are printed as a table at the end of the session.
+
+A command that needs nothing of a process of its own (a report or a comparison that ends by itself) runs in
+this process (``conftest.evalparity_here``: the console script's ``main``, ~3 s less each); kills, signals,
+locks this process holds, mounts, other folders or environments, and the checks that no Python warning
+reached stderr run the CLI as a process (``conftest.evalparity``)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from pathlib import Path
 
 import ahead
 import pytest
-from conftest import cli, crash_args, evalparity, one_line_error
+from conftest import cli, crash_args, evalparity, evalparity_here, one_line_error
 from faults_table import record
 from synthetic import make_lm_eval_dir
 
@@ -36,7 +41,7 @@ def test_hostile_compare_names(lm_dirs, tmp_path, bad):
     (victim / "precious.txt").write_text("keep me")
     before = snapshot(tmp_path)
     out = tmp_path / "o"
-    proc = evalparity("compare", str(a), str(b), "--name", bad, "--name", "other", "--out", str(out))
+    proc = evalparity_here("compare", str(a), str(b), "--name", bad, "--name", "other", "--out", str(out))
     assert (victim / "precious.txt").read_text() == "keep me"
     line = one_line_error(proc)
     assert proc.returncode == 2 and "not a safe name" in line, line
@@ -49,19 +54,19 @@ def test_compare_out_reused_with_other_inputs_is_refused(lm_dirs, tmp_path):
     a, b = lm_dirs
     c = make_lm_eval_dir(tmp_path / "c", dtype="float16", flip=12, seed=2)  # a cell that would FAIL
     out = tmp_path / "o"
-    first = evalparity("compare", str(a), str(c), "--out", str(out), "--no-fail-on-inconclusive")
+    first = evalparity_here("compare", str(a), str(c), "--out", str(out), "--no-fail-on-inconclusive")
     assert first.returncode in (0, 3, 4), first.stderr[-2000:]
     before = snapshot(out)
-    again = evalparity("compare", str(a), str(b), "--out", str(out))
+    again = evalparity_here("compare", str(a), str(b), "--out", str(out))
     line = one_line_error(again)
     assert again.returncode == 2 and "holds another comparison" in line, line
     assert snapshot(out) == before  # the earlier comparison is left as it was
-    same = evalparity("compare", str(a), str(c), "--out", str(out), "--no-fail-on-inconclusive")
+    same = evalparity_here("compare", str(a), str(c), "--out", str(out), "--no-fail-on-inconclusive")
     assert same.returncode == first.returncode, same.stderr[-2000:]  # the same comparison may be redone
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    line2 = one_line_error(evalparity("compare", str(a), str(b), "--out", str(foreign)))
+    line2 = one_line_error(evalparity_here("compare", str(a), str(b), "--out", str(foreign)))
     assert "does not hold an evalparity comparison" in line2 and (foreign / "notes.txt").read_text() == "mine"
     record("compare --out reused with other inputs", "exit 2, one line, earlier comparison untouched")
     record("compare --out a foreign non-empty dir", "exit 2, one line, nothing written")
@@ -72,7 +77,7 @@ def test_compare_input_holding_two_runs_is_refused(lm_dirs, tmp_path):
     two = tmp_path / "two"
     make_lm_eval_dir(two, sub="org__model-a")
     make_lm_eval_dir(two, sub="org__model-b", flip=10)
-    proc = evalparity("compare", str(a), str(two), "--out", str(tmp_path / "o"))
+    proc = evalparity_here("compare", str(a), str(two), "--out", str(tmp_path / "o"))
     line = one_line_error(proc)
     assert proc.returncode == 2 and "holds 2 lm-eval runs" in line, line
     assert "org__model-a" in line and "org__model-b" in line
@@ -199,12 +204,12 @@ def syn_run(tmp_path):
 
 @pytest.mark.parametrize("victim", ["spec.json", "cells/vllm-fp32/cell.json", "cells/vllm-fp32/samples.parquet"])
 def test_report_on_a_truncated_file_is_one_line(syn_run, victim):
-    first = evalparity("report", str(syn_run), "--no-fail-on-inconclusive")
+    first = evalparity_here("report", str(syn_run), "--no-fail-on-inconclusive")
     assert first.returncode in (0, 3), first.stderr[-2000:]
     f = syn_run / victim
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
     before = snapshot(syn_run)
-    proc = evalparity("report", str(syn_run))
+    proc = evalparity_here("report", str(syn_run))
     line = one_line_error(proc)
     says = "not the table its cell wrote" if victim.endswith(".parquet") else "truncated or corrupt"  # its seal
     assert proc.returncode == 2 and says in line and victim.split("/")[-1] in line, line
@@ -338,7 +343,7 @@ def test_metric_values_written_as_strings_are_read(text_dirs, tmp_path, ref, new
 
 def test_a_field_mixing_numbers_and_text_is_refused(text_dirs, tmp_path):
     out = tmp_path / "o"
-    proc = evalparity("compare", str(text_dirs["ref"]), str(text_dirs["new_mixed"]), "--out", str(out))
+    proc = evalparity_here("compare", str(text_dirs["ref"]), str(text_dirs["new_mixed"]), "--out", str(out))
     line = one_line_error(proc)
     jsonl = next((text_dirs["new_mixed"] / "model__x").glob("samples_*.jsonl"))
     assert proc.returncode == 2 and str(jsonl) in line and "'acc'" in line and ":8 " in line, line
@@ -355,7 +360,7 @@ def reported_run(tmp_path_factory) -> Path:
 
     run = make_run(tmp_path_factory.mktemp("reported") / "run", n_tasks=2, cells=["hf-fp32", "vllm-fp32"],
                    docs_per_task=20)
-    first = evalparity("report", str(run), "--no-fail-on-inconclusive")
+    first = evalparity_here("report", str(run), "--no-fail-on-inconclusive")
     assert first.returncode in (0, 3), first.stderr[-2000:]
     return run
 
@@ -414,7 +419,7 @@ def test_report_on_a_corrupt_file_is_one_line(reported_run, tmp_path, case):
     (run / victim).write_bytes(data)
     before = snapshot(run)
     if case in CORRUPT_BY_CLI:
-        proc = evalparity("report", str(run))
+        proc = evalparity_here("report", str(run))
         line = one_line_error(proc)
         assert proc.returncode == 2, line
     else:
@@ -432,17 +437,17 @@ def test_a_corrupt_compare_json(lm_dirs, tmp_path):
 
     a, b = lm_dirs
     out = tmp_path / "o"
-    first = evalparity("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
+    first = evalparity_here("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
     assert first.returncode in (0, 3), first.stderr[-2000:]
     for i, data in enumerate((b'{"inputs": 5, "names": 7}', _random_bytes(), b'{"inputs": ["/x"], "names": "ab"}',
                               b'{"inputs": ["/x"]}')):
         (out / "compare.json").write_bytes(data)
         before = snapshot(out)
         if i == 0:
-            again = evalparity("compare", str(a), str(b), "--out", str(out))
+            again = evalparity_here("compare", str(a), str(b), "--out", str(out))
             line = one_line_error(again)
             assert again.returncode == 2 and str(out / "compare.json") in line, line
-            rep = evalparity("report", str(out))
+            rep = evalparity_here("report", str(out))
             line = one_line_error(rep)
             assert rep.returncode == 2 and str(out / "compare.json") in line, line
         for check in (lambda: importer.claim_out(out, [a, b], ["hf-fp32", "hf-bf16"]),
@@ -484,13 +489,13 @@ def test_a_corrupt_lock_file(lm_dirs, tmp_path):
     path = out / ".evalparity.lock"
     for data in (_random_bytes(64), b"[1]", json.dumps({"host": platform.node(), "pid": "x"}).encode()):
         path.write_bytes(data)
-        proc = evalparity("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
+        proc = evalparity_here("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
         line = one_line_error(proc)
         assert proc.returncode == 2 and str(path) in line and "remove it" in line, line
         assert path.read_bytes() == data and [p.name for p in out.iterdir()] == [path.name]
     old = time.time() - 3600
     os.utime(path, (old, old))  # a corrupt lock an hour old: taken over
-    proc = evalparity("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
+    proc = evalparity_here("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
     assert proc.returncode in (0, 3), proc.stderr[-2000:]
     assert "took over a corrupt lock" in proc.stderr and not path.exists()
     record("lock file corrupt (garbage, a list, pid not a number)",
@@ -591,7 +596,7 @@ def test_report_killed_midway_leaves_the_previous_or_the_new_one_whole(reported_
         with rundir.acquire(run, create=False):  # takes over the killed one's stale lock, and its staging folder
             rundir.recover_outputs(run)
         assert set(_margin_of(run).values()) == {0.02} and not _leftovers(run)
-    again = evalparity("report", str(run), "--margin", "3pp", "--no-fail-on-inconclusive")
+    again = evalparity_here("report", str(run), "--margin", "3pp", "--no-fail-on-inconclusive")
     assert again.returncode in (0, 3, 4), again.stderr[-2000:]
     assert set(_margin_of(run).values()) == {0.03} and not _leftovers(run), _leftovers(run)
     where = {"write:deltas.parquet": "statistics", "write:report.html": "report", "publish-outputs": "publish"}
@@ -606,15 +611,15 @@ def test_compare_killed_while_publishing_a_cell(lm_dirs, tmp_path):
     c = make_lm_eval_dir(tmp_path / "c", dtype="float16", flip=12, seed=2)  # the cell that FAILs
     out = tmp_path / "o"
     args = ("compare", str(a), str(b), str(c), "--out", str(out), "--no-fail-on-inconclusive")
-    first = evalparity(*args)
+    first = evalparity_here(*args)
     assert first.returncode == 3, first.stderr[-2000:]
     proc = evalparity(*args, env={KILL: "publish-cell:hf-fp16"})
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert not (out / "cells" / "hf-fp16").exists()  # its old folder moved aside, the new one not yet in
-    rep = evalparity("report", str(out))  # a cell of the comparison is missing: never a verdict without it
+    rep = evalparity_here("report", str(out))  # a cell of the comparison is missing: never a verdict without it
     line = one_line_error(rep)
     assert rep.returncode == 5 and "hf-fp16" in line and "rerun the same" in line, line
-    again = evalparity(*args)
+    again = evalparity_here(*args)
     assert again.returncode == 3, again.stderr[-2000:]
     assert sorted(p.name for p in (out / "cells").iterdir()) == ["hf-bf16", "hf-fp16", "hf-fp32"]
     assert not _leftovers(out), _leftovers(out)
@@ -789,7 +794,7 @@ def test_an_old_attempt_history_in_cells_is_moved_not_taken_for_a_cell(reported_
     old = run / "cells" / "vllm-fp32.attempts"
     old.mkdir()
     (old / "attempt-1.json").write_text(json.dumps({"attempt": 1, "error": "boom", "log": None}))
-    proc = evalparity("report", str(run), "--no-fail-on-inconclusive")
+    proc = evalparity_here("report", str(run), "--no-fail-on-inconclusive")
     assert proc.returncode in (0, 3), proc.stdout + proc.stderr[-2000:]
     assert "INCOMPLETE" not in proc.stdout and not old.exists()
     assert json.loads((run / "attempts" / "cells" / "vllm-fp32" / "attempt-1.json").read_text())["error"] == "boom"

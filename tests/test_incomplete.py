@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import evalparity
+from conftest import evalparity_here
 from synthetic import make_run
 
 CELLS = ["hf-fp32", "vllm-fp32", "hf-bf16"]
@@ -16,7 +16,7 @@ CELLS = ["hf-fp32", "vllm-fp32", "hf-bf16"]
 @pytest.fixture(scope="module")
 def passing(tmp_path_factory):
     root = make_run(tmp_path_factory.mktemp("inc") / "run", n_tasks=2, cells=CELLS, docs_per_task=1500)
-    proc = evalparity("report", str(root))
+    proc = evalparity_here("report", str(root))
     assert proc.returncode == 0 and proc.stdout.startswith("PASS:"), proc.stderr[-2000:]
     return root
 
@@ -33,7 +33,7 @@ def test_a_lost_cell_is_incomplete_not_pass(passing, tmp_path, damage):
         (cell / "samples.parquet").unlink()
     else:
         shutil.rmtree(cell)
-    proc = evalparity("report", str(root))
+    proc = evalparity_here("report", str(root))
     assert proc.returncode == 5, proc.stderr[-2000:]
     assert proc.stdout.startswith("INCOMPLETE:") and "vllm-fp32" in proc.stdout
     assert "PASS" not in proc.stdout and "sign-off: PASS" not in proc.stderr

@@ -16,7 +16,7 @@ import time
 import ahead
 import pandas as pd
 import pytest
-from conftest import TINY_CELLS, cli, evalparity, tiny_run_args
+from conftest import TINY_CELLS, cli, evalparity, evalparity_here, tiny_run_args
 from verdict_schema import check_verdicts
 
 from evalparity.samples import HASHES, KEY, check_alignment, read_table
@@ -155,7 +155,7 @@ def test_rerun_skips_every_cell(run_dir, tiny_model, tiny_tasks):
 def test_report_regenerates_alone(run_dir):
     out, _ = run_dir
     (out / "report" / "report.md").unlink()
-    proc = evalparity("report", str(out), "--no-fail-on-inconclusive")
+    proc = evalparity_here("report", str(out), "--no-fail-on-inconclusive")
     assert proc.returncode in (0, 3), proc.stderr
     assert (out / "report" / "report.md").exists()
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import ahead
 import pytest
 import tamper
-from conftest import cli, evalparity, one_line_error, tiny_run_copy
+from conftest import cli, evalparity_here, one_line_error, tiny_run_copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import make_lm_eval_dir, make_run
@@ -180,7 +180,7 @@ def test_out_inside_another_run_is_refused(folders, tmp_path):
                                                                                         ("b", "bfloat16")))]
     for inner in (run / "stats" / "inner", run / "cells" / "inner", run / "cells" / "hf-fp32" / "x"):
         before = tamper.tree_digest(run)
-        proc = evalparity("compare", *map(str, lm), "--out", str(inner))
+        proc = evalparity_here("compare", *map(str, lm), "--out", str(inner))
         line = one_line_error(proc)
         assert proc.returncode == 2 and "inside the run directory" in line, line
         assert tamper.tree_digest(run) == before
@@ -264,7 +264,7 @@ def test_force_rerun_killed_is_incomplete_not_the_old_verdict(forced_run, tiny_r
     forced run redoes are moved to attempts/ first, so until they finish again the run is INCOMPLETE."""
     run, proc = forced_run
     assert proc.returncode != 0, proc.stderr[-3000:]  # killed with hf-bf16's publish (the hook kills the run too)
-    rep = evalparity("report", str(run))
+    rep = evalparity_here("report", str(run))
     assert rep.returncode == 5 and rep.stdout.startswith("INCOMPLETE") and "hf-bf16" in rep.stdout, \
         (rep.stdout, rep.stderr[-2000:])
     kept = sorted(p.parent.name for p in (run / "attempts" / "cells").glob("*/superseded-*"))
