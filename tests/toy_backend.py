@@ -18,7 +18,6 @@ import sys
 import zlib
 
 from evalparity.backends import hf, registry
-from evalparity.errors import EvalParityError
 
 name = "hfcopy"
 lm_eval_model = hf.lm_eval_model
@@ -101,10 +100,9 @@ def memory_knobs(need, budget: int, gpu_total: int, shape, **kw) -> dict:
     return hf.memory_knobs(need, budget, gpu_total, shape, **kw)
 
 
-def drift_probe(model_path: str, dtype: str, max_len: int, device: str):
-    if dtype == "float16":
-        raise EvalParityError("the toy backend has no float16")
-    return hf.drift_probe(model_path, dtype, max_len, device)
+def drift_probe(lm):
+    """The HF probe over the toy's LM (made by ``create_lm`` above, so with this backend's environment)."""
+    return hf.drift_probe(lm)
 
 
 registry.register(name, sys.modules[__name__])

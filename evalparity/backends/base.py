@@ -109,8 +109,10 @@ class Backend(Protocol):
 
     # ---- drift localisation
 
-    def drift_probe(self, model_path: str, dtype: str, max_len: int, device: str) -> Any:
-        """A drift probe (``backends/probes.py``): ``tokenizer``, ``run(ids) -> Probe`` (hidden states per layer
-        and prompt logprobs) and ``generate(ids, n)``, computed by this backend's own engine. A backend
-        without one raises EvalParityError: it must not be measured with another backend's engine."""
+    def drift_probe(self, lm: Any) -> Any:
+        """A drift probe (``backends/probes.py``) over ``lm``, an LM that ``create_lm`` made (so the probe runs
+        the model exactly as a cell loads it): ``encode(texts)``, ``n_entries``, ``device``,
+        ``forward(prompts, entries, pooling) -> HiddenBatch`` and ``generate(prompts, n)``, computed by this
+        backend's own engine. A backend without one raises EvalParityError: it must not be measured with
+        another backend's engine."""
         ...

@@ -216,9 +216,7 @@ def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape,
 
 
 # ---------------------------------------------------------------- drift localisation
-def drift_probe(model_path: str, dtype: str, max_len: int, device: str):
-    import torch  # heavy: torch
-
+def drift_probe(lm):
     from evalparity.backends.probes import HFProbe  # heavy: torch, transformers (evalparity drift only)
 
-    return HFProbe(model_path, getattr(torch, dtype), device)
+    return HFProbe(lm)

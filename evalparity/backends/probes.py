@@ -1,21 +1,26 @@
-"""Per-layer hidden states and per-token prompt logprobs from each backend, as the same quantities.
+"""Per-layer hidden states and per-token prompt logprobs of many prompts at once, from each backend's own
+engine, as the same quantities.
 
-- HF: ``output_hidden_states=True``. Entry 0 is the embedding output, entry i (1 <= i < L) the residual
-  stream after decoder layer i-1, and entry L the *final norm's output* (transformers applies the norm to
-  the last entry).
-- vLLM: forward hooks, registered through ``LLM.apply_model`` (vLLM's supported way to reach the model;
-  no private attribute chains), on the embedding, every decoder layer and the final norm. A vLLM decoder
-  layer returns ``(hidden_states, residual)`` with the residual add deferred to the next layer's fused
-  norm, so the residual stream after the layer is their sum; the last layer is compared through the final
-  norm's output, like HF's last entry. Like with like.
+Entries (``n_entries`` = decoder layers + 1), alike in both backends:
+- 0: the embedding output; i (1 <= i < L): the residual stream after decoder layer i-1; L: the *final norm's
+  output* (transformers applies the norm to its last ``hidden_states`` entry).
+- HF: ``output_hidden_states=True`` on a right-padded batch with its attention mask; the valid tokens of
+  each row are taken back out.
+- vLLM: forward hooks, registered through ``LLM.apply_model`` (vLLM's supported way to reach the model; no
+  private attribute chains), on the model (its token ids and positions), the embedding, every
+  decoder layer and the final norm. A vLLM decoder layer returns ``(hidden_states, residual)`` with the
+  residual add deferred to the next layer's fused norm, so the residual stream after the layer is their
+  sum; the last layer is compared through the final norm's output, like HF's last entry. Like with like.
 
-Each backend builds its own probe (``Backend.drift_probe``): one of these, or one of its own with the same
-``tokenizer``, ``run`` and ``generate``. That is why they live with the backends rather than in ``drift/``,
-which only compares what they return: a backend that imported ``drift/`` would import a later stage of the
-pipeline (docs/architecture.md, "Imports").
+Batching in vLLM: a ``generate`` call gets as many prompts as one scheduler step takes (its
+``max_num_batched_tokens`` and ``max_num_seqs``), so that each prompt is one whole segment of the step's
+flattened token batch. The hooks see that batch in the scheduler's order; it is split where a position is 0
+and every segment must be positions 0..n-1 with the token ids of exactly one of the call's prompts. Anything
+else (a prompt split over steps, padding, multi-dimensional positions) is refused, not guessed.
 
-Prompts go through vLLM one at a time, so the hooks see exactly one sequence (chunked prefill may split
-it into several calls, which are concatenated).
+Each backend builds its probe from the lm-eval LM its cells use (``Backend.drift_probe(lm)``), so the probe
+runs the model exactly as a cell loads it (its engine arguments, dtype, BOS rule). The probes live with the
+backends rather than in ``drift/``, which only compares what they return (docs/architecture.md, "Imports").
 """
 
 from __future__ import annotations
@@ -27,110 +32,348 @@ import torch
 from evalparity.backends import compat
 from evalparity.errors import EvalParityError
 
+POOLINGS = ("all", "last", "mean")
+
 
 @dataclass
-class Probe:
-    """What one backend computed for one prompt: hidden states [L+1, T, H] (float32) and the logprob of
-    each prompt token given the ones before it [T-1] (float32)."""
+class HiddenBatch:
+    """What one backend computed for a list of prompts, in that list's order.
 
-    hidden: list[torch.Tensor]
+    ``hidden``: entry -> float32 on the probe's device; ``[sum(lengths), H]`` (pooling "all": every prompt's
+    tokens one after another) or ``[n_prompts, H]`` ("last": each prompt's last token; "mean": the mean over
+    its tokens). ``logprobs``: float32 on the CPU, ``[sum(lengths - 1)]``: each prompt token's logprob given
+    the ones before it, prompt after prompt."""
+
+    hidden: dict[int, torch.Tensor]
+    lengths: list[int]
     logprobs: torch.Tensor
+    pooling: str = "all"
+
+
+def segments(lengths: list[int], device) -> torch.Tensor:
+    """The prompt index of every token of prompts of these lengths laid one after another."""
+    return torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                   torch.as_tensor(lengths, device=device))
+
+
+def pool(h: torch.Tensor, lengths: list[int], how: str) -> torch.Tensor:
+    """``[sum(lengths), H]`` -> the rows ``how`` asks for (module docstring of ``HiddenBatch``)."""
+    if how == "all":
+        return h
+    ends = torch.cumsum(torch.as_tensor(lengths, device=h.device), 0)
+    if how == "last":
+        return h[ends - 1]
+    out = torch.zeros(len(lengths), h.shape[1], dtype=torch.float64, device=h.device)
+    out.index_add_(0, segments(lengths, h.device), h.double())
+    return (out / torch.as_tensor(lengths, device=h.device, dtype=torch.float64)[:, None]).float()
+
+
+def check_request(prompts: list[list[int]], entries: list[int], n_entries: int, pooling: str) -> None:
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling {pooling!r} is not one of {POOLINGS}")
+    bad = [e for e in entries if not 0 <= e < n_entries]
+    if bad:
+        raise ValueError(f"entries {bad} are outside 0..{n_entries - 1}")
+    if any(len(p) < 1 for p in prompts):
+        raise ValueError("an empty prompt cannot be probed")
+
+
+def _order_back(parts: list[torch.Tensor], done_order: list[int], lengths: list[int]) -> torch.Tensor:
+    """Rows computed prompt by prompt in ``done_order`` (each prompt ``lengths[i]`` rows), concatenated,
+    returned in the prompts' own order."""
+    flat = torch.cat(parts)
+    starts, at = [0] * len(lengths), 0
+    for i in done_order:
+        starts[i] = at
+        at += lengths[i]
+    index = torch.cat([torch.arange(starts[i], starts[i] + lengths[i]) for i in range(len(lengths))])
+    return flat[index.to(flat.device)]
 
 
 def _decoder_parts(model: torch.nn.Module):
-    """(embedding, decoder layers, final norm) of a decoder-only model, found by their conventional names
-    (``model.embed_tokens`` / ``model.layers`` / ``model.norm``, as Llama, Mistral, Qwen2/3, Gemma, Phi-3 and
-    most decoder-only models in both libraries name them)."""
+    """(decoder model, embedding, decoder layers, final norm) of a decoder-only model, found by their
+    conventional names (``model.embed_tokens`` / ``model.layers`` / ``model.norm``, as Llama, Mistral,
+    Qwen2/3, Gemma, Phi-3 and most decoder-only models in both libraries name them)."""
     inner = getattr(model, "model", None)
     parts = [getattr(inner, n, None) for n in ("embed_tokens", "layers", "norm")] if inner is not None else []
     if len(parts) != 3 or any(p is None for p in parts):
         raise EvalParityError(f"drift probes do not support {type(model).__name__}: it has no "
                               "model.embed_tokens / model.layers / model.norm; use a Llama-style decoder-only model")
-    return parts
+    return (inner, *parts)
+
+
+def _eos_ids(model) -> set[int]:
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+
+def cut_at_eos(ids: list[int], eos: set[int]) -> list[int]:
+    """Generated ids up to and including the first end-of-sequence id, as vLLM returns them: HF's batched
+    ``generate`` pads a row that ended early."""
+    for k, t in enumerate(ids):
+        if t in eos:
+            return ids[:k + 1]
+    return ids
 
 
 class HFProbe:
-    def __init__(self, path: str, dtype: torch.dtype, device: str):
-        from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers (this probe only)
+    """Probes an lm-eval ``HFLM``'s model: padded batches of at most ``token_budget`` tokens (rows x longest)."""
 
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        self.device = device
+    def __init__(self, lm, token_budget: int | None = None):
+        self.model = lm.model
+        self.tokenizer = lm.tokenizer
+        self.encode = lm.batch_encode
+        self.device = torch.device(lm.device) if not isinstance(lm.device, torch.device) else lm.device
         _decoder_parts(self.model)
+        self.n_entries = int(self.model.config.num_hidden_layers) + 1
+        self.hidden_size = int(self.model.config.hidden_size)
+        vocab = int(self.model.config.vocab_size)
+        # the fp32 logits of a batch dominate its memory: about 2 GiB of them at most
+        self.token_budget = token_budget or max(256, min(16384, (2 << 30) // (4 * vocab)))
+
+    def _batches(self, order: list[int], lengths: list[int], rows_at_most: int | None = None):
+        batch: list[int] = []
+        for i in order:
+            width = max([lengths[j] for j in batch] + [lengths[i]])
+            if batch and (width * (len(batch) + 1) > self.token_budget
+                          or (rows_at_most and len(batch) >= rows_at_most)):
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
 
     @torch.no_grad()
-    def run(self, ids: list[int]) -> Probe:
-        x = torch.tensor([ids], device=self.device)
-        out = self.model(input_ids=x, output_hidden_states=True)
-        hidden = [h[0].float().cpu() for h in out.hidden_states]
-        lp = torch.log_softmax(out.logits[0].float(), dim=-1)
-        token_lp = lp[:-1].gather(1, x[0, 1:, None]).squeeze(1).cpu()
-        return Probe(hidden, token_lp)
+    def forward(self, prompts: list[list[int]], entries: list[int], pooling: str = "all") -> HiddenBatch:
+        check_request(prompts, entries, self.n_entries, pooling)
+        lengths = [len(p) for p in prompts]
+        order = sorted(range(len(prompts)), key=lambda i: lengths[i])  # similar lengths pad little
+        hidden: dict[int, list[torch.Tensor]] = {e: [] for e in entries}
+        lps: list[torch.Tensor] = []
+        for batch in self._batches(order, lengths):
+            width = max(lengths[i] for i in batch)
+            x = torch.zeros(len(batch), width, dtype=torch.long)
+            mask = torch.zeros(len(batch), width, dtype=torch.long)
+            for r, i in enumerate(batch):
+                x[r, :lengths[i]] = torch.as_tensor(prompts[i])
+                mask[r, :lengths[i]] = 1
+            x, mask = x.to(self.device), mask.to(self.device)
+            out = self.model(input_ids=x, attention_mask=mask, output_hidden_states=True)
+            valid = mask.bool()
+            blens = [lengths[i] for i in batch]
+            for e in entries:
+                hidden[e].append(pool(out.hidden_states[e][valid].float(), blens, pooling))
+            # logprob of token t+1 given tokens 0..t, at the valid positions t < length - 1
+            nxt = valid.clone()
+            nxt[:, -1] = False
+            nxt[torch.arange(len(batch)), torch.as_tensor(blens, device=self.device) - 1] = False
+            logits = out.logits[nxt].float()
+            targets = x[:, 1:][nxt[:, :-1]]
+            lps.append((logits.gather(1, targets[:, None]).squeeze(1) - torch.logsumexp(logits, -1)).cpu())
+            del out, logits
+        rows = lengths if pooling == "all" else [1] * len(prompts)
+        return HiddenBatch({e: _order_back(hidden[e], order, rows) for e in entries}, lengths,
+                           _order_back(lps, order, [n - 1 for n in lengths]), pooling)
 
     @torch.no_grad()
-    def generate(self, ids: list[int], n: int) -> list[int]:
-        x = torch.tensor([ids], device=self.device)
-        out = self.model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n,
-                                  do_sample=False, pad_token_id=self.tokenizer.eos_token_id)
-        return out[0, len(ids):].tolist()
+    def generate(self, prompts: list[list[int]], n: int, rows: int = 64) -> list[list[int]]:
+        """Greedy continuations of ``n`` tokens, in left-padded batches of similar lengths."""
+        lengths = [len(p) for p in prompts]
+        eos = _eos_ids(self.model)
+        pad = min(eos) if eos else 0
+        out: list[list[int]] = [[] for _ in prompts]
+        order = sorted(range(len(prompts)), key=lambda i: lengths[i])
+        for batch in self._batches(order, lengths, rows_at_most=rows):
+            width = max(lengths[i] for i in batch)
+            x = torch.full((len(batch), width), pad, dtype=torch.long)
+            mask = torch.zeros(len(batch), width, dtype=torch.long)
+            for r, i in enumerate(batch):
+                x[r, width - lengths[i]:] = torch.as_tensor(prompts[i])
+                mask[r, width - lengths[i]:] = 1
+            gen = self.model.generate(input_ids=x.to(self.device), attention_mask=mask.to(self.device),
+                                      max_new_tokens=n, do_sample=False, pad_token_id=pad)
+            for r, i in enumerate(batch):
+                out[i] = cut_at_eos(gen[r, width:].tolist(), eos)
+        return out
 
 
-_CAPTURE: dict[str, list] = {"embed": [], "layers": {}, "norm": []}
+# ---------------------------------------------------------------- vLLM: hooks on the flattened batch
+_CAPTURE: dict = {"on": False, "entries": frozenset(), "last": False, "n_layers": 0, "steps": [], "problem": None}
 
 
-class VLLMProbe:
-    def __init__(self, path: str, dtype: str, max_len: int, device: str):
-        compat.apply()
-        from vllm import LLM  # optional: vllm (this probe only), after compat.apply
-
-        kw = {"gpu_memory_utilization": 0.3} if device != "cpu" else {}
-        self.llm = LLM(model=path, dtype=dtype, enforce_eager=True, enable_prefix_caching=False, seed=0,
-                       max_model_len=max_len, **kw)
-        self.tokenizer = self.llm.get_tokenizer()
-        self.n_layers = self.llm.apply_model(_install_hooks)[0]
-
-    def run(self, ids: list[int]) -> Probe:
-        from vllm import SamplingParams  # optional: vllm (this probe only)
-
-        _CAPTURE["embed"].clear()
-        _CAPTURE["norm"].clear()
-        _CAPTURE["layers"] = {}
-        out = self.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, temperature=0.0,
-                                prompt_logprobs=0), use_tqdm=False)[0]
-        emb = torch.cat(_CAPTURE["embed"])
-        layers = [torch.cat(_CAPTURE["layers"][i]) for i in range(self.n_layers)]
-        norm = torch.cat(_CAPTURE["norm"])
-        if emb.shape[0] != len(ids):
-            raise EvalParityError(f"vLLM's hooks saw {emb.shape[0]} tokens for a {len(ids)}-token prompt: "
-                                  "the drift probe needs one prompt per forward pass")
-        hidden = [emb, *layers[:-1], norm]
-        lps = [d[t].logprob for t, d in zip(ids[1:], out.prompt_logprobs[1:])]
-        return Probe(hidden, torch.tensor(lps, dtype=torch.float32))
-
-    def generate(self, ids: list[int], n: int) -> list[int]:
-        from vllm import SamplingParams  # optional: vllm (this probe only)
-
-        o = self.llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=n, temperature=0.0),
-                              use_tqdm=False)[0]
-        return list(o.outputs[0].token_ids)
+def _take(t: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    t = t.detach()
+    return (t if rows is None else t[rows]).to(torch.float32, copy=True)
 
 
 def _install_hooks(model: torch.nn.Module) -> int:
-    """Runs inside vLLM's worker (in this process): hooks that copy each output to CPU float32."""
-    embed, layers, norm = _decoder_parts(model)
-    embed.register_forward_hook(lambda m, i, o: _CAPTURE["embed"].append(o.detach().float().cpu()))
+    """Runs inside vLLM's worker (this process: the in-process engine): hooks that keep the chosen entries
+    of every forward pass while ``_CAPTURE['on']``, on the device, one record per scheduler step."""
+    _, embed, layers, norm = _decoder_parts(model)
+    n_layers = len(layers)
+    _CAPTURE["n_layers"] = n_layers
+
+    def step_hook(m, args, kwargs):
+        if not _CAPTURE["on"]:
+            return
+        ids = args[0] if len(args) > 0 else kwargs.get("input_ids")
+        pos = args[1] if len(args) > 1 else kwargs.get("positions")
+        if ids is None or pos is None or pos.dim() != 1 or ids.shape != pos.shape:
+            _CAPTURE["problem"] = ("the model's forward pass did not get 1-D token ids and positions of one shape "
+                                   f"({type(model).__name__}): drift probes need a Llama-style text decoder")
+            return
+        rows = None
+        if _CAPTURE["last"]:  # each segment's last token: before the next position 0, and the step's last
+            ends = torch.nonzero(pos == 0).flatten()[1:] - 1
+            rows = torch.cat([ends, torch.tensor([pos.shape[0] - 1], device=pos.device)])
+        _CAPTURE["steps"].append({"ids": ids.detach().clone(), "pos": pos.detach().clone(), "rows": rows, "h": {}})
+
+    def keep(entry: int, t: torch.Tensor) -> None:
+        if _CAPTURE["on"] and entry in _CAPTURE["entries"] and _CAPTURE["steps"]:
+            step = _CAPTURE["steps"][-1]
+            step["h"][entry] = _take(t, step["rows"])
+
+    # on the top-level model: the decoder model's own __call__ is replaced by vLLM's compile decorator
+    # (``support_torch_compile``), which skips hooks even in eager mode; the runner calls with keywords
+    model.register_forward_pre_hook(step_hook, with_kwargs=True)
+    embed.register_forward_hook(lambda m, i, o: keep(0, o))
 
     def layer_hook(idx):
         def hook(m, i, o):
-            h, r = o
-            _CAPTURE["layers"].setdefault(idx, []).append((h + r).detach().float().cpu())
+            if idx < n_layers - 1:  # the last layer's output is compared through the final norm (entry L)
+                h, r = o
+                keep(idx + 1, h + r if _CAPTURE["on"] and idx + 1 in _CAPTURE["entries"] else h)
         return hook
 
     for idx, layer in enumerate(layers):
         layer.register_forward_hook(layer_hook(idx))
+    norm.register_forward_hook(lambda m, i, o: keep(n_layers, o[0] if isinstance(o, tuple) else o))
+    return n_layers
 
-    def norm_hook(m, i, o):
-        _CAPTURE["norm"].append((o[0] if isinstance(o, tuple) else o).detach().float().cpu())
 
-    norm.register_forward_hook(norm_hook)
-    return len(layers)
+def _model_device(model: torch.nn.Module) -> str:
+    return str(next(model.parameters()).device)
+
+
+def _step_limits(llm) -> tuple[int, int]:
+    """(tokens, sequences) one scheduler step takes: a ``generate`` call within both is one step."""
+    sched = llm.llm_engine.vllm_config.scheduler_config
+    return int(sched.max_num_batched_tokens), int(sched.max_num_seqs)
+
+
+def _prompt_logprobs(out, ids: list[int]) -> list[float]:
+    """Each prompt token's own logprob (``prompt_logprobs=0``), from vLLM's flat container where it has one."""
+    plp = out.prompt_logprobs
+    flat = getattr(plp, "logprobs", None)
+    if flat is not None and list(getattr(plp, "token_ids", [])) == ids[1:]:
+        return list(flat)
+    return [d[t].logprob for t, d in zip(ids[1:], plp[1:])]
+
+
+class VLLMProbe:
+    """Probes an lm-eval ``VLLM``'s engine (``lm.model``, a ``vllm.LLM``; in-process, eager)."""
+
+    def __init__(self, lm):
+        compat.apply()
+        self.llm = lm.model
+        self.tokenizer = lm.tokenizer
+        self.encode = lm.batch_encode
+        self.n_entries = self.llm.apply_model(_install_hooks)[0] + 1
+        self.device = torch.device(self.llm.apply_model(_model_device)[0])
+        self.step_tokens, self.step_seqs = _step_limits(self.llm)
+        self.hidden_size = int(self.llm.llm_engine.model_config.get_hidden_size())
+
+    def _groups(self, prompts: list[list[int]], lengths: list[int]):
+        """Consecutive prompts that one scheduler step takes whole, no prompt twice in one call (the hooks
+        tell a call's prompts apart by their token ids)."""
+        group: list[int] = []
+        held: set[tuple] = set()
+        for i, n in enumerate(lengths):
+            if n > self.step_tokens:
+                raise EvalParityError(f"a {n}-token prompt is longer than one vLLM step ({self.step_tokens} tokens, "
+                                      "max_num_batched_tokens): the probe needs whole prompts per step; raise "
+                                      "max_num_batched_tokens in the cell's engine arguments or lower --max-length")
+            key = tuple(prompts[i])
+            if group and (sum(lengths[j] for j in group) + n > self.step_tokens or len(group) >= self.step_seqs
+                          or key in held):
+                yield group
+                group, held = [], set()
+            group.append(i)
+            held.add(key)
+        if group:
+            yield group
+
+    def forward(self, prompts: list[list[int]], entries: list[int], pooling: str = "all") -> HiddenBatch:
+        from vllm import SamplingParams, TokensPrompt  # optional: vllm (this probe only)
+
+        check_request(prompts, entries, self.n_entries, pooling)
+        lengths = [len(p) for p in prompts]
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        parts: dict[int, list[torch.Tensor]] = {e: [] for e in entries}
+        done: list[int] = []
+        lps: list[float] = []
+        _CAPTURE.update(entries=frozenset(entries), last=pooling == "last", problem=None)
+        for group in self._groups(prompts, lengths):
+            _CAPTURE["steps"] = []
+            _CAPTURE["on"] = True
+            try:
+                outs = self.llm.generate([TokensPrompt(prompt_token_ids=prompts[i]) for i in group], params,
+                                         use_tqdm=False)
+            finally:
+                _CAPTURE["on"] = False
+            for i, o in zip(group, outs):
+                lps.extend(_prompt_logprobs(o, prompts[i]))
+            order = self._split(group, prompts)
+            for e in entries:
+                got = torch.cat([s["h"][e] for s in _CAPTURE["steps"]])
+                if pooling == "mean":
+                    got = pool(got, [lengths[i] for i in order], "mean")
+                parts[e].append(got)
+            done.extend(order)
+            _CAPTURE["steps"] = []
+        rows = lengths if pooling == "all" else [1] * len(prompts)
+        hidden = {e: _order_back(parts[e], done, rows) for e in entries}
+        lp_flat = torch.tensor(lps, dtype=torch.float32)
+        lp_parts, at = [], 0  # lps were appended in prompt order within groups, groups in order: prompt order
+        for n in lengths:
+            lp_parts.append(lp_flat[at:at + n - 1])
+            at += n - 1
+        return HiddenBatch(hidden, lengths, torch.cat(lp_parts) if lp_parts else lp_flat, pooling)
+
+    def _split(self, group: list[int], prompts: list[list[int]]) -> list[int]:
+        """The group's prompts in the order the hooks saw them, each checked to be one whole segment."""
+        if _CAPTURE["problem"]:
+            raise EvalParityError(_CAPTURE["problem"])
+        want = {tuple(prompts[i]): i for i in group}
+        if len(want) != len(group):
+            raise ValueError("a probe call holds the same prompt twice: deduplicate first")
+        seen: list[int] = []
+        for step in _CAPTURE["steps"]:
+            pos, ids = step["pos"].cpu(), step["ids"].cpu().tolist()
+            starts = torch.nonzero(pos == 0).flatten().tolist()
+            if not starts or starts[0] != 0:
+                raise EvalParityError("vLLM continued a prompt from an earlier step (chunked prefill): the probe "
+                                      "needs whole prompts per step; raise max_num_batched_tokens")
+            for a, b in zip(starts, starts[1:] + [len(ids)]):
+                i = want.get(tuple(ids[a:b]))
+                if i is None or not torch.equal(pos[a:b], torch.arange(b - a)) or i in seen:
+                    raise EvalParityError(f"vLLM's forward pass held a {b - a}-token segment that is not one whole "
+                                          "prompt of this call (a split, padded or repeated prompt): the probe "
+                                          "cannot tell its tokens apart and refuses to guess")
+                seen.append(i)
+            for e in _CAPTURE["entries"]:
+                if e not in step["h"]:
+                    raise EvalParityError(f"vLLM's forward pass skipped the hook of hidden-state entry {e}")
+        if sorted(seen) != sorted(group):
+            raise EvalParityError(f"vLLM's hooks saw {len(seen)} of the call's {len(group)} prompts: the probe "
+                                  "needs every prompt's forward pass (is CUDA graph capture on? use enforce_eager)")
+        return seen
+
+    def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
+        from vllm import SamplingParams, TokensPrompt  # optional: vllm (this probe only)
+
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                 SamplingParams(max_tokens=n, temperature=0.0, detokenize=False), use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]

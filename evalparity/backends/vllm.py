@@ -260,7 +260,7 @@ def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape,
 
 
 # ---------------------------------------------------------------- drift localisation
-def drift_probe(model_path: str, dtype: str, max_len: int, device: str):
+def drift_probe(lm):
     from evalparity.backends.probes import VLLMProbe  # heavy: torch; optional: vllm (evalparity drift only)
 
-    return VLLMProbe(model_path, dtype, max_len, device)
+    return VLLMProbe(lm)

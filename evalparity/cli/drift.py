@@ -18,12 +18,14 @@ from evalparity.models import resolve_model
 from evalparity.rundir import layout, records
 from evalparity.spec import split_list
 
+DEFAULT_CELLS = "vllm-fp32,vllm-bf16,vllm-fp16,hf-bf16,hf-fp16"
+
 
 def drift(
     run_dir: Annotated[Path | None, typer.Option(help="Run directory: prompts come from its tasks, results go to RUN_DIR/drift and its report.")] = None,
     prompts: Annotated[Path | None, typer.Option(help="Prompt file instead: .txt (one a line) or .jsonl with a 'prompt' field.")] = None,
     model: Annotated[str | None, typer.Option(help="Local path or hub id (default: the run's model; with --prompts, the embedded one).")] = None,
-    cells: Annotated[str, typer.Option(help="Cells to probe, comma-separated.")] = "vllm-fp32,vllm-bf16,vllm-fp16,hf-bf16,hf-fp16",
+    cells: Annotated[str | None, typer.Option(help=f"Cells to probe, comma-separated (default: the run's cells; with --prompts, {DEFAULT_CELLS}).")] = None,
     reference: Annotated[str, typer.Option(help="Reference cell.")] = "hf-fp32",
     n_prompts: Annotated[int, typer.Option(help="Prompts to take from the run.")] = 200,
     gen_tokens: Annotated[int, typer.Option(help="Greedy tokens to generate per prompt for the divergence test (0: off).")] = 32,
@@ -31,12 +33,18 @@ def drift(
     max_length: Annotated[int, typer.Option(help="Longest prompt + generation, in tokens.")] = 2048,
     device: Device = "auto",
     out: Annotated[Path | None, typer.Option(help="Output folder (default: RUN_DIR/drift, published with its report; or results/drift-<timestamp>). Given with --run-dir, the run is only read.")] = None,
-    dump: Annotated[bool, typer.Option(help="Also save every prompt's hidden states of both backends (large).")] = False,
+    layers: Annotated[str, typer.Option(help="Hidden-state entries to compare, comma-separated (0: embeddings; -1: the final norm's output), or all.")] = "all",
+    positions: Annotated[str, typer.Option(help="Compare hidden states at every token (all) or only each prompt's last token (last).")] = "all",
+    dump: Annotated[bool, typer.Option(help="Also keep both sides' hidden states, chunk by chunk as safetensors (large).")] = False,
 ) -> None:
     """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
-    from evalparity.drift import prompts_from_file, prompts_from_run, run_drift  # heavy: pandas, torch
+    from evalparity.drift import launch_plan, prompts_from_file, prompts_from_run, run_drift  # heavy: pandas, torch
 
     check_arguments(run_dir, prompts, n_prompts, gen_tokens=gen_tokens, threshold=threshold, max_length=max_length)
+    entries = parse_layers(layers)
+    if positions not in ("all", "last"):
+        raise EvalParityError(f"--positions {positions!r} is not all or last")
+    run_spec = None
     if run_dir is not None:
         check_is_run(run_dir)
     # The folder drift writes into is locked before anything loads: the run's (drift/ and its report), or a
@@ -45,30 +53,60 @@ def drift(
     dest = layout.drift_dir(run_dir) if into else out or Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}"
     lock = rundir.acquire(run_dir, create=False, flag="--run-dir") if into else rundir.acquire(dest, flag="--out")
     with lock:
-        if run_dir is not None and model is None:
-            model = run_model(run_dir)
-        dev = resolve_device(device)
+        if run_dir is not None:
+            model = model or run_model(run_dir)
+            run_spec = records.read_spec(run_dir)
+            dev = run_device(run_spec, device)
+        else:
+            dev = resolve_device(device)
         _, model_path, max_len = resolve_model(model, max_length)
+        if run_spec is not None:
+            max_len = min(max_len, run_spec.alignment.max_length)
         texts = prompts_from_run(run_dir, n_prompts) if run_dir is not None else prompts_from_file(prompts)[:n_prompts]
-        todo = split_list(cells)
+        todo = split_list(cells) if cells else ([c.name for c in run_spec.cells if not c.tag] if run_spec
+                                                 else split_list(DEFAULT_CELLS))
+        launch = launch_plan(str(model_path), todo, reference, device=dev, max_len=max_len, run_spec=run_spec)
         t0 = time.perf_counter()
 
         def probe(folder: Path, shown: Path) -> dict[str, dict]:
-            return run_drift(str(model_path), texts, todo, folder, reference=reference, device=dev, max_len=max_len,
-                             gen_tokens=gen_tokens, threshold=threshold, dump=dump, console=console, shown=shown)
+            return run_drift(launch, texts, folder, reference=reference, max_len=max_len, gen_tokens=gen_tokens,
+                             threshold=threshold, layers=entries, pooling=positions, dump=dump, console=console,
+                             shown=shown)
 
         results, html = into_run(run_dir, probe) if into else (probe(dest, dest), None)
     console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {safe(dest)}")
     for c, s in results.items():
-        layers = s["layers"]
-        console.print(f"  {c}: rel error layer 1 {layers[1]['rel_error']:.2e}, final {layers[-1]['rel_error']:.2e}, "
-                      f"first over {threshold:g}: {s['first_layer_over_threshold']}, "
+        ls = s["layers"]
+        console.print(f"  {c}: rel error entry {ls[0]['layer']} {ls[0]['rel_error']:.2e}, entry {ls[-1]['layer']} "
+                      f"{ls[-1]['rel_error']:.2e}, first over {threshold:g}: {s['first_layer_over_threshold']}, "
                       f"mean |Δ logprob| {s['prompt_logprobs']['abs_mean']:.2e}, "
-                      f"tokenization mismatches {len(s['tokenization_mismatches'])}")
+                      f"tokenization mismatches {len(s['tokenization_mismatches'])}; load {s['load_s']:.1f} s, "
+                      f"probe {s['probe_s']:.1f} s, generate {s['generate_s']:.1f} s")
     if html is not None:
         console.print(f"report: {safe(html)}")
-    if len(results) < len([c for c in todo if c != reference]):
+    if len(results) < len([c for c in launch if c != reference]):
         raise typer.Exit(EXIT_CELL_FAILED)
+
+
+def parse_layers(text: str) -> list[int] | None:
+    """``--layers``: None for all, else the entries as integers (checked against the model in the worker)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        out = [int(x) for x in split_list(text)]
+    except ValueError:
+        raise EvalParityError(f"--layers {text!r} is not a comma-separated list of integers (e.g. 0,12,-1) or all") from None
+    if not out:
+        raise EvalParityError("--layers is empty: give entries such as 0,12,-1, or all")
+    return out
+
+
+def run_device(spec, device: str) -> str:
+    """The device a run's cells ran on: drift probes them there. Another --device is refused."""
+    if device != "auto" and resolve_device(device).split(":")[0] != spec.device.split(":")[0]:
+        raise EvalParityError(f"--device {device}: the run's cells ran on {spec.device}, and drift probes them as "
+                              f"they ran; drop --device or pass --device {spec.device}")
+    return spec.device
 
 
 def into_run(run_dir: Path, probe) -> tuple[dict[str, dict], Path | None]:

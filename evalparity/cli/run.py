@@ -496,10 +496,12 @@ def check_enough_cells(outcomes, opts, single_cell: bool) -> None:
 def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, dev: str, max_len: int,
                    timings: RunLog) -> None:
     """--drift N: the drift of every main cell against the reference on N prompts of the run's own tasks,
-    into RUN_DIR/drift, before the report so that the report shows it."""
-    from evalparity.drift import prompts_from_run, run_drift  # heavy: torch; only with --drift
+    into RUN_DIR/drift, before the report so that the report shows it; each cell probed as the run
+    configured it (``drift.launch_plan``)."""
+    from evalparity.drift import launch_plan, prompts_from_run, run_drift  # heavy: torch; only with --drift
 
+    launch = launch_plan(str(model_path), [c.name for c in cell_specs if not c.tag], opts.reference, device=dev,
+                         max_len=max_len, run_spec=records.read_spec(run_dir))
     with timings.stage("drift"), rundir.staged_outputs(run_dir, (DRIFT,)) as stage:  # drift/ published whole
-        run_drift(str(model_path), prompts_from_run(run_dir, n_prompts), [c.name for c in cell_specs if not c.tag],
-                  layout.drift_dir(stage), reference=opts.reference, device=dev, max_len=max_len, console=console,
-                  shown=layout.drift_dir(run_dir))
+        run_drift(launch, prompts_from_run(run_dir, n_prompts), layout.drift_dir(stage), reference=opts.reference,
+                  max_len=max_len, console=console, shown=layout.drift_dir(run_dir))

@@ -185,10 +185,14 @@ def _gguf_tensors(reader, model) -> dict:
     """The tensors of the GGUF that ``reader`` reads, dequantised to float32 and named as ``model``'s
     parameters, as transformers' ``load_gguf_checkpoint`` names and processes them; a weight of ``model``
     with no tensor, or a tensor with no weight, is an EvalParityError."""
-    import gguf
-    import numpy as np
-    import torch
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, read_field
+    import gguf  # heavy: gguf, numpy, torch, transformers (first preparation only)
+    import numpy as np  # heavy: numpy
+    import torch  # heavy: torch
+    from transformers.modeling_gguf_pytorch_utils import (  # heavy: transformers
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        read_field,
+    )
 
     arch_name = read_field(reader, "general.architecture")[0]
     arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name), None)

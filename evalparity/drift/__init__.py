@@ -1,15 +1,18 @@
 """Where the drift comes from: per-token prompt logprobs, layer-by-layer hidden states, generation divergence.
 
-``evalparity drift`` (or ``evalparity run --drift N``) takes prompts from a run's tasks (or a file), and for
-every cell compares the cell's backend and dtype with the reference (HF at fp32 by default) on identical
-token ids, one process per cell (``python -m evalparity.drift.worker``), writing ``drift/<cell>.json``.
-Only running summaries are kept (see ``measure``), so it stays usable on large models.
+``evalparity drift`` (or ``evalparity run --drift N``) takes prompts from a run's tasks (or a file) and
+compares every cell with the reference (HF at fp32 by default) on identical token ids: the reference is
+probed once, batched, into ``reference/``; then each cell, batched, against it on its own device, one
+process per side (``python -m evalparity.drift.worker``), writing ``drift/<cell>.json``. Only running
+summaries leave the device (see ``measure``), so it stays usable on large models. A run's cells are probed
+as the run configured them (``launch_plan``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +27,7 @@ from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.matrix import cell_environment
 from evalparity.rundir import layout, records
-from evalparity.spec import CellSpec, RunSpec, parse_backend, parse_dtype
+from evalparity.spec import Alignment, CellSpec, RunSpec, parse_backend, parse_dtype
 
 
 def prompts_from_run(run_dir: Path, n: int, seed: int = 0) -> list[str]:
@@ -65,54 +68,87 @@ def parse_cell(name: str) -> tuple[str, str, bool]:
     return parse_backend(backend), parse_dtype(dtype or "?"), tag == "tf32"
 
 
-def run_drift(model_path: str, prompts: list[str], cells: list[str], out: Path, *, reference: str = "hf-fp32",
-              device: str = "cpu", max_len: int = 2048, gen_tokens: int = 32, threshold: float = 1e-3,
-              dump: bool = False, console: Console | None = None, shown: Path | None = None) -> dict[str, dict]:
-    """Probe every cell against the reference, one worker process per cell (``procs.popen``: it dies with this
-    process, its engine subprocesses with it), into ``out``. ``shown``: where ``out`` will be once published
-    (``out`` a staging folder), for the paths that messages name."""
+def launch_plan(model_path: str, cells: list[str], reference: str, *, device: str, max_len: int,
+                run_spec: RunSpec | None = None) -> dict[str, dict]:
+    """How each side is loaded: backend, dtype, TF32, the lm-eval model arguments its backend gives it and
+    the environment its process starts with. With ``run_spec`` (drift on a run), a cell of the run gets what
+    the run gave it (its engine arguments, ``--vllm-args`` included, and its environment); a name that is not
+    one of the run's cells is refused, except the reference, which is then made under the run's alignment."""
+    names = [reference, *[c for c in cells if c != reference]]
+    found = {c.name: c for c in run_spec.cells} if run_spec is not None else {}
+    wanted = []
+    for name in names:
+        b, d, tf32 = parse_cell(name)
+        if run_spec is not None and name not in found and name != reference:
+            raise EvalParityError(f"cell {name} is not one of the run's cells ({', '.join(sorted(found))}): drift "
+                                  "probes what the run ran; drop it, or probe it with --model and --prompts")
+        wanted.append(found.get(name) or CellSpec(b, d, 1, tf32=tf32))
+    spec = run_spec or RunSpec(model=model_path, tasks=(), cells=tuple(wanted), device=device,
+                               alignment=Alignment(max_length=max_len))
+    plan = {}
+    for name, cell in zip(names, wanted):
+        backend = backends.get(cell.backend)
+        args = backend.model_args(spec, cell, model_path)
+        plan[name] = {"backend": cell.backend, "dtype": cell.dtype, "tf32": cell.tf32, "model_args": args,
+                      "env": cell_environment(spec, backend.environment(spec, cell), offline=True)}
+    return plan
+
+
+def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, reference: str = "hf-fp32",
+              max_len: int = 2048, gen_tokens: int = 32, threshold: float = 1e-3, layers: list[int] | None = None,
+              pooling: str = "all", dump: bool = False, console: Console | None = None,
+              shown: Path | None = None) -> dict[str, dict]:
+    """The reference, then every other side of ``launch`` (``launch_plan``) against it, one worker process
+    each (``procs.popen``: it dies with this process, its engine subprocesses with it), into ``out``.
+    ``shown``: where ``out`` will be once published (``out`` a staging folder), for the paths that messages
+    name. The reference's chunks are removed at the end unless ``dump``."""
     console = console or Console(stderr=True)
     shown = shown or out
     if not prompts:
         raise EvalParityError("no prompts to probe: pass --prompts FILE or a run directory with samples")
-    parse_cell(reference)
-    todo = [c for c in cells if c != reference]
-    for c in todo:
-        parse_cell(c)
+    todo = [c for c in launch if c != reference]
     out.mkdir(parents=True, exist_ok=True)
-    write_json(layout.drift_spec(out), {"model_path": model_path, "reference": reference, "cells": todo,
-                                   "device": device, "max_len": max_len, "gen_tokens": gen_tokens,
-                                   "threshold": threshold, "n_prompts": len(prompts), "dump": dump})
+    write_json(layout.drift_spec(out), {"reference": reference, "cells": todo, "max_len": max_len,
+                                       "gen_tokens": gen_tokens, "threshold": threshold, "n_prompts": len(prompts),
+                                       "dump": dump, "layers": layers, "pooling": pooling, "launch": launch})
     write_json(layout.drift_prompts(out), {"prompts": prompts})
-    results = {}
+    results: dict[str, dict] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
+        if not _worker(out, reference, launch[reference]["env"], bar, f"drift reference {reference}",
+                       len(prompts), console, shown):
+            return results
         for c in todo:
-            b, d, tf32 = parse_cell(c)
-            spec = RunSpec(model=model_path, tasks=(), cells=(CellSpec(b, d, 1, tf32=tf32),), device=device)
-            env = os.environ | cell_environment(spec, backends.get(b).environment(spec, spec.cells[0]), offline=True)
-            task = bar.add_task(f"drift {c} vs {reference}", total=len(prompts))
-            t0 = time.perf_counter()
-            with open(layout.drift_log(out, c), "w") as log:
-                proc = procs.popen([sys.executable, "-m", "evalparity.drift.worker", str(out), c],
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
-                try:
-                    while proc.poll() is None:
-                        try:
-                            st = json.loads(layout.drift_progress(out, c).read_text())
-                            bar.update(task, completed=st.get("n", 0))
-                        except (OSError, json.JSONDecodeError):
-                            pass
-                        time.sleep(0.5)
-                except BaseException:  # Ctrl-C, or an error here: the worker and its engine go first
-                    procs.stop(proc)
-                    raise
-                procs.ended(proc)
-            wall = time.perf_counter() - t0
-            path = layout.drift_summary(out, c)
-            if proc.returncode != 0 or not path.exists():
-                tail = layout.drift_log(out, c).read_text().strip().splitlines()[-1:] or ["no output"]
-                console.print(f"[red]drift {c} failed[/red]: {tail[0][:200]} (log: {layout.drift_log(shown, c)})")
-                continue
-            results[c] = json.loads(path.read_text())
-            bar.update(task, completed=len(prompts), description=f"drift {c} vs {reference}: {wall:.0f}s")
+            if _worker(out, c, launch[c]["env"], bar, f"drift {c} vs {reference}", len(prompts), console, shown):
+                results[c] = json.loads(layout.drift_summary(out, c).read_text())
+    if not dump:
+        shutil.rmtree(layout.drift_reference(out), ignore_errors=True)
     return results
+
+
+def _worker(out: Path, name: str, env: dict[str, str], bar: Progress, title: str, total: int, console: Console,
+            shown: Path) -> bool:
+    """One side's worker, its progress on ``bar``; False (and a line naming its log) when it failed."""
+    task = bar.add_task(title, total=total)
+    t0 = time.perf_counter()
+    with open(layout.drift_log(out, name), "w") as log:
+        proc = procs.popen([sys.executable, "-m", "evalparity.drift.worker", str(out), name],
+                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=os.environ | env)
+        try:
+            while proc.poll() is None:
+                try:
+                    st = json.loads(layout.drift_progress(out, name).read_text())
+                    bar.update(task, completed=st.get("n", 0), description=f"{title}: {st.get('phase', '')}")
+                except (OSError, json.JSONDecodeError):
+                    pass
+                time.sleep(0.5)
+        except BaseException:  # Ctrl-C, or an error here: the worker and its engine go first
+            procs.stop(proc)
+            raise
+        procs.ended(proc)
+    if proc.returncode != 0:
+        lines = layout.drift_log(out, name).read_text().strip().splitlines()
+        tail = next((x for x in reversed(lines) if x.startswith("error: ")), lines[-1] if lines else "no output")
+        console.print(f"[red]drift {name} failed[/red]: {tail[:300]} (log: {layout.drift_log(shown, name)})")
+        return False
+    bar.update(task, completed=total, description=f"{title}: {time.perf_counter() - t0:.0f}s")
+    return True

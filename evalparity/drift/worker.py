@@ -1,50 +1,199 @@
-"""One drift cell in its own process: ``python -m evalparity.drift.worker DRIFT_DIR CELL``."""
+"""One side of a drift in its own process: ``python -m evalparity.drift.worker DRIFT_DIR CELL``.
+
+The reference goes first (``--reference``): it probes every prompt once, batched, and keeps its hidden
+states chunk by chunk in ``reference/`` (float32 safetensors) with its logprobs and generations. Each cell
+then loads those chunks straight onto its own device, probes the same prompts in the same chunks and
+reduces the differences there (``measure``): only the reductions leave the GPU, unless ``--dump``.
+
+Each side runs in a process of its own, with its own environment variables (set by the parent before the
+engine is imported) and its own precision mode, and loads its model through its backend's ``create_lm``
+with the engine arguments the drift spec gives it: a run's cell is probed as the run configured it.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from evalparity import backends
 from evalparity.backends import precision
+from evalparity.backends.probes import HiddenBatch
 from evalparity.cells import ProgressFile
-from evalparity.drift import parse_cell
 from evalparity.drift.measure import DriftAccumulator
+from evalparity.errors import EvalParityError
 from evalparity.rundir import layout, records
 
-
-class WithPrecision:
-    """Both probes live in one process and torch's TF32 switches are global, so each probe sets its own
-    precision mode before every call (a TF32 cell must not turn the fp32 reference into TF32)."""
-
-    def __init__(self, probe, true_fp32: bool | None):
-        self.probe, self.true_fp32 = probe, true_fp32
-        self.tokenizer = probe.tokenizer
-
-    def _set(self) -> None:
-        if self.true_fp32 is not None:
-            precision.apply(self.true_fp32)
-
-    def run(self, ids):
-        self._set()
-        return self.probe.run(ids)
-
-    def generate(self, ids, n):
-        self._set()
-        return self.probe.generate(ids, n)
+CHUNK_BYTES = 2 << 30  # the hidden states of one chunk of prompts, per side, at most about this much
 
 
-def make_probe(backend: str, dtype: str, tf32: bool, spec: dict) -> WithPrecision:
-    true_fp32 = (not tf32) if dtype == "float32" else None
-    if true_fp32 is not None:
-        precision.apply(true_fp32)
-    probe = backends.get(backend).drift_probe(spec["model_path"], dtype, spec["max_len"], spec["device"])
-    return WithPrecision(probe, true_fp32)
+def resolve_entries(layers: list[int] | None, n_entries: int) -> list[int]:
+    """``--layers`` (None: all) as hidden-state entries 0..n_entries-1; negative counts from the end (-1: the
+    final norm's output)."""
+    if layers is None:
+        return list(range(n_entries))
+    out = sorted({e + n_entries if e < 0 else e for e in layers})
+    bad = [e for e in layers if not -n_entries <= e < n_entries]
+    if bad:
+        raise EvalParityError(f"--layers {','.join(map(str, bad))} is outside this model's hidden-state entries "
+                              f"0..{n_entries - 1} (or -{n_entries}..-1): 0 is the embeddings, "
+                              f"{n_entries - 1} the final norm's output")
+    return out
+
+
+def load_side(spec: dict, name: str):
+    """The probe of one side (reference or cell), loaded as the drift spec's launch of it says."""
+    launch = spec["launch"][name]
+    if launch["dtype"] == "float32":
+        precision.apply(not launch["tf32"])
+    lm = backends.get(launch["backend"]).create_lm(dict(launch["model_args"]))
+    return backends.get(launch["backend"]).drift_probe(lm)
+
+
+def encode(probe, texts: list[str], keep: int) -> list[list[int]]:
+    return [list(ids)[:keep] for ids in probe.encode(texts)]
+
+
+def chunk_prompts(ids: list[list[int] | None], n_entries: int, hidden: int) -> list[list[int]]:
+    """The probed prompts (not None) sorted by length, cut into chunks of at most ``CHUNK_BYTES`` of hidden
+    states at float32 (or one prompt, where one is more)."""
+    per_token = max(1, n_entries * hidden * 4)
+    order = sorted((i for i, x in enumerate(ids) if x is not None), key=lambda i: len(ids[i]))
+    budget = CHUNK_BYTES // per_token
+    chunks: list[list[int]] = []
+    tokens = 0
+    for i in order:
+        if not chunks or (chunks[-1] and tokens + len(ids[i]) > budget):
+            chunks.append([])
+            tokens = 0
+        chunks[-1].append(i)
+        tokens += len(ids[i])
+    return chunks
+
+
+def save_chunk(path: Path, batch: HiddenBatch) -> None:
+    from safetensors.torch import save_file  # heavy: safetensors (with torch)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file({**{f"entry.{e}": h.contiguous().cpu() for e, h in batch.hidden.items()},
+               "logprobs": batch.logprobs.contiguous(),
+               "lengths": torch.as_tensor(batch.lengths, dtype=torch.int64)}, str(tmp))
+    tmp.replace(path)
+
+
+def load_chunk(path: Path, device: torch.device, pooling: str) -> HiddenBatch:
+    from safetensors.torch import load_file  # heavy: safetensors (with torch)
+
+    t = load_file(str(path), device=str(device))
+    hidden = {int(k.split(".", 1)[1]): v for k, v in t.items() if k.startswith("entry.")}
+    return HiddenBatch(hidden, t["lengths"].tolist(), t["logprobs"].cpu(), pooling)
+
+
+def subset(batch: HiddenBatch, chunk: list[int], keep: list[int]) -> HiddenBatch:
+    """The rows of the prompts ``keep`` (a subsequence of ``chunk``, the batch's prompts)."""
+    if keep == chunk:
+        return batch
+    at = {i: k for k, i in enumerate(chunk)}
+    rows = batch.lengths if batch.pooling == "all" else [1] * len(chunk)
+    starts = [0]
+    for n in rows:
+        starts.append(starts[-1] + n)
+    lp_starts = [0]
+    for n in batch.lengths:
+        lp_starts.append(lp_starts[-1] + n - 1)
+    idx = torch.cat([torch.arange(starts[at[i]], starts[at[i] + 1]) for i in keep])
+    lp = torch.cat([torch.arange(lp_starts[at[i]], lp_starts[at[i] + 1]) for i in keep])
+    return HiddenBatch({e: h[idx.to(h.device)] for e, h in batch.hidden.items()},
+                       [batch.lengths[at[i]] for i in keep], batch.logprobs[lp], batch.pooling)
+
+
+def probe_reference(out: Path, spec: dict, prompts: list[str], progress: ProgressFile) -> None:
+    t0 = time.perf_counter()
+    probe = load_side(spec, spec["reference"])
+    load_s = time.perf_counter() - t0
+    entries = resolve_entries(spec.get("layers"), probe.n_entries)
+    keep = spec["max_len"] - spec["gen_tokens"]
+    ids: list[list[int] | None] = encode(probe, prompts, keep)
+    first: dict[tuple, int] = {}
+    for i, x in enumerate(ids):
+        if len(x) < 2 or first.setdefault(tuple(x), i) != i:  # too short to score, or probed already
+            ids[i] = None
+    chunks = chunk_prompts(ids, len(entries), probe.hidden_size)
+    folder = layout.drift_reference(out)
+    t1 = time.perf_counter()
+    done = 0
+    for k, chunk in enumerate(chunks):
+        save_chunk(layout.drift_chunk(folder, k), probe.forward([ids[i] for i in chunk], entries, spec["pooling"]))
+        done += len(chunk)
+        progress.update(phase="reference", n=done, total=sum(map(len, chunks)))
+    probe_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    gens = None
+    if spec["gen_tokens"]:
+        order = [i for c in chunks for i in c]
+        gens = dict(zip(map(str, order), probe.generate([ids[i] for i in order], spec["gen_tokens"])))
+    records.write_drift_reference(out, records.DriftReference(
+        spec["reference"], ids, chunks, entries, probe.n_entries, spec["pooling"], gens,
+        {"load_s": load_s, "probe_s": probe_s, "generate_s": time.perf_counter() - t2}))
+
+
+def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: ProgressFile) -> dict:
+    ref = records.read_drift_reference(out)
+    t0 = time.perf_counter()
+    probe = load_side(spec, cell)
+    load_s = time.perf_counter() - t0
+    if probe.n_entries != ref.n_entries:
+        raise EvalParityError(f"{cell} has {probe.n_entries} hidden-state entries and the reference "
+                              f"{ref.n_entries}: they are not the same model")
+    keep = spec["max_len"] - spec["gen_tokens"]
+    mine = encode(probe, prompts, keep)
+    acc = DriftAccumulator()
+    matched: set[int] = set()
+    for i, (a, b) in enumerate(zip(ref.ids, mine)):
+        if a is None:
+            continue
+        if a != b:
+            pos = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            acc.tokenization_mismatches.append({"prompt": i, "first_difference": pos, "reference_len": len(a),
+                                                "cell_len": len(b), "text": prompts[i][:200]})
+        else:
+            matched.add(i)
+    decode = probe.tokenizer.decode
+    dump = layout.drift_dump(out, cell) if spec.get("dump") else None
+    t1 = time.perf_counter()
+    done = 0
+    for k, chunk in enumerate(ref.chunks):
+        keep_idx = [i for i in chunk if i in matched]
+        if keep_idx:
+            a = subset(load_chunk(layout.drift_chunk(layout.drift_reference(out), k), probe.device, ref.pooling),
+                       chunk, keep_idx)
+            b = probe.forward([ref.ids[i] for i in keep_idx], ref.entries, ref.pooling)
+            acc.add_batch(keep_idx, [ref.ids[i] for i in keep_idx], a, b, decode)
+            if dump is not None:
+                save_chunk(layout.drift_chunk(dump, k), b)
+            del a, b
+        done += len(chunk)
+        progress.update(phase="probe", n=done, total=sum(map(len, ref.chunks)))
+    probe_s = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    if ref.generations is not None:
+        order = [i for c in ref.chunks for i in c if i in matched]
+        theirs = probe.generate([ref.ids[i] for i in order], spec["gen_tokens"])
+        for i, b in zip(order, theirs):
+            acc.add_generation(len(ref.ids[i]), ref.generations[str(i)], b)
+    generate_s = time.perf_counter() - t2
+    timing = {"load_s": load_s, "probe_s": probe_s, "generate_s": generate_s}
+    return acc.summary(spec["threshold"]) | {
+        "cell": cell, "reference": spec["reference"], **timing, "timing": timing,
+        "reference_timing": ref.timing, "pooling": ref.pooling, "prompts_probed": len(matched),
+        "prompts_skipped": sum(x is None for x in ref.ids),  # shorter than two tokens, or a repeat
+        "launch": {k: v for k, v in spec["launch"][cell].items() if k != "env"},
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -52,52 +201,21 @@ def main(argv: list[str]) -> int:
     spec = json.loads(layout.drift_spec(out).read_text())
     prompts = json.loads(layout.drift_prompts(out).read_text())["prompts"]
     progress = ProgressFile(layout.drift_progress(out, cell))
-    t0 = time.perf_counter()
-    ref = make_probe(*parse_cell(spec["reference"]), spec)
-    other = make_probe(*parse_cell(cell), spec)
-    load_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    dump = out / "dump" / cell if spec.get("dump") else None
-    acc = probe_prompts(ref, other, prompts, spec["max_len"], spec["gen_tokens"], progress, dump)
-    summary = acc.summary(spec["threshold"]) | {"cell": cell, "reference": spec["reference"], "load_s": load_s,
-                                                "probe_s": time.perf_counter() - t1}
-    records.write_drift_summary(out, records.DriftRecord.from_json(summary))
+    if cell == spec["reference"]:
+        folder = layout.drift_reference(out)
+        if folder.exists():
+            shutil.rmtree(folder)
+        probe_reference(out, spec, prompts, progress)
+    else:
+        summary = probe_cell(out, spec, cell, prompts, progress)
+        records.write_drift_summary(out, records.DriftRecord.from_json(summary))
     layout.drift_progress(out, cell).unlink(missing_ok=True)
     return 0
 
 
-def probe_prompts(ref, other, prompts: list[str], max_len: int, gen_tokens: int,
-                  progress: ProgressFile | None = None, dump: Path | None = None) -> DriftAccumulator:
-    """Compare two probes prompt by prompt. A prompt the two tokenizers split differently is recorded as a
-    tokenization mismatch and not compared: different ids would make every later number meaningless.
-
-    Only summaries are kept, unless ``dump`` names a folder: then every prompt's hidden states of both
-    backends are saved there too (``<prompt>.npz``: ids, reference [L+1, T, H], cell [L+1, T, H])."""
-    acc = DriftAccumulator()
-    decode = ref.tokenizer.decode
-    keep = max_len - gen_tokens
-    for i, text in enumerate(prompts):
-        ids = ref.tokenizer(text)["input_ids"][:keep]
-        ids_other = other.tokenizer(text)["input_ids"][:keep]
-        if ids != ids_other:
-            pos = next((k for k, (a, b) in enumerate(zip(ids, ids_other)) if a != b), min(len(ids), len(ids_other)))
-            acc.tokenization_mismatches.append({"prompt": i, "first_difference": pos, "reference_len": len(ids),
-                                                "cell_len": len(ids_other), "text": text[:200]})
-            continue
-        if len(ids) < 2:
-            continue
-        a, b = ref.run(ids), other.run(ids)
-        acc.add_prompt(i, ids, a, b, decode)
-        if dump is not None:
-            dump.mkdir(parents=True, exist_ok=True)
-            np.savez_compressed(dump / f"{i}.npz", ids=np.asarray(ids), reference=torch.stack(a.hidden).numpy(),
-                                cell=torch.stack(b.hidden).numpy())
-        if gen_tokens:
-            acc.add_generation(len(ids), ref.generate(ids, gen_tokens), other.generate(ids, gen_tokens))
-        if progress is not None:
-            progress.update(n=i + 1, total=len(prompts))
-    return acc
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except EvalParityError as err:  # one line for the parent to show
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -183,6 +183,23 @@ def drift_progress(folder: Path, cell: str) -> Path:
     return Path(folder) / f".{check_name(cell)}.progress.json"
 
 
+def drift_reference(folder: Path) -> Path:
+    """The reference's hidden states, logprobs and generations, computed once for every cell
+    (``reference/chunk-<k>.safetensors`` and ``reference/reference.json``); removed after the cells unless
+    ``--dump`` keeps them."""
+    return Path(folder) / "reference"
+
+
+def drift_chunk(folder: Path, k: int) -> Path:
+    """Chunk ``k`` of a probed side's hidden states (the reference's folder, or ``dump/<cell>/``)."""
+    return Path(folder) / f"chunk-{k:05d}.safetensors"
+
+
+def drift_dump(folder: Path, cell: str) -> Path:
+    """``--dump``: a cell's own hidden states, chunk by chunk like the reference's."""
+    return Path(folder) / "dump" / check_name(cell)
+
+
 def drift_summaries(folder: Path) -> list[tuple[str, Path]]:
     """(cell, path) of every probed cell's summary in a drift folder, by cell name."""
     skip = {DRIFT_SPEC, DRIFT_PROMPTS}

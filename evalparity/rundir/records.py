@@ -518,3 +518,46 @@ def read_drift_summaries(folder: Path) -> dict[str, dict]:
                                   "cell's): rerun `evalparity drift` to redo it")
         out[cell] = data
     return out
+
+
+@dataclass
+class DriftReference:
+    """The reference side of a drift folder (``reference/reference.json``; one writer, ``drift.worker`` probing
+    the reference; one reader, the same worker probing each cell): what was probed and where its chunks are.
+
+    ``ids``: per prompt, the token ids the reference probed, or None (shorter than two tokens, or the same
+    ids as an earlier prompt, which is probed once). ``chunks``: the prompt indices of each
+    ``chunk-<k>.safetensors`` (tensors ``entry.<e>`` and ``logprobs``, in that order). ``generations``:
+    prompt index -> greedy ids, or None without ``--gen-tokens``."""
+
+    cell: str
+    ids: list
+    chunks: list
+    entries: list
+    n_entries: int
+    pooling: str
+    generations: dict | None
+    timing: dict
+
+    TYPES = {"cell": (str,), "ids": (list,), "chunks": (list,), "entries": (list,), "n_entries": (int,),
+             "pooling": (str,), "generations": (dict, _NONE), "timing": (dict,)}
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def write_drift_reference(folder: Path, record: DriftReference) -> None:
+    """Write ``reference/reference.json`` atomically, after every chunk it names."""
+    write_json(layout.drift_reference(folder) / "reference.json", record.to_json())
+
+
+def read_drift_reference(folder: Path) -> DriftReference:
+    path = layout.drift_reference(folder) / "reference.json"
+    data = read_json(path)
+    problem = "missing or not JSON" if data is None else shape_problem(data, DriftReference.TYPES,
+                                                                       required=tuple(DriftReference.TYPES))
+    if problem is None and not all(layout.drift_chunk(path.parent, k).is_file() for k in range(len(data["chunks"]))):
+        problem = "a chunk it names is missing"
+    if problem:
+        raise EvalParityError(f"{path} is not the reference of this drift folder ({problem}): rerun `evalparity drift`")
+    return DriftReference(**{k: data[k] for k in DriftReference.TYPES})
