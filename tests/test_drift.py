@@ -298,3 +298,37 @@ def test_batched_probes_equal_one_prompt_probes(cell):
         assert got[pooling]["logprob_abs"] <= 1e-4, (pooling, got)
     assert got["all"]["rows"] == got["tokens"] and got["last"]["rows"] == 6
     assert got["generation_same"], got
+
+
+def test_a_runs_cells_are_probed_as_the_run_configured_them():
+    """Issue 28 item 5: a probe loaded plain bf16 where the run's vllm-bf16 cell had --vllm-args
+    quantization=fp8, and reported it under that cell's name. Now each side's engine arguments and
+    environment come from the run's spec, as its cells got them."""
+    from dataclasses import replace
+
+    from synthetic import synthetic_spec
+
+    from evalparity import backends
+    from evalparity.cli.drift import run_device
+    from evalparity.drift import launch_plan
+    from evalparity.errors import EvalParityError
+
+    spec = replace(synthetic_spec(["hf-fp32", "vllm-bf16", "hf-bf16"]), vllm_args="max_num_seqs=7,quantization=fp8",
+                   hf_args="attn_implementation=eager")
+    plan = launch_plan("/m", ["vllm-bf16", "hf-bf16"], "hf-fp32", device="cpu", max_len=64, run_spec=spec)
+    assert list(plan) == ["hf-fp32", "vllm-bf16", "hf-bf16"]
+    for name, cell in zip(plan, spec.cells):
+        assert plan[name]["model_args"] == backends.get(cell.backend).model_args(spec, cell, "/m")
+    assert plan["vllm-bf16"]["model_args"]["quantization"] == "fp8"
+    assert plan["vllm-bf16"]["model_args"]["max_num_seqs"] == 7
+    assert plan["hf-bf16"]["model_args"]["attn_implementation"] == "eager"
+    assert plan["vllm-bf16"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert plan["vllm-bf16"]["model_args"]["batch_size"] == 8  # the run's, not a default
+    # the reference may be a cell the run did not have (made under the run's alignment); other cells may not
+    plan = launch_plan("/m", ["vllm-bf16"], "vllm-fp32", device="cpu", max_len=64, run_spec=spec)
+    assert plan["vllm-fp32"]["model_args"]["quantization"] == "fp8"  # the run's --vllm-args
+    with pytest.raises(EvalParityError, match="cell vllm-fp16 is not one of the run's cells"):
+        launch_plan("/m", ["vllm-fp16"], "hf-fp32", device="cpu", max_len=64, run_spec=spec)
+    assert run_device(spec, "auto") == "cpu" and run_device(spec, "cpu") == "cpu"
+    with pytest.raises(EvalParityError, match="the run's cells ran on cuda, and drift probes them as they ran"):
+        run_device(replace(spec, device="cuda"), "cpu")

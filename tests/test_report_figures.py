@@ -95,7 +95,10 @@ def divergences(cells: list[str]) -> pd.DataFrame:
 
 def drift(cells: list[str]) -> dict[str, dict]:
     return {c: {"layers": [{"layer": k, "rel_error": 1e-4 * (k + 1), "cosine": 1 - 1e-6 * (k + 1)} for k in range(4)],
-                "by_position": [{"bucket": b, "rel_error": 1e-4 * (b + 1)} for b in range(3)]} for c in cells}
+                "by_position": [{"bucket": b, "rel_error": 1e-4 * (b + 1)} for b in range(3)],
+                "threshold": 1e-3, "first_layer_over_threshold": 2 if i else None,
+                "first_drifting_by_prompt": {"by_entry": {"1": i, "2": 3}, "never": 5 - i}}
+            for i, c in enumerate(cells)}
 
 
 def all_figures(colors: dict[str, str], cells: list[str]):
@@ -104,7 +107,21 @@ def all_figures(colors: dict[str, str], cells: list[str]):
             figures.draw_flips_vs_margin(flipped(cells), colors),
             figures.draw_first_divergence(divergences(cells), colors),
             figures.draw_drift_by_layer(drift(cells), colors),
+            figures.draw_first_drifting_layer(drift(cells), colors),
             figures.draw_drift_by_position(drift(cells), colors)]
+
+
+def test_first_drifting_layer_draws_the_share_of_prompts_drifted_by_each_entry():
+    fig = figures.draw_first_drifting_layer(drift(["vllm-fp32", "vllm-bf16"]), figures.cell_colors(CELLS))
+    lines = {visible_label(line): line for line in fig.axes[0].get_lines() if not visible_label(line).startswith("_")}
+    # vllm-bf16 (i = 1): 1 prompt first over at entry 1, 3 at entry 2, 4 never, of 8
+    assert list(lines["vllm-bf16"].get_ydata()) == [0, 1 / 8, 4 / 8, 4 / 8]
+    assert list(lines["vllm-fp32"].get_ydata()) == [0, 0, 3 / 8, 3 / 8]
+    assert figures.draw_first_drifting_layer({"x": {"layers": []}}, {}) is None  # a summary from before
+
+
+def visible_label(line) -> str:
+    return line.get_label()
 
 
 def test_no_label_is_cut_at_the_figure_edge():
@@ -226,6 +243,7 @@ def test_a_cell_has_one_colour_in_every_figure():
              figures.draw_flips_vs_margin(flipped(run_cells[2:]), colors),
              figures.draw_first_divergence(divergences(run_cells[1:4]), colors),
              figures.draw_drift_by_layer(drift(["vllm-fp16", "vllm-bf16"]), colors),
+             figures.draw_first_drifting_layer(drift(["hf-bf16", "vllm-fp16"]), colors),
              figures.draw_drift_by_position(drift(["vllm-bf16", "vllm-fp16", "hf-bf16"]), colors)]
     seen: dict[str, set[str]] = {}
     for fig in drawn:

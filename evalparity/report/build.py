@@ -72,6 +72,8 @@ def _drift(run_dir: Path, figdir: Path, colors: dict[str, str]) -> Drift | None:
         return None
     drawn = [figure(figures.save(figures.draw_drift_by_layer(summaries, colors), figdir / "drift_by_layer.png"),
                     "Relative error and cosine distance by layer"),
+             figure(figures.save(figures.draw_first_drifting_layer(summaries, colors),
+                                 figdir / "first_drifting_layer.png"), "Where each cell starts to drift"),
              figure(figures.save(figures.draw_drift_by_position(summaries, colors), figdir / "drift_by_position.png"),
                     "Final-layer drift by token position")]
     return sections.drift(summaries, [f for f in drawn if f is not None])

@@ -238,6 +238,42 @@ def draw_drift_by_layer(drift: dict[str, dict], colors: dict[str, str]):
     return fig
 
 
+def draw_first_drifting_layer(drift: dict[str, dict], colors: dict[str, str]):
+    """Where each cell starts to drift: per hidden-state entry, the share of prompts whose relative error
+    first passes the threshold at or before it (a step curve per cell), its level at the right edge being the
+    share that drift anywhere; the cell's first entry over the threshold over all prompts is marked. Cells
+    whose summary predates per-prompt counts are left out; None when none has them."""
+    rows = {c: s for c, s in drift.items() if (s.get("first_drifting_by_prompt") or {}).get("by_entry") is not None}
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.2), layout="constrained")
+    for cell, s in sorted(rows.items()):
+        fd = s["first_drifting_by_prompt"]
+        entries = [x["layer"] for x in s["layers"]]
+        total = sum(fd["by_entry"].values()) + fd["never"]
+        if not total or not entries:
+            continue
+        share, acc = [], 0
+        for e in entries:
+            acc += fd["by_entry"].get(str(e), 0)
+            share.append(acc / total)
+        color = _color(colors, cell)
+        ax.step(entries, share, where="post", label=visible(cell), color=color)
+        first = s.get("first_layer_over_threshold")
+        if first is not None and first in entries:
+            ax.plot([first], [share[entries.index(first)]], marker="o", ms=5, color=color)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("hidden-state entry (0 = embeddings, last = final norm)")
+    ax.set_ylabel("share of prompts drifted")
+    _integer_counts(ax.xaxis)
+    any_s = next(iter(rows.values()))
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(f"First layer over the threshold ({any_s.get('threshold', 1e-3):g}), prompt by prompt; "
+                 "dot: all prompts together", fontsize=9)
+    return fig
+
+
 def draw_drift_by_position(drift: dict[str, dict], colors: dict[str, str]):
     if not drift:
         return None
