@@ -332,3 +332,57 @@ def test_a_runs_cells_are_probed_as_the_run_configured_them():
     assert run_device(spec, "auto") == "cpu" and run_device(spec, "cpu") == "cpu"
     with pytest.raises(EvalParityError, match="the run's cells ran on cuda, and drift probes them as they ran"):
         run_device(replace(spec, device="cuda"), "cpu")
+
+
+def _steps(segments: list[list[int]], pad: int = 0, split_at: int | None = None) -> list[dict]:
+    """What the vLLM hooks record for one call whose steps hold these prompts in this order."""
+    ids, pos = [], []
+    for s in segments:
+        ids += s
+        pos += list(range(len(s)))
+    ids += [0] * pad
+    pos += [0] * pad
+    cut = split_at if split_at is not None else len(ids)
+    parts = [(ids[:cut], pos[:cut]), (ids[cut:], pos[cut:])] if cut < len(ids) else [(ids, pos)]
+    return [{"ids": torch.tensor(i), "pos": torch.tensor(p), "rows": None, "h": {0: torch.zeros(len(i), 1)}}
+            for i, p in parts]
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_the_vllm_batch_is_split_into_whole_prompts_or_refused(seed):
+    """Generated cases: the scheduler's order (shuffled), steps of whole prompts, padding at the end: split
+    back into the call's prompts; a prompt cut over two steps, a stranger's tokens or a repeat: refused."""
+    import random
+
+    from evalparity.backends import probes
+    from evalparity.errors import EvalParityError
+
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(1, 50) for _ in range(rng.randrange(2, 9))] for _ in range(rng.randrange(2, 7))]
+    prompts = [p for k, p in enumerate(prompts) if p not in prompts[:k]]
+    group = list(range(len(prompts)))
+    order = group[:]
+    rng.shuffle(order)
+    pad = rng.choice([0, 0, 3])
+    probes._CAPTURE.update(entries=frozenset([0]), problem=None)
+    # whole prompts in two steps at a prompt boundary
+    k = rng.randrange(1, len(order) + 1)
+    first = _steps([prompts[i] for i in order[:k]])
+    second = _steps([prompts[i] for i in order[k:]], pad=pad) if k < len(order) else []
+    probes._CAPTURE["steps"] = first + second
+    seen, kept = probes.VLLMProbe._split(None, group, prompts)
+    assert seen == order
+    assert [t for t, _ in kept] == [sum(len(prompts[i]) for i in order[:k]),
+                                    *([sum(len(prompts[i]) for i in order[k:])] if second else [])]
+    # a prompt cut across two steps: the second step starts mid-prompt
+    longest = max(order, key=lambda i: len(prompts[i]))
+    at = sum(len(prompts[i]) for i in order[:order.index(longest)]) + 1
+    probes._CAPTURE["steps"] = _steps([prompts[i] for i in order], split_at=at)  # step 2 starts at position 1
+    with pytest.raises(EvalParityError, match="continued a prompt"):
+        probes.VLLMProbe._split(None, group, prompts)
+    # a segment that is no prompt of the call, and a prompt seen twice
+    for bad in ([*[prompts[i] for i in order], [99, 98]], [*[prompts[i] for i in order], prompts[order[0]]],
+                [prompts[i] for i in order[1:]]):
+        probes._CAPTURE["steps"] = _steps(bad)
+        with pytest.raises(EvalParityError):
+            probes.VLLMProbe._split(None, group, prompts)

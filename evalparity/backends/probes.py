@@ -290,18 +290,19 @@ class VLLMProbe:
         tell a call's prompts apart by their token ids)."""
         group: list[int] = []
         held: set[tuple] = set()
+        tokens = 0
         for i, n in enumerate(lengths):
             if n > self.step_tokens:
                 raise EvalParityError(f"a {n}-token prompt is longer than one vLLM step ({self.step_tokens} tokens, "
                                       "max_num_batched_tokens): the probe needs whole prompts per step; raise "
                                       "max_num_batched_tokens in the cell's engine arguments or lower --max-length")
             key = tuple(prompts[i])
-            if group and (sum(lengths[j] for j in group) + n > self.step_tokens or len(group) >= self.step_seqs
-                          or key in held):
+            if group and (tokens + n > self.step_tokens or len(group) >= self.step_seqs or key in held):
                 yield group
-                group, held = [], set()
+                group, held, tokens = [], set(), 0
             group.append(i)
             held.add(key)
+            tokens += n
         if group:
             yield group
 
@@ -325,9 +326,10 @@ class VLLMProbe:
                 _CAPTURE["on"] = False
             for i, o in zip(group, outs):
                 lps.extend(_prompt_logprobs(o, prompts[i]))
-            order = self._split(group, prompts)
+            order, kept = self._split(group, prompts)
             for e in entries:
-                got = torch.cat([s["h"][e] for s in _CAPTURE["steps"]])
+                got = torch.cat([s["h"][e][:k[0] if pooling != "last" else k[1]]
+                                 for s, k in zip(_CAPTURE["steps"], kept)])
                 if pooling == "mean":
                     got = pool(got, [lengths[i] for i in order], "mean")
                 parts[e].append(got)
@@ -342,34 +344,42 @@ class VLLMProbe:
             at += n - 1
         return HiddenBatch(hidden, lengths, torch.cat(lp_parts) if lp_parts else lp_flat, pooling)
 
-    def _split(self, group: list[int], prompts: list[list[int]]) -> list[int]:
-        """The group's prompts in the order the hooks saw them, each checked to be one whole segment."""
+    def _split(self, group: list[int], prompts: list[list[int]]) -> tuple[list[int], list[tuple[int, int]]]:
+        """The group's prompts in the order the hooks saw them, each checked to be one whole segment, and per
+        step the (tokens, segments) that are the call's prompts. Once every prompt of the call was seen,
+        what a step still holds must be padding (positions 0, as CUDA-graph padding is) and is dropped."""
         if _CAPTURE["problem"]:
             raise EvalParityError(_CAPTURE["problem"])
         want = {tuple(prompts[i]): i for i in group}
         if len(want) != len(group):
             raise ValueError("a probe call holds the same prompt twice: deduplicate first")
         seen: list[int] = []
+        kept: list[tuple[int, int]] = []
         for step in _CAPTURE["steps"]:
             pos, ids = step["pos"].cpu(), step["ids"].cpu().tolist()
             starts = torch.nonzero(pos == 0).flatten().tolist()
             if not starts or starts[0] != 0:
                 raise EvalParityError("vLLM continued a prompt from an earlier step (chunked prefill): the probe "
                                       "needs whole prompts per step; raise max_num_batched_tokens")
+            tokens = segs = 0
             for a, b in zip(starts, starts[1:] + [len(ids)]):
+                if len(seen) == len(group) and not pos[a:].any():
+                    break  # the rest of the step is padding
                 i = want.get(tuple(ids[a:b]))
                 if i is None or not torch.equal(pos[a:b], torch.arange(b - a)) or i in seen:
                     raise EvalParityError(f"vLLM's forward pass held a {b - a}-token segment that is not one whole "
                                           "prompt of this call (a split, padded or repeated prompt): the probe "
                                           "cannot tell its tokens apart and refuses to guess")
                 seen.append(i)
+                tokens, segs = b, segs + 1
+            kept.append((tokens, segs))
             for e in _CAPTURE["entries"]:
                 if e not in step["h"]:
                     raise EvalParityError(f"vLLM's forward pass skipped the hook of hidden-state entry {e}")
         if sorted(seen) != sorted(group):
             raise EvalParityError(f"vLLM's hooks saw {len(seen)} of the call's {len(group)} prompts: the probe "
                                   "needs every prompt's forward pass (is CUDA graph capture on? use enforce_eager)")
-        return seen
+        return seen, kept
 
     def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
         from vllm import SamplingParams, TokensPrompt  # optional: vllm (this probe only)
