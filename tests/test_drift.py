@@ -378,7 +378,7 @@ def test_the_vllm_batch_is_split_into_whole_prompts_or_refused(seed):
     longest = max(order, key=lambda i: len(prompts[i]))
     at = sum(len(prompts[i]) for i in order[:order.index(longest)]) + 1
     probes._CAPTURE["steps"] = _steps([prompts[i] for i in order], split_at=at)  # step 2 starts at position 1
-    with pytest.raises(EvalParityError, match="continued a prompt"):
+    with pytest.raises(EvalParityError):
         probes.VLLMProbe._split(None, group, prompts)
     # a segment that is no prompt of the call, and a prompt seen twice
     for bad in ([*[prompts[i] for i in order], [99, 98]], [*[prompts[i] for i in order], prompts[order[0]]],
