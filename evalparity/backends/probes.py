@@ -133,11 +133,13 @@ class HFProbe:
         # the fp32 logits of a batch dominate its memory: about 2 GiB of them at most
         self.token_budget = token_budget or max(256, min(16384, (2 << 30) // (4 * vocab)))
 
-    def _batches(self, order: list[int], lengths: list[int], rows_at_most: int | None = None):
+    def _batches(self, order: list[int], lengths: list[int], rows_at_most: int | None = None,
+                 budget: int | None = None):
         batch: list[int] = []
+        budget = budget or self.token_budget
         for i in order:
             width = max([lengths[j] for j in batch] + [lengths[i]])
-            if batch and (width * (len(batch) + 1) > self.token_budget
+            if batch and (width * (len(batch) + 1) > budget
                           or (rows_at_most and len(batch) >= rows_at_most)):
                 yield batch
                 batch = []
@@ -178,14 +180,17 @@ class HFProbe:
                            _order_back(lps, order, [n - 1 for n in lengths]), pooling)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, rows: int = 64) -> list[list[int]]:
-        """Greedy continuations of ``n`` tokens, in left-padded batches of similar lengths."""
+    def generate(self, prompts: list[list[int]], n: int, rows: int = 256) -> list[list[int]]:
+        """Greedy continuations of ``n`` tokens, in left-padded batches of similar lengths. Only the last
+        position's logits are kept per step, so a batch may hold more tokens than a scoring batch: each step
+        costs about the same Python time whatever its rows, and on a small model that time is the cost."""
         lengths = [len(p) for p in prompts]
         eos = _eos_ids(self.model)
         pad = min(eos) if eos else 0
         out: list[list[int]] = [[] for _ in prompts]
         order = sorted(range(len(prompts)), key=lambda i: lengths[i])
-        for batch in self._batches(order, lengths, rows_at_most=rows):
+        for batch in self._batches(order, [m + n for m in lengths], rows_at_most=rows,
+                                   budget=4 * self.token_budget):
             width = max(lengths[i] for i in batch)
             x = torch.full((len(batch), width), pad, dtype=torch.long)
             mask = torch.zeros(len(batch), width, dtype=torch.long)

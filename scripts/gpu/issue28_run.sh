@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# GPU side (issue 28), after ../shared/gpu's install.sh (and an issue-26 run for MODE=drift): batched drift
+# probes and hidden-state extraction, timed; each mode's records go to $OUT/<label>.tgz. MODE picks:
+#   drift   SmolLM2: every cell of the run $RUN (default /tmp/i26-staged) against hf-fp32 on $N (1000) of
+#           its prompts, as the issue's goal asks (≤ 60 s of probing in all, ≥ 100 prompts/s per cell)
+#   big     the 14B-shaped random-weight model: vllm-bf16 against hf-fp32 on $N (200) HellaSwag prompts
+#           (≥ 10 prompts/s); random weights: right for speed and memory, meaningless for accuracy
+#   hidden  benchmarks/hidden_bench.py on SmolLM2, $N (10000) HellaSwag prompts, 3 layers, last token
+set -uo pipefail
+source .gpu/bin/env.sh
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+MODE=${MODE:-drift}
+LABEL=${LABEL:-$MODE}
+BUDGET=${BUDGET:-560}
+D=/tmp/i28-$LABEL
+rm -rf "$D"
+T0=$(date +%s.%N)
+prompts() {  # $1 prompts of HellaSwag validation (context + first ending), one a line, into $2
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+n, out = int(sys.argv[1]), sys.argv[2]
+rows = [json.loads(x) for x in open(".gpudata/Rowan/hellaswag/default/validation.jsonl")]
+texts = [(r["ctx"] + " " + r["endings"][0]).replace("\n", " ") for r in rows]
+texts = (texts * (n // len(texts) + 1))[:n] if n > len(texts) else texts[:n]
+open(out, "w").write("\n".join(texts) + "\n")
+PY
+}
+case $MODE in
+  drift)
+    timeout "$BUDGET" python3 -m evalparity.cli drift --run-dir "${RUN:-/tmp/i26-staged}" --n-prompts "${N:-1000}" \
+      --out "$D" 2>&1 | tail -30 ;;
+  big)
+    [[ -f /tmp/m14b/config.json ]] || python3 scripts/gpu/make_model.py /tmp/m14b --shape qwen2.5-14b
+    prompts "${N:-200}" /tmp/hs-big.txt
+    timeout "$BUDGET" python3 -m evalparity.cli drift --model /tmp/m14b --prompts /tmp/hs-big.txt \
+      --n-prompts "${N:-200}" --cells vllm-bf16 --reference hf-fp32 --device cuda --out "$D" 2>&1 | tail -30 ;;
+  hidden)
+    prompts "${N:-10000}" /tmp/hs-hidden.txt
+    mkdir -p "$D"
+    timeout "$BUDGET" python3 benchmarks/hidden_bench.py --device cuda --prompts /tmp/hs-hidden.txt \
+      --n-prompts "${N:-10000}" --out "$D" 2>&1 | tail -40 ;;
+esac
+echo "$MODE $LABEL: exit ${PIPESTATUS[0]} after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
+if [[ -n ${OUT:-} && -d $D ]]; then
+  (cd "$D" && tar czf "$OUT/$LABEL.tgz" --exclude='reference' --exclude='dump' --exclude='*.safetensors' . 2>/dev/null)
+  ls -la "$OUT"
+fi
