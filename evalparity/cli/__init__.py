@@ -17,7 +17,7 @@ import sys
 
 import typer
 
-from evalparity.cli import compare, doctor, drift, models, plan, report, run
+from evalparity.cli import compare, doctor, drift, hidden, models, plan, report, run
 from evalparity.cli.helptext import PanelCommand
 from evalparity.cli.options import lmeval_hint
 from evalparity.cli.output import configure_logging, console, error_line, signed_off
@@ -47,6 +47,7 @@ app.command("report", cls=PanelCommand)(report.report)
 app.command("plan", cls=PanelCommand)(plan.plan)
 app.command("compare", cls=PanelCommand)(compare.compare)
 app.command("drift", cls=PanelCommand)(drift.drift)
+app.command("hidden", cls=PanelCommand)(hidden.hidden)
 app.command("doctor", cls=PanelCommand)(doctor.doctor)
 app.add_typer(models.app, name="models")
 
