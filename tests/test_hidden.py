@@ -1,0 +1,160 @@
+"""``evalparity hidden`` on the tiny model: vLLM and HF agree in fp32, the tensors are transformers' own
+``output_hidden_states`` entries pooled per prompt, repeated prompts are computed once and written per prompt,
+ids are kept, bad input is one line, and a rerun of a finished request does nothing."""
+
+from __future__ import annotations
+
+import json
+
+import ahead
+import pytest
+import torch
+from conftest import cli, evalparity_here, one_line_error
+
+PROMPTS = ["the cat sat on the mat and ran far away to the big red house",
+           "one two three four five six seven eight nine ten is the answer",
+           "what is the question",
+           "the cat sat on the mat and ran far away to the big red house",  # a repeat of the first
+           "a b",
+           "which answer is true or false and why not"]
+IDS = ["q-a", "q-b", "q-c", "q-d", "q-e", "q-f"]
+
+
+def _args(model, prompts, out, *extra):
+    return ["hidden", "--model", str(model), "--prompts", str(prompts), "--dtype", "fp32", "--device", "cpu",
+            "--max-length", "256", "--out", str(out), *extra]
+
+
+@ahead.job("hidden_vllm")
+def _hidden_vllm(ctx: ahead.Context):
+    root = ctx.mktemp("hidden-vllm")
+    rows = [json.dumps({"id": i, "prompt": p}) for i, p in zip(IDS, PROMPTS)]
+    (root / "prompts.jsonl").write_text("\n".join(rows) + "\n")
+    args = _args(ctx.fixture("tiny_model"), root / "prompts.jsonl", root / "out", "--backend", "vllm",
+                 "--layers", "0,1,-1", "--check", "100")
+    return lambda: (root / "out", ctx.run(cli(*args)))
+
+
+@ahead.job("hidden_hf")
+def _hidden_hf(ctx: ahead.Context):
+    root = ctx.mktemp("hidden-hf")
+    (root / "prompts.txt").write_text("\n".join(PROMPTS[:2] + [""] + PROMPTS[2:]) + "\n")  # a blank line
+    args = _args(ctx.fixture("tiny_model"), root / "prompts.txt", root / "out", "--backend", "hf",
+                 "--layers", "all", "--pooling", "mean", "--check", "0")
+    return lambda: (root / "out", ctx.run(cli(*args)), args)
+
+
+@pytest.fixture(scope="module")
+def vllm_out(request):
+    """vLLM fp32, entries 0, 1 and -1, last token, checked against HF on every prompt (started ahead)."""
+    out, proc = ahead.take("hidden_vllm", request)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def hf_out(request):
+    """HF fp32, every entry, mean over tokens, no check, from a .txt file with a blank line (started ahead)."""
+    out, proc, args = ahead.take("hidden_hf", request)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc, args
+
+
+def _load(out):
+    import pandas as pd
+    from safetensors.torch import load_file
+
+    return json.loads((out / "hidden.json").read_text()), load_file(str(out / "hidden.safetensors")), \
+        pd.read_parquet(out / "prompts.parquet")
+
+
+def _rel(a, b) -> float:
+    return float((b.double() - a.double()).norm() / a.double().norm())
+
+
+def test_vllm_and_hf_agree_in_fp32(vllm_out):
+    out, proc = vllm_out
+    record, tensors, _ = _load(out)
+    check = record["check"]
+    assert check["backend"] == "hf" and check["n_prompts"] == len(PROMPTS)
+    assert [e["entry"] for e in check["entries"]] == [0, 1, 2] == record["entries"]
+    for e in check["entries"]:
+        assert e["rel_error"] < 1e-5 and e["cosine"] > 1 - 1e-9, e
+    assert check["tokenization_mismatches"] == 0
+    assert record["entry_of_layer"] == {"0": 0, "1": 1, "-1": 2}
+    assert sorted(tensors) == ["layer.0", "layer.1", "layer.2", "prompt_index"]
+    assert "check: hf fp32 on the first 6 prompt(s)" in proc.stderr
+    assert (out / "vllm.log").is_file() and (out / "hf.log").is_file() and not (out / ".hidden-stage").exists()
+    assert set(record["timings"]) >= {"load_s", "encode_s", "forward_s", "write_s"} and record["prompts_per_s"] > 0
+
+
+def _direct(model_path, texts: list[str], pooling: str) -> list[list[torch.Tensor]]:
+    """transformers' own computation, prompt by prompt: each entry of ``hidden_states``, pooled."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    rows = []
+    with torch.no_grad():
+        for t in texts:
+            ids = tok(t, return_tensors="pt").input_ids
+            hs = model(input_ids=ids, output_hidden_states=True).hidden_states
+            rows.append([h[0, -1] if pooling == "last" else h[0].mean(0) for h in hs])
+    return rows
+
+
+def test_tensors_are_transformers_hidden_states_pooled(vllm_out, hf_out, tiny_model):
+    for out, pooling in ((vllm_out[0], "last"), (hf_out[0], "mean")):
+        record, tensors, table = _load(out)
+        assert record["pooling"] == pooling
+        want = _direct(tiny_model, table["text"].tolist(), pooling)
+        for e in record["entries"]:
+            got = tensors[f"layer.{e}"]
+            assert got.shape == (len(PROMPTS), 64) and got.dtype == torch.float32
+            assert _rel(torch.stack([w[e] for w in want]), got) < 1e-5, (out, e)
+    assert _load(hf_out[0])[0]["entries"] == [0, 1, 2]  # all: embeddings, one inner layer, the final norm
+
+
+def test_repeats_computed_once_written_per_prompt_ids_kept(vllm_out, hf_out):
+    record, tensors, table = _load(vllm_out[0])
+    assert record["n_prompts"] == 6 and record["n_unique"] == 5
+    assert table["id"].tolist() == IDS and table["text"].tolist() == PROMPTS
+    assert tensors["prompt_index"].tolist() == table["index"].tolist() == list(range(6))
+    for e in record["entries"]:
+        assert torch.equal(tensors[f"layer.{e}"][0], tensors[f"layer.{e}"][3])
+        assert not torch.equal(tensors[f"layer.{e}"][0], tensors[f"layer.{e}"][1])
+    assert (table["n_tokens"] > 1).all() and not table["truncated"].any()
+    _, _, txt = _load(hf_out[0])
+    assert txt["id"].tolist() == [0, 1, 3, 4, 5, 6]  # line numbers: the blank third line is no prompt
+
+
+def test_a_finished_request_is_not_redone_another_is_refused(hf_out, tmp_path):
+    out, _, args = hf_out
+    before = (out / "hidden.safetensors").stat().st_mtime_ns
+    again = evalparity_here(*args)
+    assert again.returncode == 0, again.stderr
+    assert "already holds these hidden states" in again.stderr
+    assert (out / "hidden.safetensors").stat().st_mtime_ns == before
+    other = [a if a != "mean" else "last" for a in args]
+    assert "differs in pooling" in one_line_error(evalparity_here(*other))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    moved = [str(foreign) if a == str(out) else a for a in args]
+    assert "not an output of `evalparity hidden`" in one_line_error(evalparity_here(*moved))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"--prompts": "missing.txt"}, "prompt file missing.txt does not exist"),
+    ({"--layers": "10,x"}, "--layers '10,x' is not a comma-separated list of integers"),
+    ({"--backend": "tgi"}, "unknown backend 'tgi'"),
+    ({"--pooling": "max"}, "--pooling 'max' is not last or mean"),
+    ({"--check": "-1"}, "--check -1 must be at least 0"),
+])
+def test_bad_input_is_one_line(tmp_path, change, message):
+    (tmp_path / "p.txt").write_text("\n".join(PROMPTS))
+    opts = {"--prompts": str(tmp_path / "p.txt"), "--layers": "0,-1", "--backend": "hf", "--pooling": "last",
+            "--check": "0", "--out": str(tmp_path / "out")} | change
+    line = one_line_error(evalparity_here("hidden", *[x for kv in opts.items() for x in kv]))
+    assert message in line, line
+    assert not (tmp_path / "out").exists()
