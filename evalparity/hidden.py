@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -168,27 +167,14 @@ def _worker(stage: Path, side: str, name: str, env: dict[str, str], out: Path, s
             unit: str) -> None:
     """One side's worker process, its progress shown on ``shown``; a one-line error when it fails (exit 2 for
     what the worker found wrong with the input, 5 for a crash), naming its log."""
-    backend = name.split("-")[0]
-    log_path = out / f"{backend}.log"
+    log_path = out / f"{name.split('-')[0]}.log"
     prog = stage / f".{side}.progress.json"
     t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = procs.popen([sys.executable, "-m", "evalparity.hidden", str(stage), side],
-                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=os.environ | env)
-        try:
-            while proc.poll() is None:
-                shown.watch(unit, prog)
-                time.sleep(0.3)
-        except BaseException:  # Ctrl-C, or an error here: the worker and its engine go first
-            procs.stop(proc)
-            raise
-        procs.ended(proc)
-    if proc.returncode != 0:
+    code, said, last = procs.run_logged([sys.executable, "-m", "evalparity.hidden", str(stage), side], env,
+                                        log_path, lambda: shown.watch(unit, prog))
+    if code != 0:
         shown.finished(unit, "failed")
-        lines = log_path.read_text(errors="replace").strip().splitlines()
-        said = next((x for x in reversed(lines) if x.startswith("error: ")), None)
-        tail = said[len("error: "):] if said else (lines[-1] if lines else "no output")
-        raise EvalParityError(f"{unit} failed: {tail[:300]} (log: {log_path})",
+        raise EvalParityError(f"{unit} failed: {(said or last)[:300]} (log: {log_path})",
                               EXIT_USAGE if said else EXIT_CELL_FAILED)
     shown.overall(advance=1)
     shown.finished(unit, f"done in {time.perf_counter() - t0:.1f} s")
@@ -216,7 +202,7 @@ def probe_pooled(probe, prompts: list[list[int]], entries: list[int], pooling: s
             chunk.append(order[at])
             tokens += len(prompts[order[at]])
             at += 1
-        got = probe.forward([prompts[i] for i in chunk], entries, pooling)
+        got = probe.forward([prompts[i] for i in chunk], entries, pooling, logprobs=False)
         rows = torch.as_tensor(chunk)
         for e in entries:
             out[e][rows] = got.hidden[e].to("cpu", torch.float32)

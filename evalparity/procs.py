@@ -134,6 +134,32 @@ def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> int:
     return proc.returncode
 
 
+def run_logged(argv: list[str], env: dict[str, str], log_path, tick: Callable[[], None],
+               every: float = 0.3) -> tuple[int, str | None, str]:
+    """Run a worker (``popen``) with its output into ``log_path``, calling ``tick`` while it runs (to show its
+    progress), stopped with its engine on any exception here (Ctrl-C). Returns its exit status, the last
+    ``error: ...`` line it printed (a worker's one-line refusal, without the prefix) or None, and its log's
+    last line (what a crash left)."""
+    import time
+
+    with open(log_path, "w") as log:
+        proc = popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=os.environ | env)
+        try:
+            while proc.poll() is None:
+                tick()
+                time.sleep(every)
+        except BaseException:
+            stop(proc)
+            raise
+        ended(proc)
+    if proc.returncode == 0:
+        return 0, None, ""
+    with open(log_path, errors="replace") as f:
+        lines = f.read().strip().splitlines()
+    said = next((x for x in reversed(lines) if x.startswith("error: ")), None)
+    return proc.returncode, said[len("error: "):] if said else None, lines[-1] if lines else "no output"
+
+
 def kill_all() -> None:
     """SIGKILL every child's group that has not been reported ended: this process is leaving."""
     with _lock:

@@ -36,7 +36,10 @@ def main(model: str, cell: str) -> None:
         alone = [probe.forward([p], entries, pooling) for p in ids]
         worst = max(rel(torch.cat([x.hidden[e] for x in alone]), batched.hidden[e]) for e in entries)
         lp = float((torch.cat([x.logprobs for x in alone]) - batched.logprobs).abs().max())
-        out[pooling] = {"rel_error": worst, "logprob_abs": lp, "rows": int(batched.hidden[0].shape[0])}
+        bare = probe.forward(ids, entries, pooling, logprobs=False)  # hidden states only (evalparity hidden)
+        same = all(torch.equal(bare.hidden[e], batched.hidden[e]) for e in entries) and bare.logprobs.numel() == 0
+        out[pooling] = {"rel_error": worst, "logprob_abs": lp, "rows": int(batched.hidden[0].shape[0]),
+                        "without_logprobs_same": same}
     gen = probe.generate(ids, 6)
     out["generation_same"] = gen == [probe.generate([p], 6)[0] for p in ids]
     out["tokens"] = sum(map(len, ids))

@@ -53,7 +53,7 @@ STAGES: list[tuple[str, ...]] = [
      "evalparity.warmup"),  # a backend's caches, warmed while a run sets up
     ("evalparity.plan", "evalparity.report",
      "evalparity.signoff"),  # the statistics and report published, the reference, the exit code
-    ("evalparity.drift",),
+    ("evalparity.drift", "evalparity.hidden"),  # probes of chosen layers: drift against a reference, hidden alone
     ("evalparity.doctor", "evalparity.cli"),
 ]
 # Leaf modules: what the whole package shares, importing nothing of it but these.

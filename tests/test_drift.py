@@ -296,6 +296,7 @@ def test_batched_probes_equal_one_prompt_probes(cell):
         # a larger share of it: measured 1.06e-6 where the rows differ by 6.5e-7
         assert got[pooling]["rel_error"] <= (2e-6 if pooling == "mean" else 1e-6), (pooling, got)
         assert got[pooling]["logprob_abs"] <= 1e-4, (pooling, got)
+        assert got[pooling]["without_logprobs_same"], (pooling, got)
     assert got["all"]["rows"] == got["tokens"] and got["last"]["rows"] == 6
     assert got["generation_same"], got
 

@@ -148,10 +148,14 @@ class HFProbe:
             yield batch
 
     @torch.no_grad()
-    def forward(self, prompts: list[list[int]], entries: list[int], pooling: str = "all") -> HiddenBatch:
+    def forward(self, prompts: list[list[int]], entries: list[int], pooling: str = "all",
+                logprobs: bool = True) -> HiddenBatch:
+        """``logprobs=False``: hidden states only, from the decoder model without its LM head (the
+        vocabulary-wide logits are most of a small model's cost); ``HiddenBatch.logprobs`` is then empty."""
         check_request(prompts, entries, self.n_entries, pooling)
         lengths = [len(p) for p in prompts]
         order = sorted(range(len(prompts)), key=lambda i: lengths[i])  # similar lengths pad little
+        run = self.model if logprobs else self.model.model  # the decoder's last entry is normed already
         hidden: dict[int, list[torch.Tensor]] = {e: [] for e in entries}
         lps: list[torch.Tensor] = []
         for batch in self._batches(order, lengths):
@@ -162,11 +166,14 @@ class HFProbe:
                 x[r, :lengths[i]] = torch.as_tensor(prompts[i])
                 mask[r, :lengths[i]] = 1
             x, mask = x.to(self.device), mask.to(self.device)
-            out = self.model(input_ids=x, attention_mask=mask, output_hidden_states=True)
+            out = run(input_ids=x, attention_mask=mask, output_hidden_states=True)
             valid = mask.bool()
             blens = [lengths[i] for i in batch]
             for e in entries:
                 hidden[e].append(pool(out.hidden_states[e][valid].float(), blens, pooling))
+            if not logprobs:
+                del out
+                continue
             # logprob of token t+1 given tokens 0..t, at the valid positions t < length - 1
             nxt = valid.clone()
             nxt[:, -1] = False
@@ -176,8 +183,8 @@ class HFProbe:
             lps.append((logits.gather(1, targets[:, None]).squeeze(1) - torch.logsumexp(logits, -1)).cpu())
             del out, logits
         rows = lengths if pooling == "all" else [1] * len(prompts)
-        return HiddenBatch({e: _order_back(hidden[e], order, rows) for e in entries}, lengths,
-                           _order_back(lps, order, [n - 1 for n in lengths]), pooling)
+        lp = _order_back(lps, order, [n - 1 for n in lengths]) if logprobs else torch.zeros(0)
+        return HiddenBatch({e: _order_back(hidden[e], order, rows) for e in entries}, lengths, lp, pooling)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], n: int, rows: int = 256) -> list[list[int]]:
@@ -311,12 +318,16 @@ class VLLMProbe:
         if group:
             yield group
 
-    def forward(self, prompts: list[list[int]], entries: list[int], pooling: str = "all") -> HiddenBatch:
+    def forward(self, prompts: list[list[int]], entries: list[int], pooling: str = "all",
+                logprobs: bool = True) -> HiddenBatch:
+        """``logprobs=False``: hidden states only (no prompt logprobs asked of vLLM); ``HiddenBatch.logprobs``
+        is then empty."""
         from vllm import SamplingParams, TokensPrompt  # optional: vllm (this probe only)
 
         check_request(prompts, entries, self.n_entries, pooling)
         lengths = [len(p) for p in prompts]
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0 if logprobs else None,
+                                detokenize=False)
         parts: dict[int, list[torch.Tensor]] = {e: [] for e in entries}
         done: list[int] = []
         lps: list[float] = []
@@ -329,8 +340,9 @@ class VLLMProbe:
                                          use_tqdm=False)
             finally:
                 _CAPTURE["on"] = False
-            for i, o in zip(group, outs):
-                lps.extend(_prompt_logprobs(o, prompts[i]))
+            if logprobs:
+                for i, o in zip(group, outs):
+                    lps.extend(_prompt_logprobs(o, prompts[i]))
             order, kept = self._split(group, prompts)
             for e in entries:
                 got = torch.cat([s["h"][e][:k[0] if pooling != "last" else k[1]]
@@ -342,12 +354,8 @@ class VLLMProbe:
             _CAPTURE["steps"] = []
         rows = lengths if pooling == "all" else [1] * len(prompts)
         hidden = {e: _order_back(parts[e], done, rows) for e in entries}
-        lp_flat = torch.tensor(lps, dtype=torch.float32)
-        lp_parts, at = [], 0  # lps were appended in prompt order within groups, groups in order: prompt order
-        for n in lengths:
-            lp_parts.append(lp_flat[at:at + n - 1])
-            at += n - 1
-        return HiddenBatch(hidden, lengths, torch.cat(lp_parts) if lp_parts else lp_flat, pooling)
+        # lps were appended in prompt order within groups, and the groups in order: the prompts' own order
+        return HiddenBatch(hidden, lengths, torch.tensor(lps, dtype=torch.float32), pooling)
 
     def _split(self, group: list[int], prompts: list[list[int]]) -> tuple[list[int], list[tuple[int, int]]]:
         """The group's prompts in the order the hooks saw them, each checked to be one whole segment, and per

@@ -11,9 +11,7 @@ as the run configured them (``launch_plan``).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -130,25 +128,19 @@ def _worker(out: Path, name: str, env: dict[str, str], bar: Progress, title: str
     """One side's worker, its progress on ``bar``; False (and a line naming its log) when it failed."""
     task = bar.add_task(title, total=total)
     t0 = time.perf_counter()
-    with open(layout.drift_log(out, name), "w") as log:
-        proc = procs.popen([sys.executable, "-m", "evalparity.drift.worker", str(out), name],
-                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=os.environ | env)
+
+    def tick() -> None:
         try:
-            while proc.poll() is None:
-                try:
-                    st = json.loads(layout.drift_progress(out, name).read_text())
-                    bar.update(task, completed=st.get("n", 0), description=f"{title}: {st.get('phase', '')}")
-                except (OSError, json.JSONDecodeError):
-                    pass
-                time.sleep(0.5)
-        except BaseException:  # Ctrl-C, or an error here: the worker and its engine go first
-            procs.stop(proc)
-            raise
-        procs.ended(proc)
-    if proc.returncode != 0:
-        lines = layout.drift_log(out, name).read_text().strip().splitlines()
-        tail = next((x for x in reversed(lines) if x.startswith("error: ")), lines[-1] if lines else "no output")
-        console.print(f"[red]drift {name} failed[/red]: {tail[:300]} (log: {layout.drift_log(shown, name)})")
+            st = json.loads(layout.drift_progress(out, name).read_text())
+            bar.update(task, completed=st.get("n", 0), description=f"{title}: {st.get('phase', '')}")
+        except (OSError, json.JSONDecodeError):
+            pass
+
+    code, said, last = procs.run_logged([sys.executable, "-m", "evalparity.drift.worker", str(out), name], env,
+                                        layout.drift_log(out, name), tick, every=0.5)
+    if code != 0:
+        why = f"error: {said}" if said else last
+        console.print(f"[red]drift {name} failed[/red]: {why[:300]} (log: {layout.drift_log(shown, name)})")
         return False
     bar.update(task, completed=total, description=f"{title}: {time.perf_counter() - t0:.0f}s")
     return True
