@@ -14,6 +14,8 @@ LABEL=${LABEL:-$MODE}
 BUDGET=${BUDGET:-560}
 D=/tmp/i28-$LABEL
 rm -rf "$D"
+nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > /tmp/util-$LABEL.csv &
+UTIL=$!
 T0=$(date +%s.%N)
 prompts() {  # $1 prompts of HellaSwag validation (context + first ending), one a line, into $2
   python3 - "$1" "$2" <<'PY'
@@ -35,14 +37,23 @@ case $MODE in
     timeout "$BUDGET" python3 -m evalparity.cli drift --model /tmp/m14b --prompts /tmp/hs-big.txt \
       --n-prompts "${N:-200}" --cells vllm-bf16 --reference hf-fp32 --device cuda --out "$D" 2>&1 | tail -30 ;;
   hidden)
-    prompts "${N:-10000}" /tmp/hs-hidden.txt
     mkdir -p "$D"
-    timeout "$BUDGET" python3 benchmarks/hidden_bench.py --device cuda --prompts /tmp/hs-hidden.txt \
-      --n-prompts "${N:-10000}" --out "$D" 2>&1 | tail -40 ;;
+    timeout "$BUDGET" python3 benchmarks/hidden_bench.py --model "$EVALPARITY_CACHE/models/SmolLM2-135M-Instruct" \
+      --device cuda --datasets-dir .gpudata --n-prompts "${N:-10000}" --keep "$D" 2>&1 | tail -40 ;;
 esac
-echo "$MODE $LABEL: exit ${PIPESTATUS[0]} after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
+RC=${PIPESTATUS[0]}
+kill $UTIL 2>/dev/null
+python3 - /tmp/util-$LABEL.csv <<'PY'
+import sys
+rows = [x.split(", ") for x in open(sys.argv[1]).read().splitlines() if x.count(",") == 2]
+u = [int(r[1].split()[0]) for r in rows if r[1].split()[0].isdigit()]
+if u:
+    print(f"GPU busy: mean {sum(u) / len(u):.0f} % over {len(u) / 2:.0f} s sampled; >= 50 % in {sum(x >= 50 for x in u)} of {len(u)} samples")
+PY
+echo "$MODE $LABEL: exit $RC after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 if [[ -n ${OUT:-} && -d $D ]]; then
+  cp /tmp/util-$LABEL.csv "$D/" 2>/dev/null
   (cd "$D" && tar czf "$OUT/$LABEL.tgz" --exclude='reference' --exclude='dump' --exclude='*.safetensors' . 2>/dev/null)
   ls -la "$OUT"
 fi
