@@ -18,3 +18,15 @@ class EvalParityError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_USAGE):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def worker_main(main, argv: list[str]) -> int:
+    """A worker process's ``__main__``: ``main(argv)``'s exit status, or, for an EvalParityError, its message as
+    one ``error: ...`` line on stderr and exit 2, which the parent shows as the reason (``procs.run_logged``)."""
+    import sys
+
+    try:
+        return main(argv)
+    except EvalParityError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE

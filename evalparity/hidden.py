@@ -32,7 +32,7 @@ from rich.console import Console
 from evalparity import backends, procs, progress
 from evalparity.cells import ProgressFile
 from evalparity.drift import prompts_from_file
-from evalparity.errors import EXIT_CELL_FAILED, EXIT_USAGE, EvalParityError
+from evalparity.errors import EXIT_CELL_FAILED, EXIT_USAGE, EvalParityError, worker_main
 from evalparity.files import atomic_target, read_json, sha256, write_json
 from evalparity.spec import SHORT_DTYPE
 
@@ -325,8 +325,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except EvalParityError as err:  # one line for the parent to show
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(worker_main(main, sys.argv[1:]))

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from evalparity import config, rundir
-from evalparity.cli.options import Device, at_least, positive_finite
+from evalparity.cli.options import Device, at_least, parse_layers, positive_finite
 from evalparity.cli.output import console, safe
 from evalparity.config import DRIFT, REPORT
 from evalparity.devices import resolve_device
@@ -86,19 +86,6 @@ def drift(
         console.print(f"report: {safe(html)}")
     if len(results) < len([c for c in launch if c != reference]):
         raise typer.Exit(EXIT_CELL_FAILED)
-
-
-def parse_layers(text: str) -> list[int] | None:
-    """``--layers``: None for all, else the entries as integers (checked against the model in the worker)."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        out = [int(x) for x in split_list(text)]
-    except ValueError:
-        raise EvalParityError(f"--layers {text!r} is not a comma-separated list of integers (e.g. 0,12,-1) or all") from None
-    if not out:
-        raise EvalParityError("--layers is empty: give entries such as 0,12,-1, or all")
-    return out
 
 
 def run_device(spec, device: str) -> str:

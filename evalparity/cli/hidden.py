@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 
 from evalparity import config, rundir
-from evalparity.cli.options import Device, at_least
+from evalparity.cli.options import Device, at_least, parse_layers
 from evalparity.cli.output import console, safe
 from evalparity.devices import resolve_device
 from evalparity.errors import EvalParityError
 from evalparity.models import resolve_model
-from evalparity.spec import SHORT_DTYPE, parse_backend, parse_dtype, split_list
+from evalparity.spec import SHORT_DTYPE, parse_backend, parse_dtype
 
 POOLINGS = ("last", "mean")
 
@@ -63,19 +63,6 @@ def hidden(
         mism = f"; {c['tokenization_mismatches']} prompt(s) tokenised differently" if c["tokenization_mismatches"] else ""
         console.print(f"check: {c['backend']} {SHORT_DTYPE[d]} on the first {c['n_prompts']} prompt(s): {parts}{mism}",
                       soft_wrap=True)
-
-
-def parse_layers(text: str) -> list[int] | None:
-    """``--layers``: None for all, else the entries as integers (checked against the model in the worker)."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        out = [int(x) for x in split_list(text)]
-    except ValueError:
-        raise EvalParityError(f"--layers {text!r} is not a comma-separated list of integers (e.g. 10,20,-1) or all") from None
-    if not out:
-        raise EvalParityError("--layers is empty: give entries such as 10,20,-1, or all")
-    return out
 
 
 def check_arguments(prompts: Path, layers: str, backend: str, dtype: str, pooling: str, check: int,

@@ -188,6 +188,21 @@ def check_ci_outputs(run_dir: Path, junit_xml: Path | None, summary_md: Path | N
 SEED_MAX = 2**32 - 1  # numpy takes seeds in [0, 2**32 - 1]; a cell given another fails in lm-eval's seeding
 
 
+def parse_layers(text: str) -> list[int] | None:
+    """``--layers`` of ``drift`` and ``hidden``: None for all, else hidden-state entries as integers (0 the
+    embeddings, negatives from the end; checked against the model in the worker)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise EvalParityError(f"--layers {text!r} is not a comma-separated list of integers (e.g. 10,20,-1) "
+                              "or all") from None
+    if not out:
+        raise EvalParityError("--layers is empty: give entries such as 10,20,-1, or all")
+    return out
+
+
 def at_least(flag: str, value: int | None, low: int, what: str = "") -> None:
     """An integer option (None: not given) is ``low`` or more, else one line naming the flag and the
     smallest value, exit 2; ``what`` says what the number counts, for the message."""

@@ -25,7 +25,7 @@ from evalparity.backends import precision
 from evalparity.backends.probes import HiddenBatch
 from evalparity.cells import ProgressFile
 from evalparity.drift.measure import DriftAccumulator
-from evalparity.errors import EvalParityError
+from evalparity.errors import EvalParityError, worker_main
 from evalparity.rundir import layout, records
 
 CHUNK_BYTES = 2 << 30  # the hidden states of one chunk of prompts, per side, at most about this much
@@ -214,8 +214,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except EvalParityError as err:  # one line for the parent to show
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(worker_main(main, sys.argv[1:]))
