@@ -140,24 +140,43 @@ def run_logged(argv: list[str], env: dict[str, str], log_path, tick: Callable[[]
     progress), stopped with its engine on any exception here (Ctrl-C). Returns its exit status, the last
     ``error: ...`` line it printed (a worker's one-line refusal, without the prefix) or None, and its log's
     last line (what a crash left)."""
+    return run_logged_all([(argv, env, log_path)], tick, every)[0]
+
+
+def run_logged_all(jobs: list[tuple[list[str], dict[str, str], object]], tick: Callable[[], None],
+                   every: float = 0.3) -> list[tuple[int, str | None, str]]:
+    """``run_logged`` for several workers at once (argv, environment, log path each): all started, ``tick``
+    called until the last ends, every one stopped on any exception here."""
     import time
 
-    with open(log_path, "w") as log:
-        proc = popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=os.environ | env)
-        try:
-            while proc.poll() is None:
-                tick()
-                time.sleep(every)
-        except BaseException:
-            stop(proc)
-            raise
-        ended(proc)
-    if proc.returncode == 0:
-        return 0, None, ""
-    with open(log_path, errors="replace") as f:
-        lines = f.read().strip().splitlines()
-    said = next((x for x in reversed(lines) if x.startswith("error: ")), None)
-    return proc.returncode, said[len("error: "):] if said else None, lines[-1] if lines else "no output"
+    logs = [open(path, "w") for _, _, path in jobs]
+    procs: list[subprocess.Popen] = []
+    try:
+        for (argv, env, _), log in zip(jobs, logs):
+            procs.append(popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                               env=os.environ | env))
+        while any(p.poll() is None for p in procs):
+            tick()
+            time.sleep(every)
+    except BaseException:
+        for p in procs:
+            stop(p)
+        raise
+    finally:
+        for log in logs:
+            log.close()
+    out = []
+    for p, (_, _, path) in zip(procs, jobs):
+        ended(p)
+        if p.returncode == 0:
+            out.append((0, None, ""))
+            continue
+        with open(path, errors="replace") as f:
+            lines = f.read().strip().splitlines()
+        said = next((x for x in reversed(lines) if x.startswith("error: ")), None)
+        out.append((p.returncode, said[len("error: "):] if said else None, lines[-1] if lines else "no output"))
+    tick()
+    return out
 
 
 def kill_all() -> None:

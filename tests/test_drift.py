@@ -387,3 +387,35 @@ def test_the_vllm_batch_is_split_into_whole_prompts_or_refused(seed):
         probes._CAPTURE["steps"] = _steps(bad)
         with pytest.raises(EvalParityError):
             probes.VLLMProbe._split(None, group, prompts)
+
+
+def test_cells_are_probed_together_only_where_the_run_packed_them_together():
+    from dataclasses import replace
+
+    from synthetic import synthetic_spec
+
+    from evalparity.drift import together_ok
+
+    cells = ["hf-bf16", "vllm-bf16", "vllm-fp32"]
+    spec = replace(synthetic_spec(["hf-fp32", *cells]), device="cuda",
+                   memory_plan={"cells_per_gpu": 4, "cells": {c: {} for c in ["hf-fp32", *cells]}})
+    assert together_ok(spec, cells)
+    assert not together_ok(replace(spec, device="cpu"), cells)
+    assert not together_ok(replace(spec, memory_plan={"cells_per_gpu": 2, "cells": spec.memory_plan["cells"]}), cells)
+    assert not together_ok(replace(spec, memory_plan={}), cells) and not together_ok(None, cells)
+    assert not together_ok(spec, [*cells, "hf-fp16"])  # a cell the plan did not place
+
+
+def test_workers_run_together_and_each_failure_keeps_its_own_reason(tmp_path):
+    import sys
+
+    from evalparity import procs
+
+    ok = [sys.executable, "-c", "import time; time.sleep(0.5); print('fine')"]
+    refuses = [sys.executable, "-c", "import sys; print('error: no such layer', file=sys.stderr); sys.exit(2)"]
+    crashes = [sys.executable, "-c", "raise SystemExit('boom')"]
+    ticks = []
+    got = procs.run_logged_all([(ok, {}, tmp_path / "a.log"), (refuses, {}, tmp_path / "b.log"),
+                                (crashes, {}, tmp_path / "c.log")], lambda: ticks.append(1), every=0.05)
+    assert got == [(0, None, ""), (2, "no such layer", "error: no such layer"), (1, None, "boom")]
+    assert len(ticks) >= 2 and (tmp_path / "a.log").read_text().strip() == "fine"

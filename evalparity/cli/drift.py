@@ -38,7 +38,7 @@ def drift(
     dump: Annotated[bool, typer.Option(help="Also keep both sides' hidden states, chunk by chunk as safetensors (large).")] = False,
 ) -> None:
     """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
-    from evalparity.drift import launch_plan, prompts_from_file, prompts_from_run, run_drift  # heavy: pandas, torch
+    from evalparity import drift as probe_drift  # heavy: torch, pandas
 
     check_arguments(run_dir, prompts, n_prompts, gen_tokens=gen_tokens, threshold=threshold, max_length=max_length)
     entries = parse_layers(layers)
@@ -62,16 +62,19 @@ def drift(
         _, model_path, max_len = resolve_model(model, max_length)
         if run_spec is not None:
             max_len = min(max_len, run_spec.alignment.max_length)
-        texts = prompts_from_run(run_dir, n_prompts) if run_dir is not None else prompts_from_file(prompts)[:n_prompts]
+        texts = (probe_drift.prompts_from_run(run_dir, n_prompts) if run_dir is not None
+                 else probe_drift.prompts_from_file(prompts)[:n_prompts])
         todo = split_list(cells) if cells else ([c.name for c in run_spec.cells if not c.tag] if run_spec
                                                  else split_list(DEFAULT_CELLS))
-        launch = launch_plan(str(model_path), todo, reference, device=dev, max_len=max_len, run_spec=run_spec)
+        launch = probe_drift.launch_plan(str(model_path), todo, reference, device=dev, max_len=max_len,
+                                         run_spec=run_spec)
+        together = probe_drift.together_ok(run_spec, [c for c in launch if c != reference])
         t0 = time.perf_counter()
 
         def probe(folder: Path, shown: Path) -> dict[str, dict]:
-            return run_drift(launch, texts, folder, reference=reference, max_len=max_len, gen_tokens=gen_tokens,
-                             threshold=threshold, layers=entries, pooling=positions, dump=dump, console=console,
-                             shown=shown)
+            return probe_drift.run_drift(launch, texts, folder, reference=reference, max_len=max_len,
+                                         gen_tokens=gen_tokens, threshold=threshold, layers=entries, pooling=positions,
+                                         dump=dump, together=together, console=console, shown=shown)
 
         results, html = into_run(run_dir, probe) if into else (probe(dest, dest), None)
     console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {safe(dest)}")

@@ -498,10 +498,12 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
     """--drift N: the drift of every main cell against the reference on N prompts of the run's own tasks,
     into RUN_DIR/drift, before the report so that the report shows it; each cell probed as the run
     configured it (``drift.launch_plan``)."""
-    from evalparity.drift import launch_plan, prompts_from_run, run_drift  # heavy: torch; only with --drift
+    from evalparity.drift import launch_plan, prompts_from_run, run_drift, together_ok  # heavy: torch; only --drift
 
+    run_spec = records.read_spec(run_dir)
     launch = launch_plan(str(model_path), [c.name for c in cell_specs if not c.tag], opts.reference, device=dev,
-                         max_len=max_len, run_spec=records.read_spec(run_dir))
+                         max_len=max_len, run_spec=run_spec)
     with timings.stage("drift"), rundir.staged_outputs(run_dir, (DRIFT,)) as stage:  # drift/ published whole
         run_drift(launch, prompts_from_run(run_dir, n_prompts), layout.drift_dir(stage), reference=opts.reference,
-                  max_len=max_len, console=console, shown=layout.drift_dir(run_dir))
+                  max_len=max_len, together=together_ok(run_spec, [c for c in launch if c != opts.reference]),
+                  console=console, shown=layout.drift_dir(run_dir))

@@ -92,12 +92,23 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
     return plan
 
 
+def together_ok(run_spec: RunSpec | None, cells: list[str]) -> bool:
+    """Whether a run's cells can be probed all at once: the run's memory plan packed them onto their GPUs
+    together (each cell's engine arguments are its share of a GPU the others share), so they fit together
+    again, with the probe's own chunks (``worker.CHUNK_BYTES`` a side) beside each. Not without a run: each
+    cell's default share assumes a GPU of its own."""
+    plan = (run_spec.memory_plan or {}) if run_spec is not None else {}
+    return run_spec is not None and run_spec.device != "cpu" and int(plan.get("cells_per_gpu") or 1) >= len(cells) \
+        and all(c in (plan.get("cells") or {}) for c in cells)
+
+
 def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, reference: str = "hf-fp32",
               max_len: int = 2048, gen_tokens: int = 32, threshold: float = 1e-3, layers: list[int] | None = None,
-              pooling: str = "all", dump: bool = False, console: Console | None = None,
+              pooling: str = "all", dump: bool = False, together: bool = False, console: Console | None = None,
               shown: Path | None = None) -> dict[str, dict]:
     """The reference, then every other side of ``launch`` (``launch_plan``) against it, one worker process
     each (``procs.popen``: it dies with this process, its engine subprocesses with it), into ``out``.
+    ``together``: the cells all at once (``together_ok``), else one after another.
     ``shown``: where ``out`` will be once published (``out`` a staging folder), for the paths that messages
     name. The reference's chunks are removed at the end unless ``dump``."""
     console = console or Console(stderr=True)
@@ -108,39 +119,45 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
     out.mkdir(parents=True, exist_ok=True)
     write_json(layout.drift_spec(out), {"reference": reference, "cells": todo, "max_len": max_len,
                                        "gen_tokens": gen_tokens, "threshold": threshold, "n_prompts": len(prompts),
-                                       "dump": dump, "layers": layers, "pooling": pooling, "launch": launch})
+                                       "dump": dump, "layers": layers, "pooling": pooling, "together": together,
+                                       "launch": launch})
     write_json(layout.drift_prompts(out), {"prompts": prompts})
     results: dict[str, dict] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
-        if not _worker(out, reference, launch[reference]["env"], bar, f"drift reference {reference}",
-                       len(prompts), console, shown):
+        if not _workers(out, [reference], launch, bar, reference, len(prompts), console, shown):
             return results
-        for c in todo:
-            if _worker(out, c, launch[c]["env"], bar, f"drift {c} vs {reference}", len(prompts), console, shown):
+        for group in ([todo] if together else [[c] for c in todo]):
+            for c in _workers(out, group, launch, bar, reference, len(prompts), console, shown):
                 results[c] = json.loads(layout.drift_summary(out, c).read_text())
     if not dump:
         shutil.rmtree(layout.drift_reference(out), ignore_errors=True)
     return results
 
 
-def _worker(out: Path, name: str, env: dict[str, str], bar: Progress, title: str, total: int, console: Console,
-            shown: Path) -> bool:
-    """One side's worker, its progress on ``bar``; False (and a line naming its log) when it failed."""
-    task = bar.add_task(title, total=total)
+def _workers(out: Path, names: list[str], launch: dict[str, dict], bar: Progress, reference: str, total: int,
+             console: Console, shown: Path) -> list[str]:
+    """These sides' workers, at once, their progress on ``bar``; the names of those that finished (a line
+    naming its log for each that failed)."""
+    title = {n: f"drift reference {n}" if n == reference else f"drift {n} vs {reference}" for n in names}
+    task = {n: bar.add_task(title[n], total=total) for n in names}
     t0 = time.perf_counter()
 
     def tick() -> None:
-        try:
-            st = json.loads(layout.drift_progress(out, name).read_text())
-            bar.update(task, completed=st.get("n", 0), description=f"{title}: {st.get('phase', '')}")
-        except (OSError, json.JSONDecodeError):
-            pass
+        for n in names:
+            try:
+                st = json.loads(layout.drift_progress(out, n).read_text())
+                bar.update(task[n], completed=st.get("n", 0), description=f"{title[n]}: {st.get('phase', '')}")
+            except (OSError, json.JSONDecodeError):
+                pass
 
-    code, said, last = procs.run_logged([sys.executable, "-m", "evalparity.drift.worker", str(out), name], env,
-                                        layout.drift_log(out, name), tick, every=0.5)
-    if code != 0:
-        why = f"error: {said}" if said else last
-        console.print(f"[red]drift {name} failed[/red]: {why[:300]} (log: {layout.drift_log(shown, name)})")
-        return False
-    bar.update(task, completed=total, description=f"{title}: {time.perf_counter() - t0:.0f}s")
-    return True
+    ended = procs.run_logged_all([([sys.executable, "-m", "evalparity.drift.worker", str(out), n], launch[n]["env"],
+                                   layout.drift_log(out, n)) for n in names], tick, every=0.5)
+    done = []
+    for n, (code, said, last) in zip(names, ended):
+        if code != 0:
+            why = f"error: {said}" if said else last
+            console.print(f"[red]drift {n} failed[/red]: {why[:300]} (log: {layout.drift_log(shown, n)})")
+            continue
+        bar.update(task[n], completed=total, description=f"{title[n]}: {time.perf_counter() - t0:.0f}s")
+        done.append(n)
+    return done
