@@ -114,6 +114,21 @@ def test_cells_are_compared_chunk_by_chunk_on_the_reference_kept_once(tmp_path, 
     assert all(x["rel_error"] == 0 for x in same["layers"]) and same["first_layer_over_threshold"] is None
 
 
+def test_a_reference_that_would_not_fit_on_the_disk_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from evalparity.errors import EvalParityError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 200, 200))  # 200 bytes free
+    with pytest.raises(EvalParityError, match=r"need about .* GiB in .* free: use --positions last, fewer --layers"):
+        _probe_with(tmp_path, monkeypatch, TEXTS, FakeProbe(), FakeProbe())
+    assert not list((tmp_path / "d").rglob("chunk-*"))
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 0, 10**9))
+    _probe_with(tmp_path / "ok", monkeypatch, TEXTS, FakeProbe(), FakeProbe())  # 15 tokens x 3 x 4 x 4 bytes
+
+
 def test_mismatched_tokenization_is_reported_not_compared(tmp_path, monkeypatch):
     _, s = _probe_with(tmp_path, monkeypatch, ["a bb ccc dddd", "e ff", "g hh iii"], FakeProbe(),
                        FakeProbe(shift=1))  # splits every third word differently

@@ -75,6 +75,20 @@ def chunk_prompts(ids: list[list[int] | None], n_entries: int, hidden: int) -> l
     return chunks
 
 
+def check_room(out: Path, ids: list[list[int] | None], n_entries: int, hidden: int, pooling: str, *, cells: int,
+               dump: bool) -> None:
+    """Refuse, before the first chunk is written, a reference that would not fit on the drift folder's disk:
+    float32 hidden states of every probed token (or prompt, with ``--positions last``) at every chosen entry;
+    with ``--dump``, each cell's too. A 14B-shaped model's 49 entries take 1 MB a token."""
+    rows = sum(len(x) if pooling == "all" else 1 for x in ids if x is not None)
+    need = rows * n_entries * hidden * 4 * (1 + (cells if dump else 0))
+    free = shutil.disk_usage(out).free
+    if need > 0.9 * free:
+        raise EvalParityError(f"the reference's hidden states need about {need / 2**30:.1f} GiB in {out} and "
+                              f"{free / 2**30:.1f} GiB is free: use --positions last, fewer --layers or fewer "
+                              "prompts" + (", or drop --dump" if dump else ""))
+
+
 def save_chunk(path: Path, batch: HiddenBatch) -> None:
     from safetensors.torch import save_file  # heavy: safetensors (with torch)
 
@@ -125,6 +139,8 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
             ids[i] = None
     chunks = chunk_prompts(ids, len(entries), probe.hidden_size)
     folder = layout.drift_reference(out)
+    check_room(out, ids, len(entries), probe.hidden_size, spec["pooling"], cells=len(spec["launch"]) - 1,
+               dump=bool(spec.get("dump")))
     t1 = time.perf_counter()
     done = 0
     for k, chunk in enumerate(chunks):
