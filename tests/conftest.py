@@ -157,3 +157,13 @@ def pytest_terminal_summary(terminalreporter):
     if table:
         terminalreporter.write_sep("=", "fault injection: case -> outcome")
         terminalreporter.write_line(table)
+
+
+def sigint_as_on_a_terminal() -> None:
+    """``preexec_fn`` for a child a test will Ctrl-C: a terminal's foreground job has SIGINT at its default,
+    but a job started in the background of a non-interactive shell (``.ci/run &``, as CI scripts may be)
+    inherits it ignored, and then Python never raises KeyboardInterrupt. Gives the child what a terminal
+    gives it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

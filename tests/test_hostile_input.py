@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import evalparity, one_line_error
+from conftest import evalparity, one_line_error, sigint_as_on_a_terminal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -133,7 +133,8 @@ def test_sign_off_stands_after_ctrl_c(odd_run):
     expected = evalparity("report", str(odd_run)).returncode
     for _ in range(3):
         proc = subprocess.Popen([sys.executable, "-m", "evalparity.cli", "report", str(odd_run)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=sigint_as_on_a_terminal)
         line = proc.stdout.readline()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
@@ -142,8 +143,10 @@ def test_sign_off_stands_after_ctrl_c(odd_run):
 
 
 def test_ctrl_c_before_the_sign_off_is_130(odd_run):
+    """(It failed in CI-shaped runs started with ``.ci/run &``: the report then inherited SIGINT ignored.)"""
     proc = subprocess.Popen([sys.executable, "-m", "evalparity.cli", "report", str(odd_run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_on_a_terminal)
     assert proc.stderr.readline().startswith("statistics")
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)

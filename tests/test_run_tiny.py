@@ -16,7 +16,7 @@ import time
 import ahead
 import pandas as pd
 import pytest
-from conftest import TINY_CELLS, cli, evalparity, evalparity_here, tiny_run_args
+from conftest import TINY_CELLS, cli, evalparity, evalparity_here, sigint_as_on_a_terminal, tiny_run_args
 from verdict_schema import check_verdicts
 
 from evalparity.samples import HASHES, KEY, check_alignment, read_table
@@ -213,11 +213,8 @@ def test_ctrl_c_says_how_to_resume_and_records_its_timings(tiny_model, tiny_task
     args = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
             "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32", "--limit", "4", "--single-cell",
             "--out", str(out)]
-    # A terminal's foreground job has SIGINT at its default; a job started in the background of a
-    # non-interactive shell (as CI scripts may be) inherits it ignored, and then Python never raises
-    # KeyboardInterrupt. Give the run what a terminal gives it.
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            start_new_session=True, preexec_fn=sigint_as_on_a_terminal)
     deadline = time.time() + 300
     while time.time() < deadline and not (out / "cells" / ".tmp-hf-fp32" / "cell.log").exists():
         time.sleep(0.2)
