@@ -33,6 +33,11 @@ from evalparity.backends import compat
 from evalparity.errors import EvalParityError
 
 POOLINGS = ("all", "last", "mean")
+# The KV cache of one HF generation batch, at most about this much. Measured on one H200 (SmolLM2, 1,000
+# HellaSwag prompts x 32 greedy tokens, scripts/gpu/hf_generate_probe.py): batches 4x the scoring batch's
+# tokens took bf16 generation from 10.4 s to 2.3 s (fp32 3.0 to 2.0 s) at a 3.2 GiB (6.4 GiB) peak; each
+# step's Python time, not its arithmetic, is the cost of a small model's generation.
+GEN_KV_BYTES = 4 << 30
 
 
 @dataclass
@@ -132,6 +137,12 @@ class HFProbe:
         vocab = int(self.model.config.vocab_size)
         # the fp32 logits of a batch dominate its memory: about 2 GiB of them at most
         self.token_budget = token_budget or max(256, min(16384, (2 << 30) // (4 * vocab)))
+        # generation keeps one position's logits a step (transformers' logits_to_keep), so its batches are
+        # bounded by their KV cache instead: about GEN_KV_BYTES of it
+        cfg = self.model.config
+        heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.kv_bytes_per_token = (self.n_entries - 1) * 2 * heads * head_dim * self.model.dtype.itemsize
 
     def _batches(self, order: list[int], lengths: list[int], rows_at_most: int | None = None,
                  budget: int | None = None):
@@ -187,7 +198,7 @@ class HFProbe:
         return HiddenBatch({e: _order_back(hidden[e], order, rows) for e in entries}, lengths, lp, pooling)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], n: int, rows: int = 256) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], n: int, rows: int = 1024) -> list[list[int]]:
         """Greedy continuations of ``n`` tokens, in left-padded batches of similar lengths. Only the last
         position's logits are kept per step, so a batch may hold more tokens than a scoring batch: each step
         costs about the same Python time whatever its rows, and on a small model that time is the cost."""
@@ -197,7 +208,7 @@ class HFProbe:
         out: list[list[int]] = [[] for _ in prompts]
         order = sorted(range(len(prompts)), key=lambda i: lengths[i])
         for batch in self._batches(order, [m + n for m in lengths], rows_at_most=rows,
-                                   budget=4 * self.token_budget):
+                                   budget=max(self.token_budget, GEN_KV_BYTES // self.kv_bytes_per_token)):
             width = max(lengths[i] for i in batch)
             x = torch.full((len(batch), width), pad, dtype=torch.long)
             mask = torch.zeros(len(batch), width, dtype=torch.long)
