@@ -213,10 +213,9 @@ def probe_pooled(probe, prompts: list[list[int]], entries: list[int], pooling: s
 
 
 def _encode(probe, texts: list[str], keep: int) -> tuple[list[list[int]], list[int]]:
-    from evalparity.drift.worker import encode  # heavy: torch
-
-    full = [len(x) for x in probe.encode(texts)] if texts else []
-    ids = encode(probe, texts, keep)
+    encoded = probe.encode(texts) if texts else []  # once: the full lengths say what --max-length cut
+    full = [len(x) for x in encoded]
+    ids = [list(x)[:keep] for x in encoded]
     empty = [i for i, x in enumerate(ids) if not x]
     if empty:
         raise EvalParityError(f"prompt {empty[0] + 1} encodes to no tokens: drop it from the prompt file")

@@ -223,7 +223,7 @@ class HFProbe:
 
 
 # ---------------------------------------------------------------- vLLM: hooks on the flattened batch
-_CAPTURE: dict = {"on": False, "entries": frozenset(), "last": False, "n_layers": 0, "steps": [], "problem": None}
+_CAPTURE: dict = {"on": False, "entries": frozenset(), "last": False, "steps": [], "problem": None}
 
 
 def _take(t: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
@@ -236,7 +236,6 @@ def _install_hooks(model: torch.nn.Module) -> int:
     of every forward pass while ``_CAPTURE['on']``, on the device, one record per scheduler step."""
     _, embed, layers, norm = _decoder_parts(model)
     n_layers = len(layers)
-    _CAPTURE["n_layers"] = n_layers
 
     def step_hook(m, args, kwargs):
         if not _CAPTURE["on"]:
@@ -253,10 +252,11 @@ def _install_hooks(model: torch.nn.Module) -> int:
             rows = torch.cat([ends, torch.tensor([pos.shape[0] - 1], device=pos.device)])
         _CAPTURE["steps"].append({"ids": ids.detach().clone(), "pos": pos.detach().clone(), "rows": rows, "h": {}})
 
-    def keep(entry: int, t: torch.Tensor) -> None:
+    def keep(entry: int, out, of=lambda o: o) -> None:
+        """Entry ``entry`` of this step: ``of(out)``, computed only when that entry is asked for."""
         if _CAPTURE["on"] and entry in _CAPTURE["entries"] and _CAPTURE["steps"]:
             step = _CAPTURE["steps"][-1]
-            step["h"][entry] = _take(t, step["rows"])
+            step["h"][entry] = _take(of(out), step["rows"])
 
     # on the top-level model: the decoder model's own __call__ is replaced by vLLM's compile decorator
     # (``support_torch_compile``), which skips hooks even in eager mode; the runner calls with keywords
@@ -265,14 +265,13 @@ def _install_hooks(model: torch.nn.Module) -> int:
 
     def layer_hook(idx):
         def hook(m, i, o):
-            if idx < n_layers - 1:  # the last layer's output is compared through the final norm (entry L)
-                h, r = o
-                keep(idx + 1, h + r if _CAPTURE["on"] and idx + 1 in _CAPTURE["entries"] else h)
+            if idx + 1 < n_layers:  # the last layer's output is compared through the final norm (entry L)
+                keep(idx + 1, o, lambda o: o[0] + o[1])  # the residual stream: output plus deferred residual
         return hook
 
     for idx, layer in enumerate(layers):
         layer.register_forward_hook(layer_hook(idx))
-    norm.register_forward_hook(lambda m, i, o: keep(n_layers, o[0] if isinstance(o, tuple) else o))
+    norm.register_forward_hook(lambda m, i, o: keep(n_layers, o, lambda o: o[0] if isinstance(o, tuple) else o))
     return n_layers
 
 
@@ -287,12 +286,8 @@ def _step_limits(llm) -> tuple[int, int]:
 
 
 def _prompt_logprobs(out, ids: list[int]) -> list[float]:
-    """Each prompt token's own logprob (``prompt_logprobs=0``), from vLLM's flat container where it has one."""
-    plp = out.prompt_logprobs
-    flat = getattr(plp, "logprobs", None)
-    if flat is not None and list(getattr(plp, "token_ids", [])) == ids[1:]:
-        return list(flat)
-    return [d[t].logprob for t, d in zip(ids[1:], plp[1:])]
+    """Each prompt token's own logprob (``prompt_logprobs=0``: one entry a position, after the first)."""
+    return [d[t].logprob for t, d in zip(ids[1:], out.prompt_logprobs[1:])]
 
 
 class VLLMProbe:

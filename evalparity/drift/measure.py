@@ -128,11 +128,11 @@ class DriftAccumulator:
             self.lp_abs.append(d)
             self.lp_pos.append(np.arange(1, len(p)))
             for j in np.argsort(-d)[:3]:
-                item = (float(d[j]), i, int(j + 1))
-                if len(self.worst) < k:
-                    heapq.heappush(self.worst, item + (decode(p[max(0, j - 8): j + 1]), decode(p[j + 1: j + 2])))
-                elif item[0] > self.worst[0][0]:
-                    heapq.heapreplace(self.worst, item + (decode(p[max(0, j - 8): j + 1]), decode(p[j + 1: j + 2])))
+                full = len(self.worst) >= k
+                if full and float(d[j]) <= self.worst[0][0]:
+                    continue
+                item = (float(d[j]), i, int(j + 1), decode(p[max(0, j - 8): j + 1]), decode(p[j + 1: j + 2]))
+                (heapq.heapreplace if full else heapq.heappush)(self.worst, item)
 
     def add_generation(self, prompt_len: int, a: list[int], b: list[int]) -> None:
         self.gen_first_div.append(first_divergence(a, b))

@@ -1,9 +1,9 @@
 """One side of a drift in its own process: ``python -m evalparity.drift.worker DRIFT_DIR CELL``.
 
-The reference goes first (``--reference``): it probes every prompt once, batched, and keeps its hidden
-states chunk by chunk in ``reference/`` (float32 safetensors) with its logprobs and generations. Each cell
-then loads those chunks straight onto its own device, probes the same prompts in the same chunks and
-reduces the differences there (``measure``): only the reductions leave the GPU, unless ``--dump``.
+The reference goes first (``CELL`` the drift spec's reference): it probes every prompt once, batched, and
+keeps its hidden states chunk by chunk in ``reference/`` (float32 safetensors) with its logprobs and
+generations. Each cell then loads those chunks straight onto its own device, probes the same prompts in the
+same chunks and reduces the differences there (``measure``): only the reductions leave the GPU, unless ``--dump``.
 
 Each side runs in a process of its own, with its own environment variables (set by the parent before the
 engine is imported) and its own precision mode, and loads its model through its backend's ``create_lm``
@@ -26,6 +26,7 @@ from evalparity.backends.probes import HiddenBatch
 from evalparity.cells import ProgressFile
 from evalparity.drift.measure import DriftAccumulator
 from evalparity.errors import EvalParityError, worker_main
+from evalparity.files import atomic_target
 from evalparity.rundir import layout, records
 
 CHUNK_BYTES = 2 << 30  # the hidden states of one chunk of prompts, per side, at most about this much
@@ -93,11 +94,10 @@ def save_chunk(path: Path, batch: HiddenBatch) -> None:
     from safetensors.torch import save_file  # heavy: safetensors (with torch)
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file({**{f"entry.{e}": h.contiguous().cpu() for e, h in batch.hidden.items()},
-               "logprobs": batch.logprobs.contiguous(),
-               "lengths": torch.as_tensor(batch.lengths, dtype=torch.int64)}, str(tmp))
-    tmp.replace(path)
+    with atomic_target(path) as tmp:
+        save_file({**{f"entry.{e}": h.contiguous().cpu() for e, h in batch.hidden.items()},
+                   "logprobs": batch.logprobs.contiguous(),
+                   "lengths": torch.as_tensor(batch.lengths, dtype=torch.int64)}, str(tmp))
 
 
 def load_chunk(path: Path, device: torch.device, pooling: str) -> HiddenBatch:
