@@ -291,7 +291,8 @@ def cell_meta(spec: RunSpec, cell: CellSpec, model_path: str, backend, args: dic
     """What a cell's record says of it before it evaluates anything: the cell, the spec and model it runs
     under, where and with which settings."""
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
-                  "tag": cell.tag, "tf32": cell.tf32, "base_cell": cell.base_name, "model": spec.model,
+                  "tag": cell.tag, "tf32": cell.tf32, "base_cell": cell.base_name, "variant": cell.variant(),
+                  "model": spec.model,
                   "model_path": model_path, "spec_identity": spec.identity(),
                   "model_fingerprint": (spec.model_fingerprint or {}).get("digest"),
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape  # task names and errors in the table: text, never markup
 from rich.table import Table
 
-from evalparity import backends, cells, progress, rundir, shards, stager
+from evalparity import backends, cells, progress, rundir, shards, stager, variants
 from evalparity import placement as pl
 from evalparity.config import (
     ATTEMPTS,
@@ -34,7 +34,7 @@ from evalparity.printable import visible
 from evalparity.rundir import layout, records, units
 from evalparity.rundir.records import STATUS_FAILED
 from evalparity.runlog import RunLog
-from evalparity.spec import RunSpec
+from evalparity.spec import CellSpec, RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ def _check_cell_settings(run_dir: Path, old: RunSpec, new: RunSpec, force: bool)
             if str(a) != str(b):
                 raise EvalParityError(f"cell {c.name} finished with {what} {a}, this run asks for {b}: rerun with "
                                       f"{what} {a} to resume, --force to rerun it with {b}, or use another --out")
+        if (was.backend, was.dtype, was.tf32, was.variant()) != (c.backend, c.dtype, c.tf32, c.variant()):
+            change = variants.difference(variants.described(c), variants.described(was))
+            raise EvalParityError(f"cell {c.name} finished with other settings ({change or 'another backend or dtype'}"
+                                  f" than this run asks for): rerun with the same ones to resume, --force to rerun "
+                                  "it with these, or use another --out")
 
 
 def set_aside_forced(run_dir: Path, spec: RunSpec) -> list[str]:
@@ -116,12 +121,14 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
     write_json(path, spec.to_json())
 
 
-def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool) -> dict[str, str]:
+def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool,
+                     cell: CellSpec | None = None) -> dict[str, str]:
     """The variables a cell process needs on top of its host's environment (which, on a cluster, is that
-    host's own, not this one's), and the plugin modules that register backends (``backends.registry``)."""
+    host's own, not this one's), the plugin modules that register backends (``backends.registry``), and the
+    cell's own (``env.VAR=`` of a ``--cell``: they win over the backend's, as the user asked)."""
     from evalparity.backends import registry
 
-    env = dict(backend_env) | registry.plugin_environment()
+    env = dict(backend_env) | registry.plugin_environment() | dict(cell.env if cell is not None else ())
     env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "TQDM_MININTERVAL": "1"})
     if offline:
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
@@ -183,7 +190,7 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
             meta = units.read_cell_json(layout.cell_dir(run_dir, cell.name)) or {}
             done[cell.name] = CellOutcome(cell.name, "skipped", 0.0, meta)
             continue
-        env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline)
+        env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline, cell)
         todo = shards.pending_shards(run_dir, cell, force, spec.identity()) if cell.shards > 1 else [0]
         if cell.shards > 1 and not todo:
             merge_only.append(cell)
@@ -267,7 +274,8 @@ def _run_staged(spec: RunSpec, run_dir: Path, model_path: str, offline: bool, co
                 log: RunLog, ray_head, opts) -> list[CellOutcome]:
     """A staged spec: its rounds (``stager``), each cell one job, on the executor the cells would get."""
     gpus = spec.tensor_parallel / placement.cells_per_gpu if spec.device != "cpu" else 0.0
-    envs = {c.name: cell_environment(spec, backends.get(c.backend).environment(spec, c), offline) for c in spec.cells}
+    envs = {c.name: cell_environment(spec, backends.get(c.backend).environment(spec, c), offline, c)
+            for c in spec.cells}
     ports = {c.name: job_port_base(str(run_dir.resolve()), i) for i, c in enumerate(spec.cells)}
 
     def make_job(name: str, mode: str) -> Job:

@@ -69,11 +69,39 @@ class CellSpec:
     tag: str = ""
     tf32: bool = False     # an fp32 cell that runs in TF32, to measure that precision mode as its own cell
     shards: int = 1        # the cell's documents split over this many replicas (processes), merged afterwards
+    # A named variant (``--cell NAME=BACKEND:DTYPE[:key=value,...]``) and what makes it one. Each setting is
+    # part of the cell's identity: recorded in its cell.json, checked against the spec when a run resumes
+    # or is verified, and shown wherever its verdict is (``variant_difference``).
+    label: str = ""                          # the cell's own name; "" names it backend-dtype[-tag]
+    args: tuple[tuple[str, str], ...] = ()   # the backend's model/engine arguments, as typed (lm-eval k=v)
+    env: tuple[tuple[str, str], ...] = ()    # environment variables of the cell's process (env.VAR=value)
+    model: str = ""                          # another checkpoint of the run's model (same tokenizer), if any
+    python: str = ""                         # the interpreter (a ``--python NAME``) the cell's process runs on
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         base = f"{self.backend}-{SHORT_DTYPE[self.dtype]}"
         return f"{base}-{self.tag}" if self.tag else base
+
+    def arg_text(self) -> str:
+        """The cell's backend arguments as lm-eval's ``k=v,k=v`` (``backends.parse_extra_args`` reads it)."""
+        return ",".join(f"{k}={v}" for k, v in self.args)
+
+    def variant(self) -> dict:
+        """What makes this cell a variant, as its cell.json records it and the report shows it: the
+        backend arguments, environment, model and interpreter it was given (empty ones left out)."""
+        out: dict = {}
+        if self.args:
+            out["args"] = dict(self.args)
+        if self.env:
+            out["env"] = dict(self.env)
+        if self.model:
+            out["model"] = self.model
+        if self.python:
+            out["python"] = self.python
+        return out
 
     @property
     def base_name(self) -> str:
@@ -92,8 +120,6 @@ class RunSpec:
     include_paths: tuple[str, ...] = ()
     datasets_dir: str | None = None
     alignment: Alignment = field(default_factory=Alignment)
-    hf_args: str = ""
-    vllm_args: str = ""
     task_limits: tuple[tuple[str, int], ...] = ()  # per-task document limits, overriding ``limit``
     leaf_docs: tuple[tuple[str, int], ...] = ()    # documents in each leaf task, from the preflight
     tensor_parallel: int = 1                         # GPUs per replica (vLLM tensor parallel; HF parallelize)
@@ -117,7 +143,8 @@ class RunSpec:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d["cells"] = [asdict(c) | {"name": c.name} for c in self.cells]
+        d["cells"] = [asdict(c) | {"name": c.name, "args": [list(x) for x in c.args], "env": [list(x) for x in c.env]}
+                      for c in self.cells]
         d["task_limits"] = [list(x) for x in self.task_limits]
         d["leaf_docs"] = [list(x) for x in self.leaf_docs]
         d["task_aliases"] = [list(x) for x in self.task_aliases]
@@ -136,14 +163,12 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, d: dict) -> RunSpec:
-        cells = tuple(CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False),
-                               c.get("shards", 1)) for c in d["cells"])
+        cells = tuple(cell_from_json(c) for c in d["cells"])
         return cls(
             model=d["model"], tasks=tuple(d["tasks"]), cells=cells, limit=d.get("limit"),
             num_fewshot=d.get("num_fewshot"), device=d.get("device", "cpu"),
             include_paths=tuple(d.get("include_paths", ())), datasets_dir=d.get("datasets_dir"),
-            alignment=Alignment(**d.get("alignment", {})), hf_args=d.get("hf_args", ""),
-            vllm_args=d.get("vllm_args", ""),
+            alignment=Alignment(**d.get("alignment", {})),
             task_limits=tuple((k, int(v)) for k, v in d.get("task_limits", ())),
             leaf_docs=tuple((k, int(v)) for k, v in d.get("leaf_docs", ())),
             tensor_parallel=int(d.get("tensor_parallel", 1)),
@@ -179,6 +204,15 @@ class RunSpec:
         if per is None:
             per = {leaf: list(range(min(n, self.limit) if self.limit else n)) for leaf, n in self.leaf_docs}
         return {leaf: ids[shard::shards] for leaf, ids in per.items()}
+
+
+def cell_from_json(c: dict) -> CellSpec:
+    """A cell as spec.json holds it (``RunSpec.to_json``)."""
+    return CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False),
+                    c.get("shards", 1), label=c.get("label", ""),
+                    args=tuple((str(k), str(v)) for k, v in c.get("args", ())),
+                    env=tuple((str(k), str(v)) for k, v in c.get("env", ())),
+                    model=c.get("model", ""), python=c.get("python", ""))
 
 
 def parse_batch_size(text: str) -> int | str:

@@ -120,7 +120,7 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
     if home_log.exists():
         shutil.copyfile(home_log, layout.log_file(out))
     first = metas[0]
-    keep = ("cell", "backend", "dtype", "batch_size", "tag", "tf32", "base_cell", "model", "model_path",
+    keep = ("cell", "backend", "dtype", "batch_size", "tag", "tf32", "base_cell", "variant", "model", "model_path",
             "spec_identity", "model_fingerprint", "device", "device_name", "versions", "settings", "precision",
             "environment", "model_args", "placement")
     meta = {k: first.get(k) for k in keep if k in first}

@@ -30,7 +30,7 @@ from evalparity.samples import read_table, write_table
 CELL_KEYS = ["cell", "status", "backend", "dtype", "batch_size", "tag", "base_cell", "tf32", "spec_identity",
              "model_fingerprint", "table", "settings", "versions", "aggregate", "error", "n_rows", "finished"]
 SPEC_KEYS = ["model", "tasks", "cells", "limit", "num_fewshot", "device", "alignment", "task_limits", "leaf_docs",
-             "model_fingerprint", "task_configs", "software", "task_aliases", "memory_plan", "hf_args"]
+             "model_fingerprint", "task_configs", "software", "task_aliases", "memory_plan", "staging"]
 COMPARE_KEYS = ["inputs", "names", "schema", "tasks_not_in_every_input"]
 VALUES = [None, 0, 1, -1, 3.5, True, "", "x", "ok", "failed", "hf-fp32", "../x", "[bold]x[/]", "\x1b[31mred",
           [], {}, ["hf-fp32"], {"sha256": "0" * 64, "bytes": 1, "n_rows": 1}]

@@ -43,7 +43,8 @@ STAGES: list[tuple[str, ...]] = [
      "evalparity.backends.base"),  # the contract the registry checks: a Protocol, typing only at run time
     ("evalparity.spec", "evalparity.rundir", "evalparity.runlog", "evalparity.stats.options"),
     ("evalparity.data", "evalparity.task_index", "evalparity.tasks", "evalparity.models", "evalparity.devices",
-     "evalparity.memplan"),
+     "evalparity.memplan",
+     "evalparity.variants"),  # named cell variants (--cell) and how two cells differ in words
     ("evalparity.backends",),
     ("evalparity.samples",),
     ("evalparity.stats", "evalparity.staging"),  # a staged run's looks (staging) and their statistics

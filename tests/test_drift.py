@@ -329,8 +329,9 @@ def test_a_runs_cells_are_probed_as_the_run_configured_them():
     from evalparity.drift import launch_plan
     from evalparity.errors import EvalParityError
 
-    spec = replace(synthetic_spec(["hf-fp32", "vllm-bf16", "hf-bf16"]), vllm_args="max_num_seqs=7,quantization=fp8",
-                   hf_args="attn_implementation=eager")
+    base = synthetic_spec(["hf-fp32", "vllm-bf16", "hf-bf16"])
+    given = {"vllm": (("max_num_seqs", "7"), ("quantization", "fp8")), "hf": (("attn_implementation", "eager"),)}
+    spec = replace(base, cells=tuple(replace(c, args=given[c.backend]) for c in base.cells))
     plan = launch_plan("/m", ["vllm-bf16", "hf-bf16"], "hf-fp32", device="cpu", max_len=64, run_spec=spec)
     assert list(plan) == ["hf-fp32", "vllm-bf16", "hf-bf16"]
     for name, cell in zip(plan, spec.cells):

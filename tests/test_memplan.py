@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 
 import pytest
 
@@ -171,9 +172,9 @@ def test_plan_reaches_the_backends_and_the_record(tiny_model, monkeypatch):
     rec = backends.get("hf").settings(again, h, hargs)["memory_plan"]
     assert rec["budget_gib"] == p.cells[h.name].budget_gib
     # A user's own setting wins over the plan; on CPU there is no plan and no GPU setting.
-    user = RunSpec(model="tiny", tasks=("t",), cells=cells, device="cuda", memory_plan=p.to_json(),
-                   vllm_args="gpu_memory_utilization=0.5")
-    assert backends.get("vllm").model_args(user, v, "m")["gpu_memory_utilization"] == 0.5
+    user = RunSpec(model="tiny", tasks=("t",), cells=cells, device="cuda", memory_plan=p.to_json())
+    mine_v = replace(v, args=(("gpu_memory_utilization", "0.5"),))
+    assert backends.get("vllm").model_args(user, mine_v, "m")["gpu_memory_utilization"] == 0.5
     cpu = RunSpec(model="tiny", tasks=("t",), cells=cells)
     assert "gpu_memory_utilization" not in backends.get("vllm").model_args(cpu, v, "m")
     assert "max_batch_size" not in backends.get("hf").model_args(cpu, h, "m")
@@ -186,6 +187,6 @@ def test_plan_reaches_the_backends_and_the_record(tiny_model, monkeypatch):
     assert backends.get("hf").model_args(old_spec, h, "m")["max_batch_size"] == p.cells[h.name].max_batch_size
     # The user's batch ceiling wins over the plan's token budget, either way round.
     for given in ("max_batch_size=64", "max_batch_size=2", "batch_size=16"):
-        mine = RunSpec(model="tiny", tasks=("t",), cells=cells, device="cuda", memory_plan=p.to_json(), hf_args=given)
-        a = backends.get("hf").model_args(mine, h, "m")
+        mine = RunSpec(model="tiny", tasks=("t",), cells=cells, device="cuda", memory_plan=p.to_json())
+        a = backends.get("hf").model_args(mine, replace(h, args=(tuple(given.split("=")),)), "m")
         assert "batch_tokens" not in a and a[given.split("=")[0]] == int(given.split("=")[1])

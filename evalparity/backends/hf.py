@@ -40,7 +40,7 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
         # HF has no tensor parallelism in lm-eval; it splits the layers over the cell's GPUs instead.
         args["parallelize"] = True
         args.pop("device")
-    user = parse_extra_args(spec.hf_args)
+    user = parse_extra_args(cell.arg_text())
     if "max_batch_size" in user or "batch_size" in user:  # the user's batch ceiling wins over the plan's
         args.pop("batch_tokens", None)
     args.update(user)

@@ -46,7 +46,7 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
         args["tensor_parallel_size"] = spec.tensor_parallel
     if a.add_bos_token is not None:
         args["add_bos_token"] = a.add_bos_token
-    args.update(parse_extra_args(spec.vllm_args))
+    args.update(parse_extra_args(cell.arg_text()))
     return args
 
 

@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from evalparity import config, failures, memplan, rundir, signoff, warmup
+from evalparity import config, failures, memplan, rundir, signoff, variants, warmup
 from evalparity import tasks as tasks_mod
 from evalparity.cli.finish import finish
 from evalparity.cli.options import (
@@ -81,14 +81,23 @@ class ModelAndTasks:
 class CellOptions:
     """The matrix: which cells, on which device, at which batch size, with which extra model arguments."""
 
-    backends: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Backends, comma-separated: vllm, hf.")] = "vllm,hf"
-    dtypes: Annotated[str, typer.Option(rich_help_panel=CELLS, help="fp32/float32, bf16/bfloat16, fp16/float16, comma-separated.")] = "fp32,bf16,fp16"
+    backends: Annotated[str | None, typer.Option(rich_help_panel=CELLS, help="Backends, comma-separated: vllm, hf. Default: vllm,hf; with --cell, only the reference's.")] = None
+    dtypes: Annotated[str | None, typer.Option(rich_help_panel=CELLS, help="fp32/float32, bf16/bfloat16, fp16/float16, comma-separated. Default: all three; with --cell, only the reference's.")] = None
     device: Device = "auto"
     batch_size: Annotated[str | None, typer.Option(rich_help_panel=CELLS, help="Batch size of every main cell: a number or auto (default: 8 on CPU, auto on GPU).")] = None
     tf32: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Backends that get an extra fp32 cell in TF32 (e.g. vllm,hf), to measure TF32 as its own cell.")] = ""
     repeat: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None
-    hf_args: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Extra lm-eval hf model args, k=v,k=v.")] = ""
-    vllm_args: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Extra lm-eval vllm model args, k=v,k=v.")] = ""
+    cell: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, metavar="NAME=BACKEND:DTYPE[:K=V,...]", help="A named cell variant, e.g. vllm-fp8=vllm:bf16:quantization=fp8; keys: the backend's model/engine args, env.VAR=value, model=PATH (same tokenizer), python=NAME, batch_size=N. Repeatable.")] = None
+    hf_args: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Extra lm-eval hf model args for every hf cell, k=v,k=v.")] = ""
+    vllm_args: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Extra lm-eval vllm model args for every vllm cell, k=v,k=v.")] = ""
+
+    def matrix(self) -> tuple[list[str], list[str]]:
+        """(backends, dtypes) of the matrix: as given; else vllm,hf x fp32,bf16,fp16 without --cell, and
+        none with it (the run is then the reference and the named cells)."""
+        named = bool(self.cell)
+        backends = split_list(self.backends) if self.backends is not None else ([] if named else ["vllm", "hf"])
+        dtypes = split_list(self.dtypes) if self.dtypes is not None else ([] if named else ["fp32", "bf16", "fp16"])
+        return backends, dtypes
 
 
 @dataclass(frozen=True)
@@ -174,7 +183,7 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             check_resumed_spec(run_dir)
             head = start_ray_early(cells, place)
             dev = resolve_device(cells.device)
-            cell_specs = plan_cells(run_dir, dev, cells, args.batch_size, place, folder.single_cell)
+            cell_specs = plan_cells(run_dir, dev, cells, args.batch_size, place, folder.single_cell, opts.reference)
             # per-machine caches the cells would each fill at once (vLLM's model info), while the setup goes on
             warm = warmup.start({c.backend for c in cell_specs}, dev,
                                 Path(what.model).expanduser() if what.model else None)
@@ -278,21 +287,31 @@ def start_ray_early(cells: CellOptions, place: PlacementOptions):
     share a GPU. A wrong guess costs nothing (``matrix.early_ray_head``)."""
     from evalparity.matrix import Placement, early_ray_head  # heavy: pandas (matrix -> cells -> samples)
 
-    n_jobs = len(split_list(cells.backends)) * len(split_list(cells.dtypes)) * place.shards + len(cells.repeat or [])
+    backends, dtypes = cells.matrix()
+    n_jobs = (len(backends) * len(dtypes) + len(cells.cell or [])) * place.shards + len(cells.repeat or [])
     return early_ray_head(cells.device, place.tensor_parallel,
                           Placement(ray=place.ray, cells_per_gpu=place.cells_per_gpu or n_jobs), n_jobs)
 
 
-def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: PlacementOptions, single_cell: bool):
+def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: PlacementOptions, single_cell: bool,
+               reference: str = ""):
     """The cells, checked against the device: what it can run (tensor parallelism needs GPUs; vLLM's half
     precision on CPU needs AVX2/AVX-512), the default batch size (8 on CPU, auto on GPU), and at least two
-    cells to compare, counting those the run directory holds already (``spec.check_two_cells``)."""
+    cells to compare, counting those the run directory holds already (``spec.check_two_cells``). With
+    ``--cell`` and no matrix, the reference's cell (``hf-fp32`` by default) is run beside the named ones."""
 
     bs = bs if bs is not None else (8 if dev == "cpu" else "auto")
     if place.tensor_parallel > 1 and dev == "cpu":
         raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
-    cell_specs = build_cells(split_list(cells.backends), split_list(cells.dtypes), bs, cells.repeat or [],
-                             split_list(cells.tf32), place.shards)
+    backends, dtypes = cells.matrix()
+    if backends or dtypes or not cells.cell:
+        matrix = build_cells(backends, dtypes, bs, cells.repeat or [], split_list(cells.tf32), place.shards)
+    else:
+        ref = variants.reference_cell(reference, bs, place.shards)
+        named = [t.partition("=")[0].strip() for t in cells.cell]
+        matrix = (ref,) if ref is not None and reference not in named else ()
+    cell_specs = variants.run_cells(matrix, cells.cell or [], bs, place.shards,
+                                    {"hf": cells.hf_args, "vllm": cells.vllm_args})
     check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
     check_two_cells(cell_specs, other_cells(run_dir, cell_specs), single_cell)
     return cell_specs
@@ -398,7 +417,7 @@ def build_spec(what: ModelAndTasks, align: AlignmentOptions, cells: CellOptions,
         device=dev, include_paths=tuple(str(Path(p).resolve()) for p in what.include_path or []),
         datasets_dir=str(Path(what.datasets_dir).resolve()) if what.datasets_dir else None,
         alignment=align.alignment(max_len),
-        hf_args=cells.hf_args, vllm_args=cells.vllm_args, task_limits=task_limits,
+        task_limits=task_limits,
         leaf_docs=tuple(sorted(plan.leaves.items())), tensor_parallel=place.tensor_parallel,
         model_fingerprint=fingerprint,
         task_aliases=tuple(task_aliases.items()),

@@ -76,11 +76,16 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
     found = {c.name: c for c in run_spec.cells} if run_spec is not None else {}
     wanted = []
     for name in names:
-        b, d, tf32 = parse_cell(name)
-        if run_spec is not None and name not in found and name != reference:
+        if name in found:
+            wanted.append(found[name])
+            continue
+        if run_spec is not None and name != reference:
             raise EvalParityError(f"cell {name} is not one of the run's cells ({', '.join(sorted(found))}): drift "
                                   "probes what the run ran; drop it, or probe it with --model and --prompts")
-        wanted.append(found.get(name) or CellSpec(b, d, 1, tf32=tf32))
+        b, d, tf32 = parse_cell(name)
+        # a reference the run did not have: made with what the run gave its backend's plain cells (--vllm-args)
+        same = next((c.args for c in found.values() if c.backend == b and not c.label), ())
+        wanted.append(CellSpec(b, d, 1, tf32=tf32, args=same))
     spec = run_spec or RunSpec(model=model_path, tasks=(), cells=tuple(wanted), device=device,
                                alignment=Alignment(max_length=max_len))
     plan = {}
@@ -88,7 +93,7 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
         backend = backends.get(cell.backend)
         args = backend.model_args(spec, cell, model_path)
         plan[name] = {"backend": cell.backend, "dtype": cell.dtype, "tf32": cell.tf32, "model_args": args,
-                      "env": cell_environment(spec, backend.environment(spec, cell), offline=True)}
+                      "env": cell_environment(spec, backend.environment(spec, cell), offline=True, cell=cell)}
     return plan
 
 

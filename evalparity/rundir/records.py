@@ -49,7 +49,7 @@ _TYPE_WORDS = {dict: "an object", list: "a list", str: "a string", bool: "true/f
 SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "model": (str, _NONE), "tasks": (list,), "cells": (list,), "limit": (int, _NONE), "num_fewshot": (int, _NONE),
     "device": (str,), "include_paths": (list,), "datasets_dir": (str, _NONE), "alignment": (dict,),
-    "hf_args": (str,), "vllm_args": (str,), "task_limits": (list,), "leaf_docs": (list,), "tensor_parallel": (int,),
+    "task_limits": (list,), "leaf_docs": (list,), "tensor_parallel": (int,),
     "model_fingerprint": (dict, _NONE), "task_aliases": (list,), "memory_plan": (dict,),
     "task_configs": (str, _NONE), "software": (list,), "staging": (dict, _NONE)}
 ALIGNMENT_FIELDS: dict[str, tuple[type, ...]] = {
@@ -58,7 +58,7 @@ ALIGNMENT_FIELDS: dict[str, tuple[type, ...]] = {
     "system_instruction": (str, _NONE), "fewshot_as_multiturn": (bool, _NONE)}
 CELL_SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "backend": (str,), "dtype": (str,), "batch_size": (int, str), "tag": (str,), "tf32": (bool,),
-    "shards": (int,)}
+    "shards": (int,), "label": (str,), "args": (list,), "env": (list,), "model": (str,), "python": (str,)}
 # list fields of spec.json whose items are pairs, with the types of the pair's two parts
 SPEC_PAIRS: dict[str, tuple[type, type]] = {"task_limits": (str, int), "leaf_docs": (str, int),
                                              "task_aliases": (str, str), "software": (str, str)}
@@ -134,13 +134,14 @@ class CellRecord:
     versions: dict = field(default_factory=dict)
     precision: dict = field(default_factory=dict)
     aggregate: dict = field(default_factory=dict)
+    variant: dict = field(default_factory=dict)  # spec.CellSpec.variant(): what makes a named cell one
     extra: dict = field(default_factory=dict)
 
     TYPES = {"cell": (str,), "status": (str,), "backend": (str, _NONE), "dtype": (str, _NONE),
              "batch_size": (int, str, _NONE), "tag": (str, _NONE), "base_cell": (str, _NONE),
              "tf32": (bool, _NONE), "spec_identity": (str, _NONE), "model_fingerprint": (str, _NONE),
              "table": (dict, _NONE), "error": (str, _NONE), "settings": (dict,), "versions": (dict,),
-             "precision": (dict,), "aggregate": (dict,)}
+             "precision": (dict,), "aggregate": (dict,), "variant": (dict,)}
 
     @property
     def ok(self) -> bool:
@@ -252,9 +253,15 @@ def _spec_parts_problem(spec: dict) -> str | None:
             return f"cell {c['name']}: {problem}"
         if c["dtype"] not in SHORT_DTYPE:
             return f"cell {c['name']}: dtype {c['dtype']!r} is not one of {', '.join(SHORT_DTYPE)}"
-        derived = CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False)).name
+        for key in ("args", "env"):
+            bad = next((x for x in c.get(key, []) if not (isinstance(x, list) and len(x) == 2
+                                                            and all(isinstance(v, str) for v in x))), None)
+            if bad is not None:
+                return f"cell {c['name']}: {key!r} holds {json.dumps(bad)[:40]}, not a [key, value] pair of strings"
+        derived = CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False),
+                           label=c.get("label", "")).name
         if derived != c["name"]:
-            return f"cell {c['name']} is named {derived} by its backend, dtype and tag"
+            return f"cell {c['name']} is named {derived} by its backend, dtype, tag and label"
     for key in ("tasks", "include_paths"):
         if not all(isinstance(t, str) for t in spec.get(key, [])):
             return f"{key!r} holds something other than names"
@@ -409,7 +416,7 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
     # cells are plain cells of their own (``importer``).
     want = {"tag": "", "tf32": None, "base_cell": folder.name} if entry is None else \
         {"backend": entry.backend, "dtype": entry.dtype, "batch_size": entry.batch_size, "tag": entry.tag or "",
-         "tf32": entry.tf32, "base_cell": entry.base_name}
+         "tf32": entry.tf32, "base_cell": entry.base_name, "variant": entry.variant()}
     for key, value in want.items():
         got = getattr(rec, key) if key != "tag" else (rec.tag or "")
         if key == "tf32" and entry is None:

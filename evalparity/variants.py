@@ -1,0 +1,183 @@
+"""Named cell variants: ``--cell NAME=BACKEND:DTYPE[:key=value,...]``, and how two cells differ in words.
+
+A release question is rarely "HF against vLLM" alone: it is fp8 weights against bf16, an fp8 KV cache, CUDA
+graphs against eager, tensor parallel 2 against 1, the batch-invariant kernels, a checkpoint quantized
+elsewhere. Each becomes a cell of its own with a name the user picks; its settings are part of its identity
+(``spec.CellSpec``: recorded in cell.json, verified, refused on a resume that asks for other ones), and every
+verdict that involves it says what it changes against the cell it is compared with (``difference``).
+
+The keys of a variant are the backend's lm-eval model arguments (for vLLM, its engine arguments), as lm-eval's
+``--model_args`` takes them, plus four of evalparity's own:
+
+- ``env.VAR=value`` sets an environment variable of the cell's process (read at import: VLLM_BATCH_INVARIANT);
+- ``model=PATH`` scores another checkpoint of the run's model (a quantized one), whose tokenizer must be the
+  run model's (checked before any cell starts);
+- ``python=NAME`` runs the cell under an interpreter named with ``--python NAME=/path/to/python``;
+- ``batch_size=N`` the cell's batch size (default: the run's ``--batch-size``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from evalparity.errors import EvalParityError
+from evalparity.rundir.names import check_name
+from evalparity.spec import SHORT_DTYPE, CellSpec, parse_backend, parse_batch_size, parse_dtype
+
+ENV_PREFIX = "env."
+OWN_KEYS = ("model", "python", "batch_size")  # evalparity's keys; everything else is the backend's
+# Keys a variant may not set because the cell's syntax or the run owns them: the dtype is the DTYPE part, the
+# model is ``model=`` (the run's model resolved, fingerprinted and its tokenizer checked), and the context
+# length is one alignment setting for every cell (``--max-length``).
+REFUSED = {"dtype": "the dtype is the part after the backend (vllm:bf16)",
+           "pretrained": "give another checkpoint as model=PATH (its tokenizer is checked against the run's)",
+           "max_model_len": "the context length is the same on every cell: --max-length",
+           "max_length": "the context length is the same on every cell: --max-length"}
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FORM = "NAME=BACKEND:DTYPE[:key=value,...], e.g. vllm-fp8=vllm:bf16:quantization=fp8"
+
+
+def parse_pairs(text: str, flag: str) -> tuple[tuple[str, str], ...]:
+    """``k=v,k=v`` as (key, value) pairs, in order, values as typed (lm-eval parses them); one line for an
+    entry without ``=``, an empty key, or a key given twice."""
+    out: list[tuple[str, str]] = []
+    for item in [t.strip() for t in text.split(",") if t.strip()]:
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise EvalParityError(f"{flag}: {item!r} is not key=value: write key=value,key=value, e.g. "
+                                  "quantization=fp8,enforce_eager=false")
+        if key in dict(out):
+            raise EvalParityError(f"{flag}: {key} is given twice: keep one")
+        out.append((key, value.strip()))
+    return tuple(out)
+
+
+def backend_pairs(pairs: tuple[tuple[str, str], ...], flag: str) -> tuple[tuple[str, str], ...]:
+    """The backend's own arguments, with the keys a cell may not set refused in one line."""
+    for key, _ in pairs:
+        if key in REFUSED:
+            raise EvalParityError(f"{flag}: {key} cannot be set per cell: {REFUSED[key]}")
+    return pairs
+
+
+def parse_cell(text: str, batch_size: int | str, shards: int, backend_args: dict[str, str]) -> CellSpec:
+    """One ``--cell`` as a cell: its name, backend, dtype, and the rest as backend arguments (over the
+    backend's ``--hf-args``/``--vllm-args``), environment, model, interpreter and batch size."""
+    flag = f"--cell {text}"
+    name, eq, rest = text.partition("=")
+    name = name.strip()
+    if not eq or not name or not rest.strip():
+        raise EvalParityError(f"bad --cell {text!r}: write {FORM}")
+    check_name(name, "--cell name")
+    parts = rest.split(":", 2)  # values may hold ':' (a URL): only the first two separate
+    if len(parts) < 2 or not parts[0].strip() or not parts[1].strip():
+        raise EvalParityError(f"bad --cell {text!r}: write {FORM}")
+    backend, dtype = parse_backend(parts[0]), parse_dtype(parts[1])
+    pairs = parse_pairs(parts[2], flag) if len(parts) == 3 else ()
+    env, own, engine = [], {}, []
+    for key, value in pairs:
+        if key.startswith(ENV_PREFIX):
+            var = key[len(ENV_PREFIX):]
+            if not ENV_NAME.fullmatch(var):
+                raise EvalParityError(f"{flag}: {var!r} is not an environment variable's name: write env.NAME=value, "
+                                      "e.g. env.VLLM_BATCH_INVARIANT=1")
+            env.append((var, value))
+        elif key in OWN_KEYS:
+            if not value:
+                raise EvalParityError(f"{flag}: {key}= is empty: give a value or drop it")
+            own[key] = value
+        else:
+            engine.append((key, value))
+    engine_pairs = backend_pairs(tuple(engine), flag)
+    base = dict(parse_pairs(backend_args.get(backend, ""), f"--{backend}-args"))
+    merged = tuple((base | dict(engine_pairs)).items())
+    if "python" in own:
+        check_name(own["python"], "python= name")
+    size = parse_batch_size(own["batch_size"]) if "batch_size" in own else batch_size
+    return CellSpec(backend, dtype, size, shards=shards, label=name, args=merged, env=tuple(env),
+                    model=own.get("model", ""), python=own.get("python", ""))
+
+
+def parse_pair(text: str, names: list[str]) -> tuple[str, str]:
+    """``--compare A:B``: two of the run's cells, B compared against A (A is B's reference in that row)."""
+    a, sep, b = text.partition(":")
+    a, b = a.strip(), b.strip()
+    if not sep or not a or not b:
+        raise EvalParityError(f"bad --compare {text!r}: write REFERENCE:CELL, e.g. vllm-bf16:vllm-fp8")
+    if a == b:
+        raise EvalParityError(f"--compare {text}: a cell compared with itself says nothing: name two cells")
+    for x in (a, b):
+        if x not in names:
+            raise EvalParityError(f"--compare {text}: {x} is not a cell of this run: use one of {', '.join(names)}")
+    return a, b
+
+
+# ------------------------------------------------------------------ how two cells differ, in words
+def described(cell: CellSpec) -> dict:
+    """A spec's cell as the fields of its cell.json record that ``settings_of`` reads."""
+    return {"backend": cell.backend, "dtype": cell.dtype, "tf32": cell.tf32, "variant": cell.variant()}
+
+
+def settings_of(meta: dict) -> dict[str, str]:
+    """A cell's settings that make it what it is, flat (``backend``, ``dtype``, its variant's keys), from its
+    cell.json record (``cells.cell_meta``) or a spec's cell entry."""
+    dtype = str(meta.get("dtype"))
+    out = {"backend": str(meta.get("backend")), "dtype": SHORT_DTYPE.get(dtype, dtype)}
+    if meta.get("tf32"):
+        out["tf32"] = "on"
+    variant = meta.get("variant") or {}
+    out |= {k: str(v) for k, v in (variant.get("args") or {}).items()}
+    out |= {f"{ENV_PREFIX}{k}": str(v) for k, v in (variant.get("env") or {}).items()}
+    for key in ("model", "python"):
+        if variant.get(key):
+            out[key] = str(variant[key])
+    return out
+
+
+def difference(reference: dict, cell: dict) -> str:
+    """What ``cell`` changes against ``reference`` (both cell.json records), in one short line: the backend
+    and dtype when they differ, then each setting the cell has that the reference has not (``key=value``),
+    has otherwise (``key=value (ref: other)``) or lacks (``key unset (ref: value)``). "" when none differs."""
+    a, b = settings_of(reference), settings_of(cell)
+    out = []
+    for key in ("backend", "dtype"):
+        if a[key] != b[key]:
+            out.append(b[key])
+    keys = [k for k in b if k not in ("backend", "dtype")]
+    for key in keys + [k for k in a if k not in b and k not in ("backend", "dtype")]:
+        if key not in a:
+            out.append(f"{key}={b[key]}")
+        elif key not in b:
+            out.append(f"{key} unset (ref: {a[key]})")
+        elif a[key] != b[key]:
+            out.append(f"{key}={b[key]} (ref: {a[key]})")
+    return ", ".join(out)
+
+
+# ------------------------------------------------------------------ the run's cells: the matrix and the variants
+def reference_cell(reference: str, batch_size: int | str, shards: int) -> CellSpec | None:
+    """The cell a ``backend-dtype`` reference name stands for (``hf-fp32``), or None when it is not one."""
+    backend, sep, dtype = reference.partition("-")
+    if not sep:
+        return None
+    try:
+        return CellSpec(parse_backend(backend), parse_dtype(dtype), batch_size, shards=shards)
+    except EvalParityError:
+        return None
+
+
+def run_cells(matrix: tuple[CellSpec, ...], typed: list[str], batch_size: int | str, shards: int,
+              backend_args: dict[str, str]) -> tuple[CellSpec, ...]:
+    """The run's cells: the matrix's (each with its backend's ``--hf-args``/``--vllm-args``) and then the
+    ``--cell`` variants, in the order given; a name given twice is refused in one line."""
+    pairs = {b: backend_pairs(parse_pairs(text, f"--{b}-args"), f"--{b}-args") for b, text in backend_args.items()}
+    out = [c if not pairs.get(c.backend) else CellSpec(c.backend, c.dtype, c.batch_size, c.tag, c.tf32, c.shards,
+                                                        args=pairs[c.backend]) for c in matrix]
+    out += [parse_cell(t, batch_size, shards, backend_args) for t in typed]
+    names = [c.name for c in out]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup:
+        raise EvalParityError(f"cell {dup} is listed twice: give each --cell its own name, and none a name of "
+                              "the matrix's (backend-dtype) cells")
+    return tuple(out)
