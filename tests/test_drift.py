@@ -4,6 +4,7 @@ tokenisations reported, not compared."""
 from __future__ import annotations
 
 import json
+import re
 
 import ahead
 import pytest
@@ -31,11 +32,29 @@ def _drift_run(ctx: ahead.Context):
 
 
 @pytest.fixture(scope="module")
-def drift_dir(request):
-    """vllm-fp32 and vllm-bf16 against hf-fp32 on three prompts (started ahead: tests/ahead.py)."""
+def drift_proc(request):
+    """vllm-fp32 and vllm-bf16 against hf-fp32 on three prompts (started ahead: tests/ahead.py): the output
+    folder and the finished process, its output piped as in CI."""
     out, proc = ahead.take("drift_dir", request)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def drift_dir(drift_proc):
+    return drift_proc[0]
+
+
+def test_piped_drift_shows_each_side_as_timestamped_lines(drift_proc):
+    """Piped (a CI log), each side's progress and end are lines that start with the time, not a bar that
+    only a terminal draws: the reference first, then each cell with its end."""
+    text = drift_proc[1].stdout + drift_proc[1].stderr
+    lines = [x for x in text.splitlines() if "drift " in x]
+    for side in ("drift reference hf-fp32", "drift vllm-fp32 vs hf-fp32", "drift vllm-bf16 vs hf-fp32"):
+        ends = [x for x in lines if side in x and " done in " in x]
+        assert ends, f"no end line for {side} in:\n" + "\n".join(lines)
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", ends[0]), ends[0]
+    assert "━" not in text  # no bar frames in a log
 
 
 def test_fp32_layers_at_roundoff_and_bf16_larger(drift_dir):

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from evalparity import backends, procs
+from evalparity import backends, procs, progress
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.matrix import cell_environment
@@ -128,32 +127,28 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
                                        "launch": launch})
     write_json(layout.drift_prompts(out), {"prompts": prompts})
     results: dict[str, dict] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as bar:
-        if not _workers(out, [reference], launch, bar, reference, len(prompts), console, shown):
+    # live bars on a terminal, timestamped lines when piped (a CI log), as ``run`` and ``hidden`` show theirs
+    units = {n: f"drift reference {n}" if n == reference else f"drift {n} vs {reference}" for n in [reference, *todo]}
+    with progress.display(console, units.values(), f"drift of {len(prompts):,} prompts", total=len(units)) as bar:
+        if not _workers(out, [reference], launch, bar, units, console, shown):
             return results
         for group in ([todo] if together else [[c] for c in todo]):
-            for c in _workers(out, group, launch, bar, reference, len(prompts), console, shown):
+            for c in _workers(out, group, launch, bar, units, console, shown):
                 results[c] = json.loads(layout.drift_summary(out, c).read_text())
     if not dump:
         shutil.rmtree(layout.drift_reference(out), ignore_errors=True)
     return results
 
 
-def _workers(out: Path, names: list[str], launch: dict[str, dict], bar: Progress, reference: str, total: int,
+def _workers(out: Path, names: list[str], launch: dict[str, dict], bar: progress.Display, units: dict[str, str],
              console: Console, shown: Path) -> list[str]:
-    """These sides' workers, at once, their progress on ``bar``; the names of those that finished (a line
-    naming its log for each that failed)."""
-    title = {n: f"drift reference {n}" if n == reference else f"drift {n} vs {reference}" for n in names}
-    task = {n: bar.add_task(title[n], total=total) for n in names}
+    """These sides' workers, at once, their progress on ``bar`` (``units``: each side's line); the names of
+    those that finished (a line naming its log for each that failed)."""
     t0 = time.perf_counter()
 
     def tick() -> None:
         for n in names:
-            try:
-                st = json.loads(layout.drift_progress(out, n).read_text())
-                bar.update(task[n], completed=st.get("n", 0), description=f"{title[n]}: {st.get('phase', '')}")
-            except (OSError, json.JSONDecodeError):
-                pass
+            bar.watch(units[n], layout.drift_progress(out, n))
 
     ended = procs.run_logged_all([([sys.executable, "-m", "evalparity.drift.worker", str(out), n], launch[n]["env"],
                                    layout.drift_log(out, n)) for n in names], tick, every=0.5)
@@ -161,8 +156,10 @@ def _workers(out: Path, names: list[str], launch: dict[str, dict], bar: Progress
     for n, (code, said, last) in zip(names, ended):
         if code != 0:
             why = f"error: {said}" if said else last
-            console.print(f"[red]drift {n} failed[/red]: {why[:300]} (log: {layout.drift_log(shown, n)})")
+            bar.finished(units[n], "failed")
+            bar.line(f"drift {n} failed: {why[:300]} (log: {layout.drift_log(shown, n)})")
             continue
-        bar.update(task[n], completed=total, description=f"{title[n]}: {time.perf_counter() - t0:.0f}s")
+        bar.overall(advance=1)
+        bar.finished(units[n], f"done in {time.perf_counter() - t0:.1f} s")
         done.append(n)
     return done
