@@ -3,7 +3,10 @@
 1. ``generate``: HF ``model.generate(..., max_new_tokens=1, output_hidden_states=True,
    return_dict_in_generate=True)`` one prompt at a time, the way users do it today. For N > 500 only the
    first 500 prompts are timed (``--one-at-a-time-max``) and the rest extrapolated (the output says so).
-2. ``hf``: ``evalparity hidden --backend hf`` (the HF probe: padded batches, ``output_hidden_states``).
+2. ``batched``: the HF batched forward a user writes: the prompts in their order, ``--user-batch`` (64) at a time,
+   left-padded by the tokenizer, ``model(**batch, output_hidden_states=True)`` (LM head included), the last
+   position of each row.
+   ``hf``: ``evalparity hidden --backend hf`` (the HF probe: length-sorted padded batches, no LM head).
 3. ``vllm``: ``evalparity hidden --backend vllm`` (the vLLM probe: hooks through ``LLM.apply_model``, one
    scheduler step per call), with the vLLM cell's environment set before vLLM is imported (the command's
    own worker process; ``drift.launch_plan``).
@@ -95,6 +98,37 @@ def route_generate(args, texts: list[str], layers: list[int]) -> dict:
             "hidden": hidden, "device": device}
 
 
+def route_batched(args, texts: list[str], layers: list[int]) -> dict:
+    """HF's batched forward as a user writes it (the issue's "HF batched forward"): no sorting, fixed batches."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+
+    def batch(part: list[str]) -> list:
+        enc = tok(part, return_tensors="pt", padding=True, truncation=True, max_length=args.max_length).to(device)
+        with torch.no_grad():
+            hs = model(**enc, output_hidden_states=True).hidden_states
+        return [hs[e][:, -1].float().cpu() for e in layers]
+
+    batch(texts[:args.user_batch])  # warm-up, counted with the load
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    load_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    parts = [batch(texts[i:i + args.user_batch]) for i in range(0, len(texts), args.user_batch)]
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    hidden = {e: torch.cat([p[k] for p in parts]) for k, e in enumerate(layers)}
+    return {"load_s": load_s, "forward_s": time.perf_counter() - t1, "hidden": hidden, "device": device}
+
+
 def route_hidden(args, backend: str, prompts: Path, out: Path, layers: list[int]) -> dict:
     cmd = [sys.executable, "-m", "evalparity.cli", "hidden", "--model", str(args.model), "--prompts", str(prompts),
            "--layers", ",".join(map(str, layers)), "--backend", backend, "--dtype", args.dtype,
@@ -131,7 +165,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--one-at-a-time-max", type=int, default=500,
                     help="prompts timed on route 1 (the rest extrapolated)")
-    ap.add_argument("--routes", default="generate,hf,vllm")
+    ap.add_argument("--routes", default="generate,batched,hf,vllm")
+    ap.add_argument("--user-batch", type=int, default=64, help="route 2's batch size (prompts)")
     ap.add_argument("--keep", type=Path, default=None, help="keep routes 2 and 3's output folders here")
     args = ap.parse_args()
     texts = load_prompts(args)
@@ -147,6 +182,8 @@ def main() -> None:
     for route in routes:
         if route == "generate":
             got[route] = route_generate(args, texts, layers)
+        elif route == "batched":
+            got[route] = route_batched(args, texts, layers)
         else:
             got[route] = route_hidden(args, route, prompts, work / route, layers)
         r = got[route]
@@ -161,13 +198,17 @@ def main() -> None:
     ok = {k: v for k, v in got.items() if v}
     if "generate" in ok:
         base = ok["generate"]["forward_s"]
-        for k in ("hf", "vllm"):
+        for k in ("batched", "hf", "vllm"):
             if k in ok:
                 print(f"speedup {k} over generate one at a time: {base / ok[k]['forward_s']:.1f}x forward, "
                       f"{(base + ok['generate']['load_s']) / (ok[k]['forward_s'] + ok[k]['load_s']):.1f}x with load")
-    if "hf" in ok and "vllm" in ok:
-        print(f"speedup vllm over hf batched: {ok['hf']['forward_s'] / ok['vllm']['forward_s']:.2f}x forward")
-    for a, b in (("generate", "vllm"), ("generate", "hf"), ("hf", "vllm")):
+    for k in ("hf", "vllm"):
+        for base in ("batched", "hf"):
+            if k != base and k in ok and base in ok:
+                a, b = ok[base], ok[k]
+                print(f"speedup evalparity hidden --backend {k} over {base}: {a['forward_s'] / b['forward_s']:.2f}x "
+                      f"forward, {(a['forward_s'] + a['load_s']) / (b['forward_s'] + b['load_s']):.2f}x with load")
+    for a, b in (("generate", "vllm"), ("generate", "hf"), ("batched", "hf"), ("hf", "vllm")):
         if a in ok and b in ok:
             m = min(len(ok[a]["hidden"][layers[0]]), len(ok[b]["hidden"][layers[0]]))
             errs = ", ".join(f"{e}: {rel(ok[a]['hidden'][e][:m], ok[b]['hidden'][e][:m]):.1e}" for e in layers)

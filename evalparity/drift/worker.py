@@ -108,6 +108,27 @@ def load_chunk(path: Path, device: torch.device, pooling: str) -> HiddenBatch:
     return HiddenBatch(hidden, t["lengths"].tolist(), t["logprobs"].cpu(), pooling)
 
 
+def prefetched(out: Path, chunks: list[list[int]], matched: set[int], device: torch.device, pooling: str):
+    """(k, chunk, the reference's batch of chunk k on ``device``) for each chunk, the next one read from disk
+    in a thread while the caller probes this one: reading a chunk (up to ``CHUNK_BYTES`` of float32) onto the
+    GPU took about as long as probing it, so overlapping the two keeps the GPU working. A chunk none of whose
+    prompts are matched is not read (None). At most two chunks are held at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def read(k: int) -> HiddenBatch | None:
+        if not any(i in matched for i in chunks[k]):
+            return None
+        return load_chunk(layout.drift_chunk(layout.drift_reference(out), k), device, pooling)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        nxt = pool.submit(read, 0) if chunks else None
+        for k, chunk in enumerate(chunks):
+            loaded = nxt.result()
+            nxt = pool.submit(read, k + 1) if k + 1 < len(chunks) else None
+            yield k, chunk, loaded
+            del loaded
+
+
 def subset(batch: HiddenBatch, chunk: list[int], keep: list[int]) -> HiddenBatch:
     """The rows of the prompts ``keep`` (a subsequence of ``chunk``, the batch's prompts)."""
     if keep == chunk:
@@ -141,21 +162,32 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
     folder = layout.drift_reference(out)
     check_room(out, ids, len(entries), probe.hidden_size, spec["pooling"], cells=len(spec["launch"]) - 1,
                dump=bool(spec.get("dump")))
-    t1 = time.perf_counter()
+    from concurrent.futures import ThreadPoolExecutor
+
+    t1, w1 = time.perf_counter(), time.time()
     done = 0
-    for k, chunk in enumerate(chunks):
-        save_chunk(layout.drift_chunk(folder, k), probe.forward([ids[i] for i in chunk], entries, spec["pooling"]))
-        done += len(chunk)
-        progress.update(phase="reference", n=done, total=sum(map(len, chunks)))
+    with ThreadPoolExecutor(max_workers=1) as pool:  # chunk k written to disk while chunk k+1 is probed
+        pending = None
+        for k, chunk in enumerate(chunks):
+            batch = probe.forward([ids[i] for i in chunk], entries, spec["pooling"])
+            if pending is not None:
+                pending.result()  # at most two chunks held: the one written and the one just probed
+            pending = pool.submit(save_chunk, layout.drift_chunk(folder, k), batch)
+            del batch
+            done += len(chunk)
+            progress.update(phase="reference", n=done, total=sum(map(len, chunks)))
+        if pending is not None:
+            pending.result()
     probe_s = time.perf_counter() - t1
-    t2 = time.perf_counter()
+    t2, w2 = time.perf_counter(), time.time()
     gens = None
     if spec["gen_tokens"]:
         order = [i for c in chunks for i in c]
         gens = dict(zip(map(str, order), probe.generate([ids[i] for i in order], spec["gen_tokens"])))
     records.write_drift_reference(out, records.DriftReference(
         spec["reference"], ids, chunks, entries, probe.n_entries, spec["pooling"], gens,
-        {"load_s": load_s, "probe_s": probe_s, "generate_s": time.perf_counter() - t2}))
+        {"load_s": load_s, "probe_s": probe_s, "generate_s": time.perf_counter() - t2,
+         "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}))
 
 
 def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: ProgressFile) -> dict:
@@ -181,13 +213,12 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
             matched.add(i)
     decode = probe.tokenizer.decode
     dump = layout.drift_dump(out, cell) if spec.get("dump") else None
-    t1 = time.perf_counter()
+    t1, w1 = time.perf_counter(), time.time()
     done = 0
-    for k, chunk in enumerate(ref.chunks):
+    for k, chunk, loaded in prefetched(out, ref.chunks, matched, probe.device, ref.pooling):
         keep_idx = [i for i in chunk if i in matched]
         if keep_idx:
-            a = subset(load_chunk(layout.drift_chunk(layout.drift_reference(out), k), probe.device, ref.pooling),
-                       chunk, keep_idx)
+            a = subset(loaded, chunk, keep_idx)
             b = probe.forward([ref.ids[i] for i in keep_idx], ref.entries, ref.pooling)
             acc.add_batch(keep_idx, [ref.ids[i] for i in keep_idx], a, b, decode)
             if dump is not None:
@@ -196,14 +227,17 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
         done += len(chunk)
         progress.update(phase="probe", n=done, total=sum(map(len, ref.chunks)))
     probe_s = time.perf_counter() - t1
-    t2 = time.perf_counter()
+    t2, w2 = time.perf_counter(), time.time()
     if ref.generations is not None:
         order = [i for c in ref.chunks for i in c if i in matched]
         theirs = probe.generate([ref.ids[i] for i in order], spec["gen_tokens"])
         for i, b in zip(order, theirs):
             acc.add_generation(len(ref.ids[i]), ref.generations[str(i)], b)
     generate_s = time.perf_counter() - t2
-    timing = {"load_s": load_s, "probe_s": probe_s, "generate_s": generate_s}
+    # wall-clock windows (epoch seconds) of the probing and the generation, so that a GPU's utilisation
+    # sampled beside the command can be read over the work itself (scripts/gpu/issue28_run.sh)
+    timing = {"load_s": load_s, "probe_s": probe_s, "generate_s": generate_s,
+              "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}
     return acc.summary(spec["threshold"]) | {
         "cell": cell, "reference": spec["reference"], **timing, "timing": timing,
         "reference_timing": ref.timing, "pooling": ref.pooling, "prompts_probed": len(matched),

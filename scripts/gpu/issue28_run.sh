@@ -43,12 +43,28 @@ case $MODE in
 esac
 RC=${PIPESTATUS[0]}
 kill $UTIL 2>/dev/null
-python3 - /tmp/util-$LABEL.csv <<'PY'
-import sys
+python3 - /tmp/util-$LABEL.csv "$D" <<'PY'
+import glob, json, sys
+from datetime import datetime
 rows = [x.split(", ") for x in open(sys.argv[1]).read().splitlines() if x.count(",") == 2]
-u = [int(r[1].split()[0]) for r in rows if r[1].split()[0].isdigit()]
+samples = [(datetime.strptime(r[0], "%Y/%m/%d %H:%M:%S.%f").timestamp(), int(r[1].split()[0]))
+           for r in rows if r[1].split()[0].isdigit()]
+u = [x for _, x in samples]
 if u:
     print(f"GPU busy: mean {sum(u) / len(u):.0f} % over {len(u) / 2:.0f} s sampled; >= 50 % in {sum(x >= 50 for x in u)} of {len(u)} samples")
+# over the work alone: the probing and generation windows the drift records give (reference and cells)
+wins = {}
+for path in glob.glob(f"{sys.argv[2]}/*.json"):
+    rec = json.load(open(path))
+    for side, timing in ((rec.get("cell"), rec.get("timing")), (rec.get("reference"), rec.get("reference_timing"))):
+        for phase, w in ((timing or {}).get("windows") or {}).items():
+            wins[(side, phase)] = w
+for label, keep in (("probing and generating", None), ("probing", "probe"), ("generating", "generate")):
+    ws = [w for (_, ph), w in wins.items() if keep in (None, ph)]
+    inside = [x for t, x in samples if any(a <= t <= b for a, b in ws)]
+    if inside:
+        print(f"GPU busy while {label} (any side): mean {sum(inside) / len(inside):.0f} % over {len(inside) / 2:.0f} s; "
+              f">= 50 % in {sum(x >= 50 for x in inside)} of {len(inside)} samples")
 PY
 echo "$MODE $LABEL: exit $RC after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
