@@ -1,0 +1,179 @@
+"""Named cell variants (``--cell NAME=BACKEND:DTYPE[:key=value,...]``, evalparity/variants.py): parsing, the
+one-line refusals, the variant as part of a cell's identity (recorded, verified, resumed), and a real tiny run
+with a variant cell."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from conftest import evalparity, one_line_error
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from synthetic import make_run
+
+from evalparity import backends, variants
+from evalparity.errors import EvalParityError
+from evalparity.matrix import cell_environment, prepare_run_dir
+from evalparity.rundir import records
+from evalparity.rundir.names import NAME_RE
+from evalparity.spec import CellSpec, RunSpec
+
+NO_ARGS: dict[str, str] = {}
+
+
+def test_a_variant_holds_its_engine_args_env_and_own_keys():
+    c = variants.parse_cell("vllm-fp8=vllm:bf16:quantization=fp8,env.VLLM_BATCH_INVARIANT=1,batch_size=4,"
+                            "python=alt", 8, 1, {"vllm": "max_num_seqs=7,quantization=none"})
+    assert c.name == "vllm-fp8" and c.backend == "vllm" and c.dtype == "bfloat16" and c.batch_size == 4
+    assert dict(c.args) == {"max_num_seqs": "7", "quantization": "fp8"}  # the cell's keys over --vllm-args
+    assert c.env == (("VLLM_BATCH_INVARIANT", "1"),) and c.python == "alt" and c.model == ""
+    assert c.variant() == {"args": {"max_num_seqs": "7", "quantization": "fp8"},
+                           "env": {"VLLM_BATCH_INVARIANT": "1"}, "python": "alt"}
+    url = variants.parse_cell("prod=vllm:fp16:base_url=http://10.0.0.5:8000/v1", 8, 1, NO_ARGS)
+    assert dict(url.args) == {"base_url": "http://10.0.0.5:8000/v1"}  # a value may hold ':'
+
+
+@pytest.mark.parametrize("typed, says", [
+    ("vllm-fp8", "write NAME=BACKEND:DTYPE"),
+    ("x=vllm", "write NAME=BACKEND:DTYPE"),
+    ("=vllm:bf16", "write NAME=BACKEND:DTYPE"),
+    ("../x=vllm:bf16", "not a safe name"),
+    ("x=tgi:bf16", "unknown backend"),
+    ("x=vllm:int4", "unknown dtype"),
+    ("x=vllm:bf16:quantization", "is not key=value"),
+    ("x=vllm:bf16:a=1,a=2", "a is given twice"),
+    ("x=vllm:bf16:dtype=float16", "dtype cannot be set per cell"),
+    ("x=hf:bf16:pretrained=/other", "give another checkpoint as model=PATH"),
+    ("x=vllm:bf16:max_model_len=99", "--max-length"),
+    ("x=vllm:bf16:env.1BAD=1", "not an environment variable's name"),
+    ("x=vllm:bf16:python=", "python= is empty"),
+    ("x=vllm:bf16:python=../bin", "not a safe name"),
+    ("x=vllm:bf16:batch_size=0", "positive number or auto"),
+])
+def test_a_bad_cell_is_refused_in_one_line_naming_the_problem(typed, says):
+    with pytest.raises(EvalParityError) as err:
+        variants.parse_cell(typed, 8, 1, NO_ARGS)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(min_size=0, max_size=30), rest=st.text(max_size=40))
+def test_any_typed_cell_is_a_safe_cell_or_one_line(name, rest):
+    """Whatever is typed: a cell whose name is one safe path component and whose backend and dtype are known,
+    or a one-line EvalParityError: never another exception, never a name that leaves cells/."""
+    try:
+        c = variants.parse_cell(f"{name}={rest}", 8, 1, {"vllm": "", "hf": ""})
+    except EvalParityError as err:
+        assert "\n" not in str(err)
+        return
+    assert NAME_RE.fullmatch(c.name) and c.name == name.strip()
+    assert c.backend in ("vllm", "hf") and c.dtype in ("float32", "bfloat16", "float16")
+    assert all(k and k not in variants.REFUSED for k, _ in c.args)
+
+
+def test_the_run_s_cells_refuse_a_name_given_twice_and_fill_the_backend_args():
+    matrix = (CellSpec("hf", "float32", 8), CellSpec("vllm", "bfloat16", 8))
+    cells = variants.run_cells(matrix, ["fp8=vllm:bf16:quantization=fp8"], 8, 1,
+                               {"hf": "attn_implementation=eager", "vllm": ""})
+    assert [c.name for c in cells] == ["hf-fp32", "vllm-bf16", "fp8"]
+    assert dict(cells[0].args) == {"attn_implementation": "eager"} and cells[1].args == ()
+    for typed in (["vllm-bf16=vllm:bf16:quantization=fp8"], ["a=vllm:bf16", "a=hf:fp32"]):
+        with pytest.raises(EvalParityError, match="listed twice"):
+            variants.run_cells(matrix, typed, 8, 1, NO_ARGS)
+    with pytest.raises(EvalParityError, match="dtype cannot be set"):
+        variants.run_cells(matrix, [], 8, 1, {"hf": "dtype=float16"})
+
+
+def test_the_args_and_env_reach_the_engine_and_the_process():
+    cell = variants.parse_cell("bi=vllm:bf16:max_num_seqs=7,env.VLLM_BATCH_INVARIANT=1", 8, 1, NO_ARGS)
+    spec = RunSpec(model="m", tasks=("t",), cells=(cell,))
+    assert backends.get("vllm").model_args(spec, cell, "/m")["max_num_seqs"] == 7
+    env = cell_environment(spec, backends.get("vllm").environment(spec, cell), offline=True, cell=cell)
+    assert env["VLLM_BATCH_INVARIANT"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    mine = variants.parse_cell("x=vllm:bf16:env.VLLM_ENABLE_V1_MULTIPROCESSING=1", 8, 1, NO_ARGS)
+    env = cell_environment(spec, backends.get("vllm").environment(spec, mine), offline=True, cell=mine)
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"  # the user's own setting wins, and is recorded
+
+
+def test_variants_survive_spec_json_and_its_checks(tmp_path):
+    cells = (CellSpec("hf", "float32", 8),
+             variants.parse_cell("fp8=vllm:bf16:quantization=fp8,env.A=1", 8, 1, NO_ARGS))
+    spec = RunSpec(model="m", tasks=("t",), cells=cells)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec.to_json()))
+    back = RunSpec.from_json(records.check_spec(path))
+    assert back.cells == cells and back.identity() == spec.identity()
+    data = spec.to_json()
+    data["cells"][1]["name"] = "other"  # a name that is not the cell's label
+    path.write_text(json.dumps(data))
+    with pytest.raises(EvalParityError, match="named fp8"):
+        records.check_spec(path)
+    data = spec.to_json()
+    data["cells"][1]["args"] = [["quantization", 8]]
+    path.write_text(json.dumps(data))
+    with pytest.raises(EvalParityError, match="pair of strings"):
+        records.check_spec(path)
+
+
+def _variant_run(root):
+    """A synthetic run whose cell vllm-bf16 has become the variant ``fp8`` (spec and record alike)."""
+    run = make_run(root, n_tasks=1, cells=["hf-fp32", "vllm-bf16"], docs_per_task=5)
+    spec = json.loads((run / "spec.json").read_text())
+    entry = next(c for c in spec["cells"] if c["name"] == "vllm-bf16")
+    entry |= {"name": "fp8", "label": "fp8", "args": [["quantization", "fp8"]]}
+    (run / "spec.json").write_text(json.dumps(spec))
+    (run / "cells" / "vllm-bf16").rename(run / "cells" / "fp8")
+    rec = json.loads((run / "cells" / "fp8" / "cell.json").read_text())
+    rec |= {"cell": "fp8", "base_cell": "fp8", "variant": {"args": {"quantization": "fp8"}}}
+    (run / "cells" / "fp8" / "cell.json").write_text(json.dumps(rec))
+    return run
+
+
+def test_a_record_whose_variant_is_not_the_spec_s_is_refused(tmp_path):
+    run = _variant_run(tmp_path / "run")
+    assert set(records.verify_run(run).cells) == {"hf-fp32", "fp8"}
+    path = run / "cells" / "fp8" / "cell.json"
+    rec = json.loads(path.read_text())
+    for edited in ({"args": {"quantization": "none"}}, {}, {"args": {"quantization": "fp8"}, "env": {"A": "1"}}):
+        path.write_text(json.dumps(rec | {"variant": edited}))
+        with pytest.raises(EvalParityError, match="variant"):
+            records.verify_run(run)
+
+
+def test_a_resume_that_asks_other_settings_of_a_finished_cell_is_refused(tmp_path):
+    run = _variant_run(tmp_path / "run")
+    spec = records.read_spec(run)
+    prepare_run_dir(run, spec)  # the same cells: resumes
+    other = replace(spec, cells=tuple(replace(c, args=(("quantization", "awq"),)) if c.label else c
+                                      for c in spec.cells))
+    with pytest.raises(EvalParityError) as err:
+        prepare_run_dir(run, other)
+    assert "fp8 finished with other settings (quantization=fp8 (ref: awq)" in str(err.value)
+    prepare_run_dir(run, other, force=True)  # --force reruns it with the new ones
+
+
+def test_a_tiny_run_with_a_variant_cell(tiny_model, tiny_tasks, tmp_path):
+    """With --cell and no matrix, the run is the reference (hf-fp32) and the named cell; the variant's
+    argument reaches lm-eval's model, its record says what it is, and it signs off against the reference."""
+    out = tmp_path / "run"
+    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
+                      "--limit", "6", "--max-length", "256", "--cell", "eager=hf:fp32:attn_implementation=eager",
+                      "--out", str(out))
+    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]  # 4: INCONCLUSIVE on 6 docs
+    spec = json.loads((out / "spec.json").read_text())
+    assert [c["name"] for c in spec["cells"]] == ["hf-fp32", "eager"]
+    rec = json.loads((out / "cells" / "eager" / "cell.json").read_text())
+    assert rec["status"] == "ok" and rec["variant"] == {"args": {"attn_implementation": "eager"}}
+    assert rec["model_args"]["attn_implementation"] == "eager"
+    ref = json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())
+    assert ref["variant"] == {} and "attn_implementation" not in ref["model_args"]
+    verdicts = json.loads((out / "stats" / "verdicts.json").read_text())
+    assert {(c["reference"], c["cell"]) for c in verdicts["comparisons"]} == {("hf-fp32", "eager")}
+    # another setting for the finished cell, same folder: refused in one line before anything runs
+    again = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
+                       "--limit", "6", "--max-length", "256", "--cell", "eager=hf:fp32:attn_implementation=sdpa",
+                       "--out", str(out))
+    assert again.returncode == 2
+    assert "eager finished with other settings" in one_line_error(again)
