@@ -19,6 +19,7 @@ import contextlib
 import copy
 import errno
 import gc
+import importlib
 import importlib.metadata as md
 import json
 import logging
@@ -26,13 +27,15 @@ import os
 import platform
 import resource
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 
-from evalparity import __version__, backends, hostenv, lmeval_patches, samples, shards, tasks
-from evalparity.backends import precision
+from evalparity import __version__, backends, hostenv, lmeval_patches, procs, samples, shards, tasks
+from evalparity.backends import precision, registry
 from evalparity.config import (
     PLACEMENT_ENV,
     REASON_FD_ENV,
@@ -42,6 +45,7 @@ from evalparity.config import (
 from evalparity.data import mirrors
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
+from evalparity.models import resolve_model
 from evalparity.phases import PhaseClock, profiled
 from evalparity.rundir import layout, records, rounds, units
 from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
@@ -201,6 +205,108 @@ def versions() -> dict[str, str]:
     return out
 
 
+# ---------------------------------------------------------------- other interpreters (--python NAME=PATH)
+PROBE_FLAG = "--probe"           # ``python -m evalparity.cells --probe hf,vllm``: can this interpreter run a cell?
+PROBE_MARK = "evalparity-probe: "  # the probe's answer: this, then one JSON object, on its own line of stdout
+
+
+def probe(backend_names: list[str]) -> dict:
+    """What a cell process under this interpreter would run with, asked of the interpreter itself: which it
+    is, evalparity's version and where it is imported from, every version a cell records (``versions``),
+    and each problem that would make a cell fail at its start (torch, lm-eval or a backend that does not
+    import)."""
+    problems = []
+    for module in ("torch", "lm_eval"):
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # noqa: BLE001 - any failure to import is the answer
+            problems.append(f"cannot import {module} ({_reason(err)})")
+    for name in backend_names:
+        try:
+            ok, info = backends.get(name).installed()
+        except Exception as err:  # noqa: BLE001
+            ok, info = False, _reason(err)
+        if not ok:
+            problems.append(f"backend {name} does not load ({info})")
+    return interpreter() | {"evalparity": __version__, "evalparity_path": str(Path(__file__).resolve().parent),
+                            "versions": versions(), "problems": problems}
+
+
+def _probe_main(argv: list[str]) -> int:
+    """``--probe BACKEND,...``: the probe's answer on stdout (``PROBE_MARK`` and JSON), the engines' own
+    output on stderr."""
+    answer = probe([b for b in (argv[0] if argv else "").split(",") if b])
+    print(PROBE_MARK + json.dumps(answer), flush=True)
+    return 0
+
+
+class InterpreterProbes:
+    """The ``--python`` interpreters the run's cells name, each asked at once in a process of its own (its
+    imports take seconds: torch, lm-eval, the engines) while the run sets up, whether it can run those cells
+    (``probe``); ``wait`` collects the answers before any cell starts and refuses, in one line, an
+    interpreter that is not a Python, that cannot import evalparity, or whose evalparity is another version
+    (the cell would write records this one does not read), lm-eval, torch or a backend its cells use."""
+
+    def __init__(self, pythons: dict[str, str], needs: dict[str, set[str]]):
+        """``pythons``: name -> path; ``needs``: name -> the backends of the cells that run under it."""
+        self.started: dict[str, tuple[str, subprocess.Popen | OSError, object]] = {}
+        env = dict(os.environ) | registry.plugin_environment() | {"PYTHONUNBUFFERED": "1"}
+        for name, path in pythons.items():
+            if name not in needs:
+                continue
+            out = tempfile.TemporaryFile()
+            try:
+                proc = procs.popen([path, "-m", "evalparity.cells", PROBE_FLAG, ",".join(sorted(needs[name]))],
+                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+            except OSError as err:  # not executable as a program at all (exec format, permission)
+                proc = err
+            self.started[name] = (path, proc, out)
+
+    def wait(self, timeout: float = 600.0) -> dict[str, dict]:
+        """Each interpreter's answer (``probe``), by name; the first one that cannot run its cells refused."""
+        return {name: self.answer(name, timeout) for name in self.started}
+
+    def answer(self, name: str, timeout: float = 600.0) -> dict:
+        """One interpreter's answer; a one-line error when it cannot run its cells (see the class)."""
+        path, proc, out = self.started[name]
+        where = f"--python {name}={path}"
+        if isinstance(proc, OSError):
+            raise EvalParityError(f"{where} is not an executable Python ({proc.strerror or proc}): give the path "
+                                  "of a Python interpreter, e.g. /opt/venv-new/bin/python")
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            procs.stop(proc)
+            raise EvalParityError(f"{where} did not answer in {timeout:.0f} s (importing torch, lm-eval and the "
+                                  "backends): check it with `evalparity doctor --python ...`") from None
+        procs.ended(proc)
+        out.seek(0)
+        text = out.read().decode("utf-8", errors="replace")
+        out.close()
+        line = next((x for x in reversed(text.splitlines()) if x.startswith(PROBE_MARK)), None)
+        try:
+            answer = json.loads(line[len(PROBE_MARK):]) if line is not None else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            said = [x.strip() for x in text.splitlines() if x.strip()]
+            why = said[-1][:200] if said else f"exit {proc.returncode}, no output"
+            if "No module named 'evalparity'" in text:
+                raise EvalParityError(f"{where} cannot import evalparity ({why}): install this evalparity "
+                                      f"there (pip install -e {Path(__file__).resolve().parents[1]}) or give "
+                                      "another interpreter")
+            raise EvalParityError(f"{where} cannot run a cell ({why}): give a Python interpreter with "
+                                  "evalparity, lm-eval, torch and the cells' backends installed")
+        if answer.get("evalparity") != __version__:
+            raise EvalParityError(f"{where} runs evalparity {answer.get('evalparity')} (from "
+                                  f"{answer.get('evalparity_path')}), this is {__version__}: install this one there "
+                                  f"(pip install -e {Path(__file__).resolve().parents[1]})")
+        if answer.get("problems"):
+            raise EvalParityError(f"{where} cannot run its cells: {'; '.join(answer['problems'])}: install what "
+                                  "is missing there, or give another interpreter")
+        return answer
+
+
 def device_name(device: str) -> str:
     if device.startswith("cuda"):
         import torch  # heavy: torch
@@ -288,11 +394,12 @@ def _bos_added(lm) -> bool | None:
 
 # ---------------------------------------------------------------- the cell itself
 def cell_meta(spec: RunSpec, cell: CellSpec, model_path: str, backend, args: dict) -> dict:
-    """What a cell's record says of it before it evaluates anything: the cell, the spec and model it runs
-    under, where and with which settings."""
+    """What a cell's record says of it before it evaluates anything: the cell, the spec it runs under, the
+    model it scores (its own ``model=`` checkpoint, or the run's) and the path it loaded, the interpreter it
+    runs on, where and with which settings."""
     meta: dict = {"cell": cell.name, "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
                   "tag": cell.tag, "tf32": cell.tf32, "base_cell": cell.base_name, "variant": cell.variant(),
-                  "model": spec.model,
+                  "model": cell.model or spec.model, "interpreter": interpreter(),
                   "model_path": model_path, "spec_identity": spec.identity(),
                   "model_fingerprint": (spec.model_fingerprint or {}).get("digest"),
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
@@ -403,8 +510,29 @@ def chat_arguments(spec: RunSpec) -> dict:
     return out
 
 
+def interpreter() -> dict:
+    """The interpreter this process runs on, for its record: which one (a venv's ``bin/python``, as started),
+    its prefix (the venv) and version."""
+    return {"executable": sys.executable, "prefix": sys.prefix, "python": platform.python_version()}
+
+
+def cell_model_path(spec: RunSpec, cell: CellSpec, model_path: str) -> str:
+    """The checkpoint this cell loads: its own ``model=`` (resolved as the run's model is: a local folder, or
+    a hub id from the local cache the run filled), else the run's ``model_path``. And the check that this
+    process runs under the interpreter the cell's ``python=`` names (``RunSpec.interpreter``): a cell that
+    says it ran elsewhere than it did would be a false record."""
+    wanted = spec.interpreter(cell)
+    if wanted and os.path.abspath(sys.executable) != wanted:
+        raise EvalParityError(f"cell {cell.name} asks for python={cell.python} ({wanted}) but runs under "
+                              f"{sys.executable}: start it through `evalparity run`")
+    if not cell.model:
+        return model_path
+    return str(resolve_model(cell.model, spec.alignment.max_length)[1])
+
+
 def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
              shard: tuple[int, int] = (0, 1), out: Path | None = None) -> dict:
+    model_path = cell_model_path(spec, cell, model_path)
     backend = backends.get(cell.backend)
     out = out or units.tmp_dir(run_dir, cell.name)
     args = backend.model_args(spec, cell, model_path)
@@ -428,6 +556,7 @@ def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, pr
     round (the parent writes it after the statistics of this one); else score one round and exit (an
     executor that cannot hold every cell at once restarts it for the next). Rounds already published are
     never scored again, so a killed run resumes at its last finished round. Returns the rounds scored."""
+    model_path = cell_model_path(spec, cell, model_path)
     backend = backends.get(cell.backend)
     args = backend.model_args(spec, cell, model_path)
     lm = tm = loaded = None
@@ -507,7 +636,11 @@ def _saved(folder: Path, task_samples: dict[str, list]) -> tuple[dict, dict]:
 def main(argv: list[str] | None = None) -> int:
     """``RUN_DIR CELL MODEL_PATH [--shard K/N]``: run one cell, or shard K of N of it (published to
     ``shards/<cell>.<K>of<N>`` for the parent to merge). A failure is recorded in the cell's ``cell.json``
-    and published; when even that cannot be written (a full disk), its reason goes to the parent instead."""
+    and published; when even that cannot be written (a full disk), its reason goes to the parent instead.
+    ``--probe BACKEND,...``: whether this interpreter can run such a cell (``probe``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [PROBE_FLAG]:
+        return _probe_main(argv[1:])
     if os.environ.get(REASON_FD_ENV, "").isdigit():  # ours alone: not inherited by the engines' own processes
         with contextlib.suppress(OSError):
             os.set_inheritable(int(os.environ[REASON_FD_ENV]), False)

@@ -49,7 +49,36 @@ def _has(dist: str) -> bool:
         return False
 
 
-def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> int:
+def interpreters(console: Console, pythons: tuple[tuple[str, str], ...]) -> int:
+    """Each ``--python`` interpreter asked whether it can run a cell of every backend (``cells.probe``, the
+    check ``run`` makes before any cell starts), in a table with the versions that differ from this one's;
+    returns the number that cannot."""
+    from evalparity.cells import InterpreterProbes, versions  # heavy: pandas (cells -> samples)
+
+    if not pythons:
+        return 0
+    probes = InterpreterProbes(dict(pythons), {name: set(backends.names()) for name, _ in pythons})
+    here = versions()
+    t = Table(title="interpreters (--python)")
+    for column in ("name", "ok", "interpreter", "differs from this one"):
+        t.add_column(column)
+    problems = 0
+    for name, path in pythons:
+        try:
+            answer = probes.answer(name)
+        except EvalParityError as err:
+            problems += 1
+            t.add_row(name, "[red]no[/red]", path, str(err))
+            continue
+        theirs = answer.get("versions") or {}
+        differ = ", ".join(f"{k} {v}" for k, v in sorted(theirs.items()) if here.get(k) != v) or "nothing"
+        t.add_row(name, "yes", f"{answer['executable']} (Python {answer['python']})", differ)
+    console.print(t)
+    return problems
+
+
+def diagnose(console: Console, tasks: str | None, datasets_dir: str | None,
+             pythons: tuple[tuple[str, str], ...] = ()) -> int:
     problems = 0
     t = Table(title="backends")
     t.add_column("import / backend")
@@ -66,6 +95,7 @@ def diagnose(console: Console, tasks: str | None, datasets_dir: str | None) -> i
         t.add_row(f"backend {name}", "yes" if ok else "[red]no[/red]",
                   info if ok else f"{info}; install: {backend.install_hint}")
     console.print(t)
+    problems += interpreters(console, pythons)
     dev = resolve_device("auto")
     dtypes = ["float32", "bfloat16", "float16"]
     bad = unsupported_dtypes(dev, dtypes, list(backends.names()))

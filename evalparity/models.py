@@ -1,4 +1,5 @@
-"""Resolve --model to a local folder both backends load, and the context length both will use."""
+"""Resolve --model (and a cell's ``model=``) to a local folder the backends load, and the context length all
+cells will use; check that a cell's own checkpoint tokenizes as the run's model does."""
 
 from __future__ import annotations
 
@@ -48,3 +49,62 @@ def _cap(path: Path, max_length: int) -> int:
         return max_length
     limit = cfg.get("max_position_embeddings") or cfg.get("n_positions")
     return min(max_length, int(limit)) if limit else max_length
+
+
+# A text whose ids show a tokenizer's BOS/EOS policy, normalisation and pre-tokenisation at once: spaces,
+# digits, case, punctuation, a newline and non-ASCII.
+PROBE_TEXT = "Question: What is 12 + 30?\nAnswer: 42, the Ünïcode  answer."
+
+
+def _tokenizer_files(fingerprint: dict) -> dict:
+    return {n: e for n, e in (fingerprint.get("files") or {}).items() if e.get("kind") == "tokenizer"}
+
+
+def tokenizer_difference(run_path: Path | str, run_fp: dict, cell_path: Path | str, cell_fp: dict) -> str | None:
+    """What differs between the tokenizer of the run's model and a cell's checkpoint, in words (None when
+    nothing does): the vocabulary (size, then the first token whose id differs), the special tokens, BOS and
+    EOS, and the ids of a probe text (which shows the BOS policy and normalisation). Byte-identical tokenizer
+    files (their fingerprints) are the same tokenizer without loading either."""
+    mine, theirs = _tokenizer_files(run_fp), _tokenizer_files(cell_fp)
+    if mine and mine == theirs:
+        return None
+    from transformers import AutoTokenizer  # heavy: transformers; only for a cell with model=
+
+    try:
+        a, b = AutoTokenizer.from_pretrained(str(run_path)), AutoTokenizer.from_pretrained(str(cell_path))
+    except Exception as err:  # noqa: BLE001 - a tokenizer that cannot be read is a difference too
+        said = str(err).splitlines()[0][:100] if str(err) else ""
+        return f"its tokenizer cannot be read ({type(err).__name__}: {said})"
+    va, vb = a.get_vocab(), b.get_vocab()
+    if len(va) != len(vb):
+        return f"its vocabulary has {len(vb):,} tokens, the run model's {len(va):,}"
+    token = next((t for t in sorted(va) if va[t] != vb.get(t)), None)
+    if token is not None:
+        return f"token {token!r} is id {vb.get(token)} there, {va[token]} in the run model's"
+    for role in ("bos", "eos", "unk", "pad"):
+        x, y = getattr(a, f"{role}_token", None), getattr(b, f"{role}_token", None)
+        if x != y:
+            return f"its {role.upper()} token is {y!r}, the run model's {x!r}"
+    if sorted(map(str, a.all_special_tokens)) != sorted(map(str, b.all_special_tokens)):
+        extra = sorted(set(map(str, b.all_special_tokens)) ^ set(map(str, a.all_special_tokens)))
+        return f"its special tokens differ ({', '.join(map(repr, extra[:3]))})"
+    ia, ib = a(PROBE_TEXT).input_ids, b(PROBE_TEXT).input_ids
+    if ia != ib:
+        at = next((i for i, (x, y) in enumerate(zip(ia, ib)) if x != y), min(len(ia), len(ib)))
+        return (f"it encodes the same text otherwise ({len(ib)} ids, the run model's {len(ia)}; first difference "
+                f"at id {at}: BOS policy, normalisation or pre-tokenisation)")
+    return None
+
+
+def check_cell_model(cell: str, typed: str, run: tuple[Path | str, dict], own: tuple[Path | str, dict],
+                     own_max: int, max_length: int) -> None:
+    """A cell's ``model=`` checkpoint must be another checkpoint of the run's model: the same tokenizer
+    (``tokenizer_difference``) and room for the run's context length. One line naming what differs."""
+    why = tokenizer_difference(run[0], run[1], own[0], own[1])
+    if why:
+        raise EvalParityError(f"cell {cell}: model={typed} is not tokenized as the run's model ({why}): give a "
+                              "checkpoint of the run's model with its tokenizer (e.g. copy the run model's "
+                              "tokenizer files into it)")
+    if own_max < max_length:
+        raise EvalParityError(f"cell {cell}: model={typed} allows {own_max} tokens of context, the run uses "
+                              f"{max_length}: pass --max-length {own_max} (one context length on every cell)")

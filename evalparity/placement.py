@@ -12,6 +12,13 @@ Either way the job's process writes its results into the run directory (which on
 storage every host reaches) and publishes them by an atomic rename, so a lost host loses only the job it
 was running. Each job is told where it runs through ``EVALPARITY_PLACEMENT``, and records that in its
 ``cell.json``.
+
+A cell with ``python=NAME`` runs its process under the interpreter ``--python NAME=PATH`` named (another venv:
+another vLLM, transformers or lm-eval); ``start_job`` picks it, for both executors (``cell_interpreter``).
+On Ray the task is only the launcher of that process, so it stays on the interpreter Ray's workers run;
+Ray's own way, ``runtime_env={"py_executable": PATH}``, would start the Ray worker itself under PATH, which
+then needs Ray (the cluster's version) and the task's code installed in every such environment, for nothing
+the cell's process does not already get from being started under PATH.
 """
 
 from __future__ import annotations
@@ -32,10 +39,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from evalparity import procs
 from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, STAGES, unit_location
 from evalparity.errors import EvalParityError
+from evalparity.rundir import records
 
 
 @dataclass(frozen=True)
@@ -84,14 +93,26 @@ def _die_with_parent() -> None:
         pass
 
 
+def cell_interpreter(run_dir: str, cell: str) -> str:
+    """The interpreter ``cell``'s process runs under: the path its ``python=NAME`` names in the run's spec
+    (``RunSpec.interpreter``), else this one. Read from the spec in the run folder, which every host that
+    runs a job reaches (the job writes its results there), so that a Ray task starts the cell under the path
+    the run recorded, on whichever host Ray chose (the path must exist there too)."""
+    spec = records.read_spec(Path(run_dir))
+    entry = next((c for c in spec.cells if c.name == cell), None)
+    return (spec.interpreter(entry) if entry is not None else "") or sys.executable
+
+
 def start_job(job: Job, run_dir: str, model_path: str, placement: dict) -> subprocess.Popen:
-    """Start the job's process on this host, with its environment and the placement it records, and a pipe
-    on which it says why it failed (``job_reason``): a reason that reaches the parent even when the disk is
-    too full for the process to record it in the run directory."""
+    """Start the job's process on this host, under its cell's interpreter (``cell_interpreter``), with its
+    environment and the placement it records, and a pipe on which it says why it failed (``job_reason``): a
+    reason that reaches the parent even when the disk is too full for the process to record it in the run
+    directory."""
+    python = cell_interpreter(run_dir, job.cell)
     r, w = os.pipe()
     env = dict(os.environ) | job.env | {PLACEMENT_ENV: json.dumps(placement), REASON_FD_ENV: str(w)}
     try:  # a process group of its own, killed with this process however it ends (procs)
-        proc = procs.popen(job.argv(run_dir, model_path, sys.executable), env=env, stdin=subprocess.DEVNULL,
+        proc = procs.popen(job.argv(run_dir, model_path, python), env=env, stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,))
     except BaseException:
         os.close(r)

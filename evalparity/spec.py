@@ -77,6 +77,12 @@ class CellSpec:
     env: tuple[tuple[str, str], ...] = ()    # environment variables of the cell's process (env.VAR=value)
     model: str = ""                          # another checkpoint of the run's model (same tokenizer), if any
     python: str = ""                         # the interpreter (a ``--python NAME``) the cell's process runs on
+    # ``model``'s fingerprint (``rundir.model_fingerprint``), taken before any cell starts. The cell's, not the
+    # run's: RunSpec.identity leaves the cells out so that a run folder may gain cells, and a checkpoint that
+    # one cell scores must not change what every other cell was made under. It is part of the cell's variant
+    # (``model_digest``), so a record made with other weights at that path is refused (``records.verify_cell``,
+    # and before a resume starts: ``cli.run.check_cell_models``).
+    model_fingerprint: dict | None = None
 
     @property
     def name(self) -> str:
@@ -99,14 +105,16 @@ class CellSpec:
             out["env"] = dict(self.env)
         if self.model:
             out["model"] = self.model
+        if self.model_fingerprint:
+            out["model_digest"] = self.model_fingerprint.get("digest")
         if self.python:
             out["python"] = self.python
         return out
 
     @property
     def base_name(self) -> str:
-        """The cell this one repeats (itself when it is not a repeat)."""
-        return f"{self.backend}-{SHORT_DTYPE[self.dtype]}"
+        """The cell this one repeats (itself when it is not a repeat: a named variant is its own)."""
+        return self.label or f"{self.backend}-{SHORT_DTYPE[self.dtype]}"
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,13 @@ class RunSpec:
     # GPU memory plan (``memplan.MemoryPlan.to_json``; empty on CPU): what each cell gets of its GPU. Not
     # part of the identity: it follows the GPUs' free memory at the start, which a resumed run sees anew.
     memory_plan: dict = field(default_factory=dict, compare=False, hash=False)
+    # The interpreters named with ``--python NAME=PATH`` (path absolute, symlinks kept: a venv's bin/python is
+    # a link to its base interpreter, and resolving it would leave the venv). Not part of the identity: a run
+    # folder may gain a cell with an interpreter of its own without refusing every finished one, and a path
+    # says nothing of what runs there. What a cell's results depend on is the software its process imports,
+    # and that is the cell's: its cell.json records the versions and interpreter it ran with, and a resume
+    # against an interpreter whose versions changed is refused (``cli.run.check_interpreters``).
+    pythons: tuple[tuple[str, str], ...] = field(default=(), compare=False, hash=False)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -149,6 +164,7 @@ class RunSpec:
         d["leaf_docs"] = [list(x) for x in self.leaf_docs]
         d["task_aliases"] = [list(x) for x in self.task_aliases]
         d["software"] = [list(x) for x in self.software]
+        d["pythons"] = [list(x) for x in self.pythons]
         return d
 
     def identity(self) -> str:
@@ -159,6 +175,7 @@ class RunSpec:
         d.pop("cells")
         d.pop("task_aliases")  # how the tasks were typed does not change the experiment
         d.pop("memory_plan")
+        d.pop("pythons")
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     @classmethod
@@ -178,7 +195,19 @@ class RunSpec:
             software=tuple((str(k), str(v)) for k, v in d.get("software", ())),
             staging=d.get("staging"),
             memory_plan=d.get("memory_plan") or {},
+            pythons=tuple((str(k), str(v)) for k, v in d.get("pythons", ())),
         )
+
+    def interpreter(self, cell: CellSpec) -> str:
+        """The path of the interpreter ``cell`` runs under (its ``python=NAME`` in ``pythons``), or "" for the
+        one running evalparity; a name the spec does not map is a one-line error."""
+        if not cell.python:
+            return ""
+        found = dict(self.pythons).get(cell.python)
+        if found is None:
+            raise EvalParityError(f"cell {cell.name} runs under python={cell.python}, which no --python names: add "
+                                  f"--python {cell.python}=/path/to/python")
+        return found
 
     def cell_memory(self, cell: str) -> dict:
         """The memory plan's entry for one cell (``memplan.CellPlan`` as a dict); empty without a plan."""
@@ -212,7 +241,8 @@ def cell_from_json(c: dict) -> CellSpec:
                     c.get("shards", 1), label=c.get("label", ""),
                     args=tuple((str(k), str(v)) for k, v in c.get("args", ())),
                     env=tuple((str(k), str(v)) for k, v in c.get("env", ())),
-                    model=c.get("model", ""), python=c.get("python", ""))
+                    model=c.get("model", ""), python=c.get("python", ""),
+                    model_fingerprint=c.get("model_fingerprint"))
 
 
 def parse_batch_size(text: str) -> int | str:

@@ -18,6 +18,7 @@ The keys of a variant are the backend's lm-eval model arguments (for vLLM, its e
 
 from __future__ import annotations
 
+import os
 import re
 
 from evalparity.errors import EvalParityError
@@ -111,6 +112,39 @@ def parse_pair(text: str, names: list[str]) -> tuple[str, str]:
         if x not in names:
             raise EvalParityError(f"--compare {text}: {x} is not a cell of this run: use one of {', '.join(names)}")
     return a, b
+
+
+def parse_pythons(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """``--python NAME=/path/to/python`` (repeatable) as (name, absolute path) pairs, checked from the
+    arguments alone: the form, a safe name given once, and a path that is an executable file. The path keeps
+    its symlinks (a venv's ``bin/python`` links to its base interpreter: resolved, it would leave the venv).
+    Whether it is a Python that can run a cell is asked of it later (``cells.InterpreterProbes``)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, path = (x.strip() for x in item.partition("="))
+        if not eq or not name or not path:
+            raise EvalParityError(f"bad --python {item!r}: write NAME=/path/to/python, e.g. "
+                                  "--python new=/opt/venv-new/bin/python")
+        check_name(name, "--python name")
+        if name in out:
+            raise EvalParityError(f"--python {name} is given twice: give each interpreter one name")
+        full = os.path.abspath(os.path.expanduser(path))
+        if not os.path.isfile(full) or not os.access(full, os.X_OK):
+            what = "does not exist" if not os.path.exists(full) else "is not an executable file"
+            raise EvalParityError(f"--python {name}={path}: {full} {what}: give the path of a Python "
+                                  "interpreter, e.g. /opt/venv-new/bin/python")
+        out[name] = full
+    return tuple(out.items())
+
+
+def check_interpreter_names(cells: tuple[CellSpec, ...], pythons: tuple[tuple[str, str], ...]) -> None:
+    """Every ``python=NAME`` of a cell is an interpreter ``--python`` names: one line for the first that is not."""
+    named = dict(pythons)
+    for cell in cells:
+        if cell.python and cell.python not in named:
+            given = f" (given: {', '.join(named)})" if named else ""
+            raise EvalParityError(f"cell {cell.name} runs under python={cell.python}, which no --python names"
+                                  f"{given}: add --python {cell.python}=/path/to/python")
 
 
 # ------------------------------------------------------------------ how two cells differ, in words

@@ -60,7 +60,8 @@ def test_run_help_shows_every_flag_and_default_whole():
         if default is not None:  # on a line of its own in the help column, whole
             assert any(row.endswith(f"[default: {default}]") for row in rows), (p.opts, default)
             checked += 1
-    assert checked >= len(options("run")) // 2  # most options have one: the loop above did look
+    # many options have one (the repeatable ones, --cell, --python, --repeat ..., have none): the loop did look
+    assert checked >= len(options("run")) * 2 // 5
 
 
 def test_run_help_column_is_wide_and_its_options_are_in_panels():

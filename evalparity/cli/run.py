@@ -40,7 +40,7 @@ from evalparity.config import DRIFT
 from evalparity.data import embedded, mirrors
 from evalparity.devices import check_dtypes, resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
-from evalparity.models import resolve_model
+from evalparity.models import check_cell_model, resolve_model
 from evalparity.printable import visible
 from evalparity.rundir import layout, records
 from evalparity.runlog import RunLog
@@ -88,6 +88,7 @@ class CellOptions:
     tf32: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Backends that get an extra fp32 cell in TF32 (e.g. vllm,hf), to measure TF32 as its own cell.")] = ""
     repeat: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None
     cell: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, metavar="NAME=BACKEND:DTYPE[:K=V,...]", help="A named cell variant, e.g. vllm-fp8=vllm:bf16:quantization=fp8; keys: the backend's model/engine args, env.VAR=value, model=PATH (same tokenizer), python=NAME, batch_size=N. Repeatable.")] = None
+    python: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, metavar="NAME=PATH", help="An interpreter for cells with python=NAME (another venv: another vLLM, transformers or lm-eval), checked before any cell starts. Repeatable.")] = None
     hf_args: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Extra lm-eval hf model args for every hf cell, k=v,k=v.")] = ""
     vllm_args: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Extra lm-eval vllm model args for every vllm cell, k=v,k=v.")] = ""
 
@@ -161,6 +162,7 @@ class Checked:
     fraction: float | None  # lm-eval's fractional --limit: each task's share, made per-task limits later
     task_limits: tuple[tuple[str, int], ...]
     batch_size: int | str | None  # None: the device's default
+    pythons: tuple[tuple[str, str], ...] = ()  # --python NAME=PATH, the paths absolute
 
 
 # ------------------------------------------------------------------ the verb
@@ -184,11 +186,14 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             head = start_ray_early(cells, place)
             dev = resolve_device(cells.device)
             cell_specs = plan_cells(run_dir, dev, cells, args.batch_size, place, folder.single_cell, opts.reference)
+            variants.check_interpreter_names(cell_specs, args.pythons)
+            probes = probe_interpreters(args.pythons, cell_specs)  # their imports overlap the setup
             # per-machine caches the cells would each fill at once (vLLM's model info), while the setup goes on
             warm = warmup.start({c.backend for c in cell_specs}, dev,
                                 Path(what.model).expanduser() if what.model else None)
             offline = go_offline_without_hub()
             model_id, model_path, max_len, fingerprint = identify_model(what.model, align.max_length)
+            cell_specs = identify_cell_models(cell_specs, (model_path, fingerprint), max_len, run_dir, folder.force)
             check_chat_template(align.apply_chat_template, align.fewshot_as_multiturn, model_path)
             memory_plan = plan_memory(dev, place.ray, model_path, cell_specs, max_len, place.tensor_parallel,
                                       place.cells_per_gpu)
@@ -198,10 +203,11 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             task_limits = args.task_limits if args.fraction is None else \
                 fraction_limits(args.fraction, plan.leaves, args.task_limits)  # each task's share, recorded
             staging = plan_staging(staged, task_list, plan, args.limit, task_limits, cell_specs, opts, align.seed)
+            check_interpreters(probes.wait(), dict(args.pythons), cell_specs, run_dir, folder.force)
             spec = build_spec(what, align, cells, place, model_id=model_id, fingerprint=fingerprint,
                               task_list=task_list, task_aliases=task_aliases, plan=plan, cell_specs=cell_specs,
                               limit=args.limit, task_limits=task_limits, dev=dev, max_len=max_len,
-                              memory_plan=memory_plan, staging=staging)
+                              memory_plan=memory_plan, staging=staging, pythons=args.pythons)
             report_documents(spec, plan, args.limit)
             opts = signoff.choose_reference(opts, [c.name for c in cell_specs],
                                             fallback=stats.reference == Statistics.reference)
@@ -262,7 +268,8 @@ def check_arguments(what: ModelAndTasks, align: AlignmentOptions, cells: CellOpt
     check_seed("--seed", align.seed)
     config.check_environment()
     bs = parse_batch_size(cells.batch_size) if cells.batch_size is not None else None
-    return Checked(task_list, limit, fraction, parse_task_limits(what.task_limit or []), bs)
+    return Checked(task_list, limit, fraction, parse_task_limits(what.task_limit or []), bs,
+                   variants.parse_pythons(cells.python or []))
 
 
 def default_out(model: str | None) -> Path:
@@ -344,6 +351,83 @@ def identify_model(model: str | None, max_length: int):
     return model_id, model_path, max_len, rundir.model_fingerprint(model_path, model_id)
 
 
+def identify_cell_models(cell_specs, run_model: tuple, max_len: int, run_dir: Path, force: bool):
+    """The cells with ``model=``, each checkpoint resolved as the run's model is (``models.resolve_model``: a
+    local path made absolute, or a hub id), fingerprinted, checked to tokenize as the run's model
+    (``models.check_cell_model``), and its fingerprint kept in the cell (``CellSpec.model_fingerprint``);
+    a finished cell whose checkpoint has changed since is refused unless ``force`` reruns it. One line,
+    before any cell starts."""
+    out = []
+    for cell in cell_specs:
+        if not cell.model:
+            out.append(cell)
+            continue
+        source, path, own_max = resolve_model(cell.model, 1 << 30)
+        fp = rundir.model_fingerprint(path, source)
+        check_cell_model(cell.name, cell.model, run_model, (path, fp), own_max, max_len)
+        cell = dataclasses.replace(cell, model=source, model_fingerprint=fp)
+        check_cell_model_unchanged(run_dir, cell, force)
+        out.append(cell)
+    return tuple(out)
+
+
+def check_cell_model_unchanged(run_dir: Path, cell, force: bool) -> None:
+    """A finished cell resumed with ``model=`` weights other than those it scored is refused, naming what
+    changed (``rundir.fingerprint_change``): its table would otherwise pass for the new checkpoint's."""
+    if force or not layout.spec_file(run_dir).exists():
+        return
+    was = next((c for c in records.read_spec(run_dir).cells if c.name == cell.name), None)
+    rec = records.read_cell(layout.cell_dir(run_dir, cell.name))
+    if was is None or rec is None or not rec.ok or was.model != cell.model:
+        return  # not finished, or another model= altogether (matrix refuses that as other settings)
+    change = rundir.fingerprint_change(was.model_fingerprint, cell.model_fingerprint)
+    if change:
+        raise EvalParityError(f"cell {cell.name} finished with other weights at model={cell.model} ({change}): "
+                              "--force to rerun it with these, restore the checkpoint it scored, or use another --out")
+
+
+def probe_interpreters(pythons: tuple[tuple[str, str], ...], cell_specs):
+    """Start asking each ``--python`` interpreter that a cell names whether it can run those cells
+    (``cells.InterpreterProbes``); the answers are collected by ``check_interpreters``."""
+    from evalparity.cells import InterpreterProbes  # heavy: pandas (cells -> samples); matrix has loaded it
+
+    needs: dict[str, set[str]] = {}
+    for cell in cell_specs:
+        if cell.python:
+            needs.setdefault(cell.python, set()).add(cell.backend)
+    return InterpreterProbes(dict(pythons), needs)
+
+
+def check_interpreters(answers: dict[str, dict], pythons: dict[str, str], cell_specs, run_dir: Path,
+                       force: bool) -> None:
+    """Each interpreter's answer logged (its Python and the versions that differ from this one's), and a
+    finished cell resumed under an interpreter whose software is not what the cell recorded refused in one
+    line (the run's own interpreter is held by the spec's identity: ``RunSpec.software``)."""
+    from evalparity.cells import versions  # heavy: pandas (cells -> samples); matrix has loaded it
+
+    here = versions()
+    for name, answer in answers.items():
+        theirs = answer.get("versions") or {}
+        differ = ", ".join(f"{k} {v}" for k, v in sorted(theirs.items()) if here.get(k) != v)
+        log(f"python {safe(name)}: {safe(answer.get('executable'))} (Python {answer.get('python')}"
+            f"{'; ' + safe(differ) if differ else '; the same versions as this one'})", highlight=False)
+    if force:
+        return
+    for cell in cell_specs:
+        if not cell.python or cell.python not in answers:
+            continue
+        rec = records.read_cell(layout.cell_dir(run_dir, cell.name))
+        if rec is None or not rec.ok:
+            continue
+        now = answers[cell.python].get("versions") or {}
+        changed = next((k for k in sorted(set(rec.versions) | set(now)) if rec.versions.get(k) != now.get(k)), None)
+        if changed:
+            raise EvalParityError(f"cell {cell.name} finished with {changed} {rec.versions.get(changed)}, and "
+                                  f"--python {cell.python}={pythons[cell.python]} now has {now.get(changed)}: point "
+                                  "it at the environment the cell ran in to resume, --force to rerun the cell "
+                                  "there, or use another --out")
+
+
 def check_chat_template(apply: bool, multiturn: bool | None, model_path) -> None:
     """--apply-chat-template needs a tokenizer with a chat template (else every cell would fail in lm-eval),
     and --fewshot-as-multiturn means nothing without it: one line each, before any model loads."""
@@ -406,7 +490,7 @@ def preflight(args: Checked, what: ModelAndTasks):
 
 def build_spec(what: ModelAndTasks, align: AlignmentOptions, cells: CellOptions, place: PlacementOptions, *,
                model_id, fingerprint, task_list, task_aliases, plan, cell_specs, limit, task_limits, dev, max_len,
-               memory_plan, staging) -> RunSpec:
+               memory_plan, staging, pythons=()) -> RunSpec:
     """The run's spec: everything its cells' results depend on, in one record (``spec.json``), which a
     rerun into the same directory must match. The option groups give what was typed; the keywords, what the
     setup found from it (the model, the tasks' names and documents, the cells, the device, the plans)."""
@@ -425,6 +509,7 @@ def build_spec(what: ModelAndTasks, align: AlignmentOptions, cells: CellOptions,
         task_configs=tasks_mod.config_digest(what.include_path or []),
         software=tuple(sorted((k, v) for k, v in versions().items())),
         staging=staging,
+        pythons=tuple(pythons),
     )
 
 

@@ -51,17 +51,19 @@ SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "device": (str,), "include_paths": (list,), "datasets_dir": (str, _NONE), "alignment": (dict,),
     "task_limits": (list,), "leaf_docs": (list,), "tensor_parallel": (int,),
     "model_fingerprint": (dict, _NONE), "task_aliases": (list,), "memory_plan": (dict,),
-    "task_configs": (str, _NONE), "software": (list,), "staging": (dict, _NONE)}
+    "task_configs": (str, _NONE), "software": (list,), "staging": (dict, _NONE), "pythons": (list,)}
 ALIGNMENT_FIELDS: dict[str, tuple[type, ...]] = {
     "softmax_fp32": (bool,), "add_bos_token": (bool, _NONE), "max_length": (int,), "prefix_caching": (bool,),
     "seed": (int,), "true_fp32": (bool,), "max_gen_toks": (int, _NONE), "apply_chat_template": (bool,),
     "system_instruction": (str, _NONE), "fewshot_as_multiturn": (bool, _NONE)}
 CELL_SPEC_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "backend": (str,), "dtype": (str,), "batch_size": (int, str), "tag": (str,), "tf32": (bool,),
-    "shards": (int,), "label": (str,), "args": (list,), "env": (list,), "model": (str,), "python": (str,)}
+    "shards": (int,), "label": (str,), "args": (list,), "env": (list,), "model": (str,), "python": (str,),
+    "model_fingerprint": (dict, _NONE)}
 # list fields of spec.json whose items are pairs, with the types of the pair's two parts
 SPEC_PAIRS: dict[str, tuple[type, type]] = {"task_limits": (str, int), "leaf_docs": (str, int),
-                                             "task_aliases": (str, str), "software": (str, str)}
+                                             "task_aliases": (str, str), "software": (str, str),
+                                             "pythons": (str, str)}
 COMPARE_FIELDS: dict[str, tuple[type, ...]] = {"inputs": (list,), "names": (list,)}
 
 
@@ -127,6 +129,9 @@ class CellRecord:
     base_cell: str | None = None
     tf32: bool | None = None
     spec_identity: str | None = None
+    # the run's model's digest (RunSpec.model_fingerprint), which the spec identity is made with; a cell that
+    # scores a checkpoint of its own (``model=``) records that one's digest in its variant (``model_digest``),
+    # checked against the spec like the rest of the variant, and the checkpoint it loaded in ``model_path``
     model_fingerprint: str | None = None
     table: TableSeal | None = None
     error: str | None = None
