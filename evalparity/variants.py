@@ -33,7 +33,12 @@ OWN_KEYS = ("model", "python", "batch_size")  # evalparity's keys; everything el
 REFUSED = {"dtype": "the dtype is the part after the backend (vllm:bf16)",
            "pretrained": "give another checkpoint as model=PATH (its tokenizer is checked against the run's)",
            "max_model_len": "the context length is the same on every cell: --max-length",
-           "max_length": "the context length is the same on every cell: --max-length"}
+           "max_length": "the context length is the same on every cell: --max-length",
+           # the placement gives every cell of a run the same number of GPUs (--tensor-parallel): a cell that
+           # asked for more would see fewer GPUs than its engine needs
+           "tensor_parallel_size": "GPUs per cell are the run's --tensor-parallel N (every cell); to compare tensor "
+                                   "parallel 2 with 1, run the tp2 cell in its own run and bring the other "
+                                   "in with --reference-from"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FORM = "NAME=BACKEND:DTYPE[:key=value,...], e.g. vllm-fp8=vllm:bf16:quantization=fp8"
 

@@ -47,6 +47,7 @@ def test_a_variant_holds_its_engine_args_env_and_own_keys():
     ("x=vllm:bf16:dtype=float16", "dtype cannot be set per cell"),
     ("x=hf:bf16:pretrained=/other", "give another checkpoint as model=PATH"),
     ("x=vllm:bf16:max_model_len=99", "--max-length"),
+    ("x=vllm:bf16:tensor_parallel_size=2", "--tensor-parallel N"),
     ("x=vllm:bf16:env.1BAD=1", "not an environment variable's name"),
     ("x=vllm:bf16:python=", "python= is empty"),
     ("x=vllm:bf16:python=../bin", "not a safe name"),
