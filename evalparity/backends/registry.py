@@ -31,6 +31,7 @@ PLUGINS_ENV = "EVALPARITY_PLUGINS"
 _TARGETS: dict[str, object] = {
     "hf": "evalparity.backends.hf",
     "vllm": "evalparity.backends.vllm",
+    "server": "evalparity.backends.server",
 }
 _resolved: dict[str, Backend] = {}
 _plugins: set[str] = set()  # plugin modules imported into this process
