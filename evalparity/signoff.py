@@ -13,9 +13,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalparity import config, rundir
+from evalparity import config, rundir, variants
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
-from evalparity.rundir import layout
+from evalparity.rundir import layout, records
 from evalparity.runlog import RunLog
 from evalparity.stats.options import StatsOptions
 
@@ -34,17 +34,45 @@ class SignOff:
 
 
 def choose_reference(opts: StatsOptions, cells: Sequence[str], *, fallback: bool) -> StatsOptions:
-    """``opts`` with a reference that is one of ``cells``. When it is none of them and was not asked for
-    (``fallback``: ``run``'s default hf-fp32, ``compare``'s none), the first cell, so that a run without
-    that cell still compares (a warning says so when a name was replaced); a reference asked for and absent
-    is an error, before any cell runs."""
-    if opts.reference in cells:
-        return opts
-    if fallback:
+    """``opts`` with a reference that is one of ``cells``, and its ``--compare`` pairs checked against them
+    (``check_pairs``). When the reference is none of them and was not asked for (``fallback``: ``run``'s
+    default hf-fp32, ``compare``'s none), the first cell, so that a run without that cell still compares (a
+    warning says so when a name was replaced); a reference asked for and absent is an error, before any cell
+    runs."""
+    if opts.reference not in cells:
+        if not fallback:
+            raise EvalParityError(f"--reference {opts.reference} is not a cell of this run: use one of "
+                                  f"{', '.join(cells)}")
         if opts.reference:
             logger.warning(f"{opts.reference} is not in this run: comparing against {cells[0]}")
-        return opts.with_reference(cells[0])
-    raise EvalParityError(f"--reference {opts.reference} is not a cell of this run: use one of {', '.join(cells)}")
+        opts = opts.with_reference(cells[0])
+    check_pairs(opts, cells)
+    return opts
+
+
+def check_pairs(opts: StatsOptions, cells: Sequence[str]) -> None:
+    """Each ``--compare A:B`` names two cells of the run (``variants.parse_pair``: one line listing them)
+    and is not a comparison the run makes anyway: every cell is compared with the reference, so a pair
+    with the reference on either side repeats one (or mirrors it) and would gate twice on the same docs.
+    Called before any cell starts (``choose_reference``) and, by ``report`` and ``plan``, against the run
+    folder's cells (``run_cells``)."""
+    for a, b in opts.pairs:
+        variants.parse_pair(f"{a}:{b}", list(cells))
+        if opts.reference in (a, b):
+            other = b if a == opts.reference else a
+            raise EvalParityError(f"--compare {a}:{b}: every cell is already compared with the reference "
+                                  f"{opts.reference}, {other} too: drop this --compare (or pass --reference "
+                                  "to compare against another cell)")
+
+
+def run_cells(run_dir: Path) -> list[str]:
+    """The cells a run folder names (its spec.json, or an ``evalparity compare``'s compare.json), in their
+    order; [] when it has neither (the statistics refuse such a folder in one line of their own)."""
+    if layout.spec_file(run_dir).exists():
+        return [c.name for c in records.read_spec(run_dir).cells]
+    if layout.compare_file(run_dir).exists():
+        return list(records.read_compare(run_dir).names)
+    return []
 
 
 def enough_cells(finished: Collection[str], reference: str) -> bool:

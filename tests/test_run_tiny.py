@@ -117,7 +117,7 @@ def test_fp32_backends_agree_to_roundoff_and_bf16_drifts_more(run_dir):
 def test_stats_and_report_written(run_dir):
     out, proc = run_dir
     v = check_verdicts(out / "stats" / "verdicts.json")  # the shipped JSON Schema, and its own counts
-    assert v["schema"] == "evalparity.verdicts/3"
+    assert v["schema"] == "evalparity.verdicts/4"
     assert v["sign_off"]["status"] in ("PASS", "FAIL", "INCONCLUSIVE")
     assert proc.returncode == v["sign_off"]["exit_code"]
     cells = {r["cell"] for r in v["comparisons"]}

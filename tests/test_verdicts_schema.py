@@ -27,7 +27,7 @@ def written(tmp_path_factory):
 def test_a_written_file_validates_and_is_consistent(written):
     root, summary = written
     doc = check_verdicts(root / "stats" / "verdicts.json")
-    assert doc["schema"] == "evalparity.verdicts/3"
+    assert doc["schema"] == "evalparity.verdicts/4"
     assert doc["sign_off"]["status"] == summary.sign_off
     props = [c for c in doc["comparisons"] if c["metric"] in ("acc", "acc_norm")]
     assert props and all(c["unit"] == "fraction" and c["shown_as"] == "pp" for c in props)

@@ -91,6 +91,7 @@ class Statistics:
     direction: Annotated[str, typer.Option(rich_help_panel=STATISTICS, help="both: a change beyond the margin either way fails; worse: only a drop beyond it (non-inferiority).")] = STATS.direction
     cluster: Annotated[bool, typer.Option(rich_help_panel=STATISTICS, help="A cluster score test over the member tasks of a group (docs of one subject are not independent).")] = STATS.cluster
     gate_logprobs: Annotated[bool, typer.Option(rich_help_panel=STATISTICS, help="Let loglikelihood-shift verdicts gate the sign-off too.")] = STATS.gate_logprobs
+    compare: Annotated[list[str] | None, typer.Option("--compare", rich_help_panel=STATISTICS, metavar="A:B", help="Also compare cell B against cell A (repeatable), gating like the comparisons against the reference; e.g. vllm-bf16:vllm-fp8 shows what that one setting changes.")] = None
 
     def options(self) -> StatsOptions:
         """The statistics options, checked (one line, exit 2, for anything out of range) before a verb starts

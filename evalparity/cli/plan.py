@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from evalparity import rundir
+from evalparity import rundir, signoff
 from evalparity.cli.options import Statistics, verb
 from evalparity.cli.output import console, safe
 from evalparity.errors import EvalParityError
@@ -36,6 +36,8 @@ def plan(
     opts = stats.options()
     powers = planning.parse_powers(power)
     planning.check_is_run(run_dir)
+    if opts.pairs:  # --compare names cells of this run folder, checked before anything is computed
+        signoff.check_pairs(opts, signoff.run_cells(run_dir))
     target = json_path if json_path is not None else layout.plan_file(run_dir)
     inside = _check_target(run_dir, target, planning.PLAN_FILE, planning.SCHEMA)
     if inside:  # writing into the run folder: one command at a time in it, as report

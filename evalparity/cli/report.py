@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from evalparity import rundir
+from evalparity import rundir, signoff
 from evalparity.cli.finish import finish
 from evalparity.cli.options import Outputs, Statistics, verb
 from evalparity.errors import EvalParityError
@@ -26,6 +26,8 @@ def report(
         raise EvalParityError(f"{run_dir} is not a run directory (no spec.json, compare.json or cells/): give the --out "
                               "of a run")
     opts = stats.options()
+    if opts.pairs:  # --compare names cells of this run folder, checked before anything is computed
+        signoff.check_pairs(opts, signoff.run_cells(run_dir))
     outputs.check(run_dir)
     with rundir.acquire(run_dir, create=False, flag="run directory"):
         raise typer.Exit(finish(run_dir, opts, outputs))

@@ -27,6 +27,7 @@ import pandas as pd
 from scipy import stats as sps
 
 from evalparity import samples as samples_mod
+from evalparity import variants
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_DIFFERENT, EXIT_INCONCLUSIVE, EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.rundir import layout, records
@@ -83,11 +84,15 @@ def load_cells(run_dir: Path) -> tuple[dict[str, pd.DataFrame], dict[str, dict],
     return tables, metas, list(run.incomplete)
 
 
-def _pairs(metas: dict[str, dict], reference: str) -> list[tuple[str, str, str]]:
-    """(kind, reference cell, cell): the cross-cell comparisons (these gate), the noise-floor ones (a cell
-    against its repeat at another batch size) and the precision-mode ones (a TF32 cell against its true-fp32
-    base and against the reference)."""
+def _pairs(metas: dict[str, dict], reference: str,
+           asked: tuple[tuple[str, str], ...] = ()) -> list[tuple[str, str, str]]:
+    """(kind, reference cell, cell): the cross-cell comparisons (these gate), the ``--compare A:B`` ones
+    (B against A: "pair", gating too), the noise-floor ones (a cell against its repeat at another batch
+    size) and the precision-mode ones (a TF32 cell against its true-fp32 base and against the reference).
+    A pair whose cell has no table (a failed cell: the sign-off is INCOMPLETE) is left out, as its cross
+    comparison is."""
     out = [("cross", reference, c) for c in metas if c != reference and not metas[c].get("tag")]
+    out += [("pair", a, b) for a, b in asked if a in metas and b in metas]
     for c, m in metas.items():
         base = m.get("base_cell")
         if m.get("tf32"):
@@ -140,6 +145,9 @@ class Pending:
     signed: pd.Series | None = None
     problem: str | None = None  # a disagreement no statistic is needed for (DIFFERENT, no interval printed)
 
+
+# The kinds of comparison that gate: every cell against the reference, and the pairs asked with --compare.
+GATING_KINDS = ("cross", "pair")
 
 # Metrics lm-eval defines per doc as 0 or 1. A value outside {0, 1} for one of these is a disagreement between
 # the cells, not a reason to treat the metric as continuous (which would take it out of the gate).
@@ -366,10 +374,11 @@ def comparisons(tables: dict[str, pd.DataFrame], metas: dict[str, dict], opts: S
     group, every metric; with ``extras``, the loglikelihood and generation statistics too (a staged run's
     look needs only the metrics, ``staged_trace``)."""
     pending: list[Pending] = []
-    for kind, ref_name, cell_name in _pairs(metas, opts.reference):
+    for kind, ref_name, cell_name in _pairs(metas, opts.reference, opts.pairs):
         ref, cell = tables[ref_name], tables[cell_name]
         docs = _doc_frame(ref, cell)
-        common = {"kind": kind, "reference": ref_name, "cell": cell_name}
+        common = {"kind": kind, "reference": ref_name, "cell": cell_name,
+                  "differs": variants.difference(metas[ref_name], metas[cell_name])}
         metrics = metric_union(ref, cell)
         for (task, filt), g in docs.groupby(["task", "filter"], sort=True):
             keys = pd.MultiIndex.from_arrays([g["task"], g["doc_id"]])
@@ -468,6 +477,8 @@ def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> St
         raise EvalParityError(f"only one usable cell in {run_dir}: a comparison needs two"
                               + (f" ({'; '.join(f'{c}: {w}' for c, w in missing)})" if missing else ""),
                               exit_code=EXIT_CELL_FAILED if missing else 2)
+    for a, b in opts.pairs:  # the verbs checked them (signoff.check_pairs); a caller of its own gets one line
+        variants.parse_pair(f"{a}:{b}", [*tables, *dict(missing)])
     check_metric_names(opts, [m[len(samples_mod.METRIC_PREFIX):] for t in tables.values()
                               for m in samples_mod.metric_columns(t)])  # a --margin typo gates nothing: refused
     samples_mod.check_alignment({opts.reference: tables[opts.reference],
@@ -611,22 +622,22 @@ def _generation_stats(ref, cell, common, gen_rows, divs) -> None:
 
 
 def _gating(pending: list[Pending], opts: StatsOptions) -> np.ndarray:
-    """Which comparisons gate: cross ones with a margin, a group's pooled row instead of its members, and
-    loglikelihoods only with ``gate_logprobs``."""
+    """Which comparisons gate: cross and ``--compare`` ones with a margin, a group's pooled row instead of
+    its members, and loglikelihoods only with ``gate_logprobs``."""
     grouped = {p.meta["group"] for p in pending if p.meta["level"] == "group"}
     out = []
     for p in pending:
         m = p.meta
         member = m["level"] == "task" and m["group"] != m["task"] and m["group"] in grouped
         is_ll = m["metric"] == "loglikelihood"
-        out.append(m["kind"] == "cross" and not member and (not is_ll or opts.gate_logprobs)
+        out.append(m["kind"] in GATING_KINDS and not member and (not is_ll or opts.gate_logprobs)
                    and p.margin is not None)
     return np.array(out, dtype=bool)
 
 
 def verdicts_document(run_dir: Path, rows: list[Comparison], opts: StatsOptions, summary: StatsSummary,
                       metas: dict[str, dict]) -> dict:
-    """The ``verdicts.json`` document (schema ``evalparity.verdicts/3``, shipped as ``verdicts.schema.json``
+    """The ``verdicts.json`` document (schema ``evalparity.verdicts/4``, shipped as ``verdicts.schema.json``
     and documented in the README): provenance, the sign-off with its counts and the comparisons that decided
     it, and one record per comparison. Proportions are fractions and say so (``unit: "fraction"``, shown as
     percentage points); counts are integers."""

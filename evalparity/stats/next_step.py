@@ -2,7 +2,7 @@
 (``cli/verdict_table.py``) and the report's sign-off box (``report/sections.py``) print this sentence.
 
 Rows are ``verdicts.json`` comparisons (dicts with ``verdict``, ``n_needed``, ``task``, ``metric``, ``filter``,
-``level``, ``cell``), the gating ones."""
+``level``, ``cell``; ``kind`` and ``reference`` for a ``--compare`` pair), the gating ones."""
 
 from __future__ import annotations
 
@@ -25,6 +25,13 @@ def label(row: dict) -> str:
     return f"{task} {metric}"
 
 
+def compared(row: dict) -> str:
+    """The comparison's cell, and ``vs REFERENCE`` for a ``--compare`` pair (whose reference is not the
+    run's): the same cell is in both kinds of comparison."""
+    cell = visible(row.get("cell", ""))
+    return f"{cell} vs {visible(row.get('reference', ''))}" if row.get("kind") == "pair" else cell
+
+
 def next_step(status: str, rows: list[dict]) -> str | None:
     """FAIL: the DIFFERENT comparisons and how to localise the drift. INCONCLUSIVE: how many are unsettled
     and the docs per task that would settle them all (the largest ``n_needed``). None for a PASS, or when
@@ -34,7 +41,7 @@ def next_step(status: str, rows: list[dict]) -> str | None:
         bad = [r for r in rows if r.get("verdict") == "DIFFERENT"]
         if not bad:
             return None
-        names = "; ".join(f"{label(r)} {visible(r.get('cell', ''))}" for r in bad[:NAMED])
+        names = "; ".join(f"{label(r)} {compared(r)}" for r in bad[:NAMED])
         more = f" and {len(bad) - NAMED} more" if len(bad) > NAMED else ""
         return (f"{len(bad)} of {n} comparisons DIFFERENT ({names}{more}): the drift is beyond the margin there; "
                 "`evalparity drift --run-dir RUN` localises it")

@@ -116,6 +116,25 @@ def check_metric_names(opts: StatsOptions, known: Iterable[str]) -> None:
                               "kept: `evalparity report RUN_DIR --margin ...` recomputes the statistics)")
 
 
+def parse_compare(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """``--compare A:B`` (repeatable) as (A, B) pairs, B compared against A, in the order typed. Only the
+    form is checked here, where the options are parsed: two names, not the same one, no pair given twice.
+    Whether they are cells of the run is ``signoff.check_pairs``'s, once the run's cells are known."""
+    out: list[tuple[str, str]] = []
+    for text in texts:
+        a, sep, b = str(text).partition(":")
+        a, b = a.strip(), b.strip()
+        if not sep or not a or not b or ":" in b:
+            raise EvalParityError(f"bad --compare {text!r}: write REFERENCE:CELL, two cell names, e.g. "
+                                  "--compare vllm-bf16:vllm-fp8")
+        if a == b:
+            raise EvalParityError(f"--compare {text}: a cell compared with itself says nothing: name two cells")
+        if (a, b) in out:
+            raise EvalParityError(f"--compare {text} is given twice: keep one")
+        out.append((a, b))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class StatsOptions:
     reference: str = "hf-fp32"
@@ -129,6 +148,9 @@ class StatsOptions:
     direction: str = "both"
     n_resamples: int = 2000
     seed: int = 0
+    # ``--compare A:B``: comparisons of cell B against cell A besides every cell's against the reference (kind
+    # "pair", gating like those); the names are checked against the run's cells by ``signoff.check_pairs``
+    pairs: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
@@ -145,9 +167,9 @@ class StatsOptions:
             raise EvalParityError(f"--direction {self.direction!r} is unknown: use both or worse")
 
     @classmethod
-    def from_cli(cls, *, margin: str = MARGIN, **kw) -> StatsOptions:
+    def from_cli(cls, *, margin: str = MARGIN, compare: Iterable[str] | None = None, **kw) -> StatsOptions:
         default, per = parse_margins(margin)
-        return cls(margin=default, metric_margins=per, **kw)
+        return cls(margin=default, metric_margins=per, pairs=parse_compare(compare or ()), **kw)
 
     def with_reference(self, name: str) -> StatsOptions:
         return replace(self, reference=name)
@@ -167,4 +189,4 @@ class StatsOptions:
                 "metric_margins": {k: v.value for k, v in self.metric_margins},
                 "ll_tolerance": self.ll_tolerance, "alpha": self.alpha, "multiple": self.multiple,
                 "cluster": self.cluster, "gate_logprobs": self.gate_logprobs, "direction": self.direction,
-                "n_resamples": self.n_resamples, "seed": self.seed}
+                "n_resamples": self.n_resamples, "seed": self.seed, "compare": [list(p) for p in self.pairs]}

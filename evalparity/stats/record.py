@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-SCHEMA = "evalparity.verdicts/3"
+SCHEMA = "evalparity.verdicts/4"
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Comparison:
     """
 
     id: int
-    kind: str  # cross | noise_floor | precision_mode
+    kind: str  # cross | pair (--compare A:B) | noise_floor | precision_mode
     task: str
     group: str
     level: str  # task | group
@@ -72,6 +72,9 @@ class Comparison:
     beyond_noise: bool | None = None
     staged_look: int | None = None   # a staged run: the look (1-based) at which the verdict was decided
     staged_looks: int | None = None  # and how many looks its task had
+    # What the cell changes against its reference, in one line (``variants.difference`` of their cell.json
+    # records: "vllm, bf16, quantization=fp8"); "" when neither sets anything the other does not
+    differs: str = ""
 
     def to_json(self) -> dict:
         return {k: _clean(v) for k, v in asdict(self).items()}
