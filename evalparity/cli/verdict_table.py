@@ -6,9 +6,14 @@ docs would settle them) was only in report.html. This prints it where the comman
 columns and in a CI log: the numbers never truncated (the name columns wrap instead, and the per-row reason
 is left to the report; the headline says the next step once).
 
+What a cell changes against its reference (``differs``: "vllm, bf16, quantization=fp8") is said once per
+compared pair, in the lines under the table, not in a column: repeated on every row of a cell it would take
+the names' width at 80 columns, and it is the same on each of them.
+
 It reads only these fields of ``verdicts.json``: ``sign_off.{status, reason}``, ``comparisons[*].{task,
-level, filter, metric, cell, reference, verdict, gating, effect, ci_low, ci_high, n, n_needed, unit}`` and
-``staging`` (optional), so that it prints the same from a fresh run and from a verdicts.json kept elsewhere.
+level, filter, metric, cell, reference, verdict, gating, effect, ci_low, ci_high, n, n_needed, unit,
+differs}`` (``differs`` optional: older files have none) and ``staging`` (optional), so that it prints the
+same from a fresh run and from a verdicts.json kept elsewhere.
 Task and cell names are user text: shown as ``Text`` (never read as markup), control characters written out.
 """
 
@@ -57,8 +62,10 @@ def table(rows: list[dict]) -> Table:
     """The rows as a table whose number columns never wrap nor shrink (the name columns wrap instead)."""
     refs = {c.get("reference") for c in rows}
     percent = all(c.get("unit") in PERCENT_UNITS for c in rows)
+    changes = differences(rows, one_reference=len(refs) == 1)
     t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
-              title=Text(f"gating comparisons against {visible(next(iter(refs)))}") if len(refs) == 1 else None)
+              title=Text(f"gating comparisons against {visible(next(iter(refs)))}") if len(refs) == 1 else None,
+              caption=Text("\n".join(changes)) if changes else None, caption_justify="left")
     t.add_column("task / metric", overflow="fold", ratio=3)
     t.add_column("cell", overflow="fold", ratio=2)
     t.add_column("verdict", no_wrap=True)
@@ -72,6 +79,19 @@ def table(rows: list[dict]) -> Table:
                   Text(delta(c, with_unit=not percent)), Text(_count(c.get("n"))),
                   Text("" if v in SETTLED else _count(c.get("n_needed"))))
     return t
+
+
+def differences(rows: list[dict], one_reference: bool) -> list[str]:
+    """One line per compared pair whose cell changes something against its reference, in the rows' order:
+    ``vllm-fp8 changes: vllm, bf16, quantization=fp8`` (``... vs REF changes`` when the table has several
+    references)."""
+    out: dict[tuple[str, str], str] = {}
+    for c in rows:
+        key = (visible(c.get("cell", "")), visible(c.get("reference", "")))
+        text = c.get("differs")
+        if key not in out and isinstance(text, str) and text:
+            out[key] = f"{key[0]}{'' if one_reference else f' vs {key[1]}'} changes: {visible(text)}"
+    return list(out.values())
 
 
 def delta(c: dict, with_unit: bool = False) -> str:

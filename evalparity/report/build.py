@@ -95,6 +95,7 @@ def build_context(run_dir: Path, figdir: Path) -> ReportContext:
         verdicts=sections.verdict_matrix(comp),
         setup=sections.setup(spec, metas),
         paired=sections.paired(comp),
+        compared=sections.compared(comp, metas),
         figures=_figures(run_dir, figdir, comp, flipped, colors),
         deltas=sections.deltas(read_stats(run_dir, "deltas")),
         flips=sections.flips(read_stats(run_dir, "flips")),

@@ -3,9 +3,10 @@
 Both are made from ``stats/verdicts.json`` as the statistics stage wrote it (read back with ``json``), never
 from the in-memory results, so that they say exactly what the run's record says; and only from these fields:
 ``sign_off.{status, reason, incomplete_cells[{cell, why}]}``, ``comparisons[*].{id, task, level, filter,
-metric, cell, reference, verdict, reason, gating, effect, ci_low, ci_high, ci_level, n, unit}`` and, where
-present, ``staging.tasks[*]`` (where a staged task stopped). ``effect`` and ``ci_*`` of a proportion
-(``unit`` "pp" or "fraction") are fractions: shown ×100, in pp.
+metric, cell, reference, verdict, reason, gating, effect, ci_low, ci_high, ci_level, n, unit, differs}`` and,
+where present, ``staging.tasks[*]`` (where a staged task stopped). ``differs`` (what the cell changes
+against its reference, schema 4) is optional: a file without it reads as nothing said. ``effect`` and
+``ci_*`` of a proportion (``unit`` "pp" or "fraction") are fractions: shown ×100, in pp.
 
 JUnit (``junit_document``): one testsuite per task (or group), one testcase per *gating* comparison, named
 ``<task> <metric>: <cell> vs <reference>`` (the filter in parentheses when there is one), classname
@@ -15,10 +16,14 @@ adds one ``<error>`` testcase per cell that could not be used (testsuite ``evalp
 comparisons alone would look greener than the sign-off (an INCOMPLETE staged run with no cell missing, an
 INCONCLUSIVE sign-off with no gating comparison), that testsuite holds one ``sign-off`` testcase saying so,
 so a pipeline's test view never passes what the exit code fails. Every testsuite has the sign-off status
-and reason and the evalparity version as properties, and a staged task where it stopped.
+and reason and the evalparity version as properties, and a staged task where it stopped. A testcase whose
+cell changes something against its reference has it as the property ``evalparity.differs`` and in its text
+(``<cell> changes: <differs>``: a failure's text and the system-out).
 
 Summary (``summary_document``): the sign-off line and reason, the gating comparisons that are not
-EQUIVALENT (DIFFERENT first), how many are EQUIVALENT, and the report's path; bounded in length
+EQUIVALENT (DIFFERENT first), how many are EQUIVALENT, what each compared cell changes against its
+reference (one line per pair, ``PAIRS_SHOWN`` and ``PAIRS_CHARS`` at most), and the report's path; bounded
+in length
 (``SUMMARY_LIMIT``, far below GitHub's 65,536-character limit on a comment or a step summary) whatever the
 number or the names of the comparisons: rows beyond the bound are counted in one line, not shown.
 
@@ -52,6 +57,9 @@ SUMMARY_ROWS = 50  # not-EQUIVALENT comparisons listed at most; the rest are cou
 FIELD_CHARS = 80  # a name in a summary row, cut to this many characters (the report has it whole)
 REASON_CHARS = 600  # the sign-off's reason, likewise
 INCOMPLETE_SHOWN = 5  # incomplete cells named in the summary
+PAIRS_SHOWN = 20  # compared pairs whose difference the summary lists; the rest are counted
+DIFFERS_CHARS = 200  # a difference in the summary, cut to this many characters
+PAIRS_CHARS = 6_000  # the list of compared pairs takes at most this much of the summary
 
 _NOT_XML = re.compile("[\ud800-\udfff\ufffe\uffff]")  # surrogates and non-characters: no XML 1.0 document holds them
 
@@ -130,6 +138,17 @@ def effect_text(c: dict) -> str:
             f"{_value(c, 'ci_high')}]{u}, n = {_n(c)}")
 
 
+def differs(c: dict) -> str:
+    """What the comparison's cell changes against its reference ("" when nothing, or not recorded)."""
+    text = c.get("differs")
+    return text if isinstance(text, str) else ""
+
+
+def changes_text(c: dict) -> str:
+    """``vllm-fp8 changes: vllm, bf16, quantization=fp8`` ("" when the cell changes nothing)."""
+    return f"{c.get('cell', '?')} changes: {differs(c)}" if differs(c) else ""
+
+
 def testcase_name(c: dict) -> str:
     filt = c.get("filter")
     shown = f" ({filt})" if filt not in (None, "", "none") else ""
@@ -190,7 +209,8 @@ def junit_document(doc: dict, *, fail_on_inconclusive: bool = True, version: str
 
 def _comparison_case(c: dict, name: str, fail_on_inconclusive: bool) -> ET.Element:
     v = str(c.get("verdict") or "")
-    reason = str(c.get("reason") or "")
+    changes = changes_text(c)
+    reason = "\n".join(x for x in (str(c.get("reason") or ""), changes) if x)
     classname = f"evalparity.{c.get('task', '?')}"
     if v == EQUIVALENT:
         case = _case(name, classname, None, "", "", v)
@@ -200,6 +220,10 @@ def _comparison_case(c: dict, name: str, fail_on_inconclusive: bool) -> ET.Eleme
         case = _case(name, classname, "skipped", f"{v} (--no-fail-on-inconclusive): {reason}", "", v)
     else:  # a gating comparison without a verdict this module knows: never a silent pass
         case = _case(name, classname, "error", f"verdict {v or '(none)'}: {reason}", reason, "unknown verdict")
+    if differs(c):  # before the outcome: JUnit readers expect a testcase's properties first
+        props = ET.Element("properties")
+        ET.SubElement(props, "property", name="evalparity.differs", value=_xml(differs(c)))
+        case.insert(0, props)
     out = ET.SubElement(case, "system-out")
     out.text = _xml(f"{v or '(no verdict)'}: {effect_text(c)}" + (f"\n{reason}" if reason else ""))
     return case
@@ -257,6 +281,7 @@ def summary_document(doc: dict, *, report: object = None, fail_on_inconclusive: 
                           for cell, why in incomplete[:INCOMPLETE_SHOWN])
         more = f"; and {len(incomplete) - INCOMPLETE_SHOWN:,} more" if len(incomplete) > INCOMPLETE_SHOWN else ""
         tail += [f"Incomplete cells: {shown}{more}.", ""]
+    tail += _pair_lines(gating)
     if report is not None:
         tail += [f"Report: {_clip(report, 4 * FIELD_CHARS)}", ""]
 
@@ -281,6 +306,29 @@ def summary_document(doc: dict, *, report: object = None, fail_on_inconclusive: 
     if len(text) > SUMMARY_LIMIT:  # only for names far beyond any real run's; the report has them whole
         text = text[:SUMMARY_LIMIT - 80].rsplit("\n", 1)[0] + "\n\n… (summary cut here: see the report)\n"
     return text
+
+
+def _pair_lines(gating: list[dict]) -> list[str]:
+    """What each compared cell changes against its reference, one list item per pair of the gating
+    comparisons (``PAIRS_SHOWN`` at most, and ``PAIRS_CHARS`` of text: the rest counted); [] when no cell
+    changes anything."""
+    pairs: dict[tuple[str, str], str] = {}
+    for c in gating:
+        if differs(c):
+            pairs.setdefault((str(c.get("cell", "?")), str(c.get("reference", "?"))), differs(c))
+    if not pairs:
+        return []
+    lines: list[str] = []
+    used = 0
+    for (cell, ref), text in list(pairs.items())[:PAIRS_SHOWN]:
+        line = f"- {_clip(cell, FIELD_CHARS)} vs {_clip(ref, FIELD_CHARS)} changes: {_clip(text, DIFFERS_CHARS)}"
+        if used + len(line) > PAIRS_CHARS:
+            break
+        lines.append(line)
+        used += len(line) + 1
+    if len(lines) < len(pairs):
+        lines.append(f"- and {len(pairs) - len(lines):,} more pairs (the report lists every one)")
+    return ["Compared cells:", "", *lines, ""]
 
 
 # ---------------------------------------------------------------- writing them

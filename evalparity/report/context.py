@@ -109,12 +109,15 @@ class LegendEntry:
 
 @dataclass(frozen=True)
 class VerdictMatrix:
-    """Tasks x cells: groups and standalone tasks first, each group's members folded."""
+    """Tasks x cells: groups and standalone tasks first, each group's members folded. A ``--compare A:B``
+    pair is a column of its own, ``B vs A``."""
 
     table: Matrix
     folds: list[Fold]
     noise_marked: bool  # the run has a noise floor: cells say +noise / ≤noise
     legend: list[LegendEntry]  # every verdict the report can show, what it means
+    changes: list[tuple[str, str]] = field(default_factory=list)  # (column, what its cell changes), where any
+    pairs: bool = False  # some columns are --compare pairs (B vs A), not cells against the reference
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,7 @@ class PairedRow:
     beyond_noise: str
     verdict: str
     reason: str
+    changes: str = ""  # "changes: quantization=fp8": what the cell changes against its reference; "" nothing
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,16 @@ class Setup:
 
 
 @dataclass(frozen=True)
+class Compared:
+    """Each pair of compared cells: what the cell changes against its reference (its backend, dtype and
+    variant settings), the software versions that differ between the two, and, for a cell not made in this
+    run (``reused_from`` in its record), where and when it was made."""
+
+    table: Table
+    reused: list[str]  # one sentence per reused cell
+
+
+@dataclass(frozen=True)
 class WorstTokens:
     """The tokens whose logprob moved most in one drift cell, as preformatted lines."""
 
@@ -205,6 +219,7 @@ class ReportContext:
     verdicts: VerdictMatrix | None  # None: no score comparisons
     setup: Setup
     paired: Paired  # the gating comparisons
+    compared: Compared | None  # None: no comparisons
     figures: list[Figure]
     deltas: Table | None  # loglikelihood drift per request
     flips: Table | None  # decision flips, observed against expected

@@ -153,7 +153,9 @@ def draw_score_differences(comp: pd.DataFrame):
     from matplotlib.lines import Line2D  # heavy: matplotlib (loaded by _plt by now)
     from matplotlib.patches import Patch
 
-    labels = [visible(f"{r.task} {metric_label(r.metric, r.filter)} · {r.cell}") for r in c.itertuples()]
+    labels = [visible(f"{r.task} {metric_label(r.metric, r.filter)} · {r.cell}"
+                      + (f" vs {r.reference}" if getattr(r, "kind", "cross") == "pair" else ""))
+              for r in c.itertuples()]
     fig, ax = plt.subplots(figsize=(8, ROW_INCHES * len(c) + BASE_INCHES), layout="constrained")
     y = np.arange(len(c))
     effect = 100 * c["effect"].to_numpy(dtype=float)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from evalparity.report.context import (
+    Compared,
     Drift,
     Figure,
     Fold,
@@ -90,18 +91,34 @@ def matrix_cell(r, noise_marked: bool) -> MatrixCell:
                       f"n = {count(r.n)}" + (f" · {lvl} CI" if lvl else ""), noise_mark(r, noise_marked))
 
 
+def column(r) -> str:
+    """A comparison's column in the matrix and its name elsewhere: the cell, or ``B vs A`` for a pair whose
+    reference is not the run's (``--compare A:B``)."""
+    return str(r.cell) if r.kind != "pair" else f"{r.cell} vs {r.reference}"
+
+
+def changes(r) -> str:
+    """What the comparison's cell changes against its reference (``differs``), "" when nothing or not
+    recorded (statistics written before the field existed)."""
+    text = getattr(r, "differs", "")
+    return text if isinstance(text, str) else ""
+
+
 def verdict_matrix(comp: pd.DataFrame) -> VerdictMatrix | None:
-    """Cross-backend score comparisons, tasks x cells; None when there are none."""
-    c = comp[(comp["kind"] == "cross") & (comp["metric"] != "loglikelihood")]
+    """Score comparisons against the reference and ``--compare`` pairs, tasks x columns; None when there
+    are none."""
+    c = comp[comp["kind"].isin(["cross", "pair"]) & (comp["metric"] != "loglikelihood")]
     noise_marked = bool(comp["beyond_noise"].notna().any()) if "beyond_noise" in comp else False
     if c.empty:
         return None
-    cells = sorted(c["cell"].unique())
+    c = c.assign(column=[column(r) for r in c.itertuples()])
+    cross = sorted(c.loc[c["kind"] == "cross", "column"].unique())
+    cells = cross + sorted(set(c["column"]) - set(cross))
 
     def matrix(part: pd.DataFrame) -> Matrix:
         rows = []
         for (task, metric, filt), g in part.groupby(["task", "metric", "filter"], sort=True):
-            by_cell = {r.cell: r for r in g.itertuples()}
+            by_cell = {r.column: r for r in g.itertuples()}
             rows.append(MatrixRow(str(task), metric_label(metric, filt),
                                   [matrix_cell(by_cell[x], noise_marked) if x in by_cell else None for x in cells]))
         return Matrix(cells, rows)
@@ -111,7 +128,9 @@ def verdict_matrix(comp: pd.DataFrame) -> VerdictMatrix | None:
     folds = [Fold(str(group), gm["task"].nunique(), matrix(gm)) for group, gm in members.groupby("group", sort=True)]
     shown = set(c["verdict"])
     legend = [LegendEntry(v, MEANING[v]) for v in TONES if v != "NO MARGIN" or v in shown]
-    return VerdictMatrix(matrix(top), folds, noise_marked, legend)
+    said = {r.column: changes(r) for r in c.itertuples() if changes(r)}
+    return VerdictMatrix(matrix(top), folds, noise_marked, legend, [(x, said[x]) for x in cells if x in said],
+                         bool((c["kind"] == "pair").any()))
 
 
 def _bos(al: dict, metas: dict[str, dict]) -> str:
@@ -248,25 +267,67 @@ def setup(spec: dict, metas: dict[str, dict]) -> Setup:
 
 
 def paired(comp: pd.DataFrame) -> Paired:
-    """Every gating comparison with its estimate, interval, p-values, verdict and reason."""
+    """Every gating comparison with its estimate, interval, p-values, verdict and reason, and what its cell
+    changes against its reference."""
     noise_marked = bool(comp["beyond_noise"].notna().any()) if "beyond_noise" in comp else False
-    rows = [PairedRow(str(r.task), metric_label(r.metric, r.filter), str(r.cell), count(r.n),
+    rows = [PairedRow(str(r.task), metric_label(r.metric, r.filter), column(r), count(r.n),
                       f"{num(r.reference_score)} → {num(r.cell_score)}", effect(r), ci(r), num(r.p_equivalence),
                       num(r.p_beyond_adjusted), num(r.p_shift_adjusted), beyond_noise(r), str(r.verdict),
-                      str(r.reason))
+                      str(r.reason), f"changes: {changes(r)}" if changes(r) else "")
             for r in comp[comp["gating"]].itertuples()]
     return Paired(rows, noise_marked)
 
 
+KIND_SHOWN = {"cross": "against the reference", "pair": "--compare", "noise_floor": "noise floor",
+              "precision_mode": "precision mode"}
+
+
+def version_changes(reference: dict, cell: dict) -> str:
+    """The software versions recorded by both cells that differ (``transformers 4.56.0 → 4.57.1``), or
+    "none"; a package only one cell records (a backend's own) is no difference between the two."""
+    a, b = reference.get("versions") or {}, cell.get("versions") or {}
+    if not a or not b:
+        return "not recorded"
+    out = [f"{k} {a[k]} → {b[k]}" for k in sorted(set(a) & set(b)) if str(a[k]) != str(b[k])]
+    return ", ".join(out) or "none"
+
+
+def reused_text(name: str, meta: dict) -> str | None:
+    """Where and when a cell not made in this run was made (``reused_from`` in its record: run_dir, cell,
+    made), as one sentence; None for a cell made here."""
+    src = meta.get("reused_from")
+    if not isinstance(src, dict):
+        return None
+    where = f"cell {src.get('cell') or name} of {src.get('run_dir') or 'an earlier run'}"
+    return f"{name} was not scored in this run: it is {where}, made {src.get('made') or 'at a time not recorded'}."
+
+
+def compared(comp: pd.DataFrame, metas: dict[str, dict]) -> Compared | None:
+    """Each pair of compared cells once, in the comparisons' order: its kind, what the cell changes, the
+    versions that differ; and a sentence for each of their cells made elsewhere (``reused_from``)."""
+    if comp.empty:
+        return None
+    rows, names = [], []
+    for r in comp.drop_duplicates(["kind", "reference", "cell"]).itertuples():
+        ref, cell = metas.get(str(r.reference)) or {}, metas.get(str(r.cell)) or {}
+        rows.append([str(r.cell), str(r.reference), KIND_SHOWN.get(r.kind, str(r.kind)), changes(r) or "nothing",
+                     version_changes(ref, cell)])
+        names += [n for n in (str(r.reference), str(r.cell)) if n not in names]
+    reused = [t for t in (reused_text(n, metas.get(n) or {}) for n in names) if t]
+    return Compared(Table(["cell", "against", "comparison", "what the cell changes", "versions that differ"], rows),
+                    reused)
+
+
 def deltas(d: pd.DataFrame) -> Table | None:
-    """Loglikelihood drift per request, cross-backend pairs; None when the run scored no loglikelihoods."""
+    """Loglikelihood drift per request, each cell against the reference and the ``--compare`` pairs; None
+    when the run scored no loglikelihoods."""
     if d.empty:
         return None
-    rows = [[r.task, r.cell, count(r.n), f"{num(r.abs_mean)} [{num(r.abs_ci_low)}, {num(r.abs_ci_high)}]",
+    rows = [[r.task, column(r), count(r.n), f"{num(r.abs_mean)} [{num(r.abs_ci_low)}, {num(r.abs_ci_high)}]",
              f"{num(r.mean)} [{num(r.ci_low)}, {num(r.ci_high)}]",
              " / ".join(num(x) for x in (r.abs_median, r.abs_p95, r.abs_p99, r.abs_max)), num(r.wilcoxon_p),
              f"{int(r.n_nonfinite_ref)} / {int(r.n_nonfinite_cell)}"]
-            for r in d[d["kind"] == "cross"].itertuples()]
+            for r in d[d["kind"].isin(["cross", "pair"])].itertuples()]
     return Table(["task", "cell", "requests", "mean |Δ| [95% CI]", "mean Δ [95% CI]",
                   "|Δ| median / p95 / p99 / max", "Wilcoxon p", "non-finite ref / cell"], rows)
 
@@ -274,7 +335,7 @@ def deltas(d: pd.DataFrame) -> Table | None:
 def flips(f: pd.DataFrame) -> Table | None:
     if f.empty:
         return None
-    rows = [[r.task, getattr(r, "metric", "acc"), r.cell, r.kind, str(int(r.n_docs)), str(int(r.observed)),
+    rows = [[r.task, getattr(r, "metric", "acc"), column(r), r.kind, str(int(r.n_docs)), str(int(r.observed)),
              num(r.expected), num(r.pvalue)] for r in f.itertuples()]
     return Table(["task", "decision", "cell", "kind", "docs", "observed", "expected", "p (more than expected)"], rows)
 
@@ -284,7 +345,7 @@ def generations(g: pd.DataFrame) -> Table | None:
     others first part."""
     if g.empty:
         return None
-    rows = [[r.task, r.cell, r.kind, count(r.n), f"{100 * r.identical_ids:.1f}% / {100 * r.identical_text:.1f}%",
+    rows = [[r.task, column(r), r.kind, count(r.n), f"{100 * r.identical_ids:.1f}% / {100 * r.identical_text:.1f}%",
              count(r.n_diverged), num(r.median_first_divergence), count(r.n_without_ids)]
             for r in g.itertuples()]
     return Table(["task", "cell", "kind", "docs", "identical token ids / text", "diverged",
@@ -334,7 +395,7 @@ def _flipped_text(r) -> str:
         mark = " ".join(x for x, ok in (("gold", i == r.gold), ("ref", i == r.ref_choice),
                                         ("cell", i == r.cell_choice)) if ok)
         lines.append(f"  {i}: {str(ch)[:120]!r}" + (f"   <- {mark}" if mark else ""))
-    return (f"{r.task} doc {r.doc_id} · {r.cell}: reference margin {num(r.ref_margin)}, max |Δ| "
+    return (f"{r.task} doc {r.doc_id} · {column(r)}: reference margin {num(r.ref_margin)}, max |Δ| "
             f"{num(r.max_abs_delta)}\n  prompt: {str(r.context)[-300:]!r}\n" + "\n".join(lines))
 
 
@@ -343,7 +404,7 @@ def flipped_samples(flipped: pd.DataFrame) -> list[str] | None:
     reference preference; None when the run has no flipped-samples table."""
     if flipped.empty:
         return None
-    f = flipped[flipped["kind"] == "cross"].copy()
+    f = flipped[flipped["kind"].isin(["cross", "pair"])].copy()
     if f.empty:
         return []
     gold = pd.to_numeric(f["gold"], errors="coerce")
