@@ -72,7 +72,7 @@ def write_cell_record(folder: Path, spec: RunSpec, name: str, n_rows: int, **ext
     cell = next(c for c in spec.cells if c.name == name)
     records.write_cell(folder, {"cell": name, "status": "ok", "tag": cell.tag, "base_cell": cell.base_name,
                                 "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
-                                "tf32": cell.tf32, "spec_identity": spec.identity(),
+                                "tf32": cell.tf32, "variant": cell.variant(), "spec_identity": spec.identity(),
                                 "model_fingerprint": None, "table": records.seal_table(folder, n_rows).to_json()}
                        | extra)
 
@@ -119,8 +119,9 @@ def make_lm_eval_dir(root: Path, *, model: str = "hf", dtype: str = "float32", t
     return root
 
 
-def add_cell(root: Path, cell: CellSpec, table: pd.DataFrame) -> None:
-    """Add ``cell`` with per-sample ``table`` to a synthetic run: its spec entry, its table, its sealed record."""
+def add_cell(root: Path, cell: CellSpec, table: pd.DataFrame, **extra) -> None:
+    """Add ``cell`` with per-sample ``table`` to a synthetic run: its spec entry, its table, its sealed record
+    (with ``extra`` fields: ``versions``, ``reused_from``, ...)."""
     spec = RunSpec.from_json(json.loads((root / "spec.json").read_text()))
     spec = RunSpec.from_json(spec.to_json() | {"cells": [*spec.to_json()["cells"], asdict(cell) | {"name": cell.name}]})
     (root / "spec.json").write_text(json.dumps(spec.to_json()))
@@ -128,7 +129,25 @@ def add_cell(root: Path, cell: CellSpec, table: pd.DataFrame) -> None:
     d.mkdir(parents=True, exist_ok=True)
     table = table.assign(cell=cell.name)
     write_table(table, d / "samples.parquet")
-    write_cell_record(d, spec, cell.name, len(table))
+    write_cell_record(d, spec, cell.name, len(table), **extra)
+
+
+def add_variant(root: Path, name: str, like: str, *, backend: str = "vllm", dtype: str = "bf16",
+                args: dict[str, str] | None = None, env: dict[str, str] | None = None, drift: float = 0.0,
+                seed: int = 0, **extra) -> CellSpec:
+    """A named variant cell (``--cell NAME=BACKEND:DTYPE:k=v,...``) added to a synthetic run: the table of
+    cell ``like`` with the answer of a ``drift`` share of its docs moved to a wrong choice (acc 0 there)."""
+    from evalparity.samples import read_table
+
+    cell = CellSpec(backend, parse_dtype(dtype), 8, label=name, args=tuple((args or {}).items()),
+                    env=tuple((env or {}).items()))
+    table = read_table(root / "cells" / like / "samples.parquet").drop(columns=["cell"])
+    if drift:
+        docs = table[["task", "doc_id"]].drop_duplicates().sample(frac=drift, random_state=seed)
+        hit = table.set_index(["task", "doc_id"]).index.isin(pd.MultiIndex.from_frame(docs))
+        table.loc[hit, "m:acc"] = 0.0
+    add_cell(root, cell, table, **extra)
+    return cell
 
 
 def reseal(root: Path) -> None:
