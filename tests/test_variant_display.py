@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.cells import cell_len
 from rich.console import Console
-from synthetic import add_variant, make_run, reseal, write_cell_record
+from synthetic import add_variant, make_lm_eval_dir, make_run, reseal, write_cell_record
 from verdict_schema import check_verdicts
 
 from evalparity import signoff, variants
@@ -288,6 +288,22 @@ def test_run_checks_the_pairs_before_any_cell_starts():
         signoff.choose_reference(opts, [REF, PLAIN], fallback=True)
     with pytest.raises(EvalParityError, match="already compared with the reference vllm-bf16"):
         signoff.choose_reference(opts, [PLAIN, FP8], fallback=True)  # hf-fp32 absent: vllm-bf16 is the reference
+
+
+def test_compare_of_lm_eval_outputs_takes_pairs_too(tmp_path):
+    """``evalparity compare`` checks its pairs against the cells it imported (``choose_reference``)."""
+    paths = [make_lm_eval_dir(tmp_path / x, model=m, dtype=d, flip=f, seed=i)
+             for i, (x, m, d, f) in enumerate((("a", "hf", "float32", 0), ("b", "vllm", "bfloat16", 2),
+                                               ("c", "vllm", "float16", 5)))]
+    proc = evalparity_here("compare", *map(str, paths), "--out", str(tmp_path / "o"),
+                           "--compare", "vllm-bf16:vllm-fp16")
+    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
+    doc = check_verdicts(layout.verdicts_file(tmp_path / "o"))
+    assert [(c["reference"], c["cell"]) for c in doc["comparisons"] if c["kind"] == "pair" and c["gating"]] == [
+        ("vllm-bf16", "vllm-fp16")]
+    line = one_line_error(evalparity_here("compare", *map(str, paths), "--out", str(tmp_path / "o2"), "--compare",
+                                          "vllm-bf16:x"))
+    assert "x is not a cell of this run: use one of hf-fp32, vllm-bf16, vllm-fp16" in line
 
 
 def test_plan_takes_compare_and_plans_the_pair(reported, tmp_path):

@@ -5,8 +5,10 @@ per task × metric × cell), ``deltas.parquet``, ``flips.parquet``, ``flipped_sa
 ``generations.parquet``, ``first_divergence.parquet`` and ``verdicts.json`` (the documented schema the
 report and CI read).
 
-Which comparisons gate the sign-off: for a task inside a group (an mmlu subject), the group's pooled
-comparison gates and the members are shown under it; for a plain task, the task's own. Proportion metrics
+Which comparisons gate the sign-off: every cell against the reference ("cross") and each ``--compare A:B``
+pair (B against A, "pair"); for a task inside a group (an mmlu subject), the group's pooled comparison gates
+and the members are shown under it; for a plain task, the task's own. Every record says what its cell
+changes against its reference (``differs``). Proportion metrics
 gate with the proportion margin; other metrics only with a margin given for them; loglikelihoods only with
 ``gate_logprobs``. Noise-floor comparisons (a cell against its repeat at another batch size) never gate and
 get no verdict: they are the yardstick that the cross-backend discordance is tested against.
