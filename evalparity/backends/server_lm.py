@@ -9,8 +9,9 @@ What lm-eval's API models do on their own, and what changes here:
   the in-process vLLM cell parses; where the answer has them they are read here the way lm-eval's ``vllm``
   model reads them (sum over the continuation; greedy when each continuation token is its position's top).
 - Generation is the same completions endpoint; on a vLLM server each request asks ``return_token_ids``, so
-  the generated token ids are the engine's own, as in-process cells keep them. A server that returns none
-  gets its text re-tokenized, and the record says so (``generated_ids``).
+  the generated token ids are the engine's own, as in-process cells keep them, and the detokenization of
+  lm-eval's in-process ``vllm`` model (special tokens kept), so that the text is the same too. A server that
+  returns no ids gets its text re-tokenized, and the record says so (``generated_ids``).
 - Errors: lm-eval retries a failed request ``max_retries`` times (tenacity) and then raises; here that error
   becomes one ``ServerError`` line naming the server and what happened (refused, dropped, an HTTP status, the
   started server's own exit). lm-eval fills a generation the server answered with ``null`` with an empty
@@ -33,6 +34,10 @@ TOKEN_IDS = "the server's own token ids (vLLM: return_token_ids)"
 RETOKENIZED = "re-tokenized generated text (the server returned no token ids)"
 BY_ID = "prompt_logprobs by token id (as the in-process vLLM cell reads them)"
 BY_TEXT = "lm-eval's echo parser (token_logprobs and top_logprobs, keyed by token text)"
+# What a vLLM server's generation requests add: the engine's token ids, and the detokenization lm-eval's
+# in-process ``vllm`` model asks for (``VLLM.modify_gen_kwargs``: special tokens kept, no spaces between
+# them), where vLLM's API defaults to dropping them: text (and so exact_match) would otherwise differ.
+VLLM_GENERATION = {"return_token_ids": True, "skip_special_tokens": False, "spaces_between_special_tokens": False}
 
 
 def served_lm_class():
@@ -62,7 +67,7 @@ def served_lm_class():
             payload = super()._create_payload(messages, generate=generate, gen_kwargs=gen_kwargs, seed=seed, eos=eos,
                                               **kw)
             if generate and self.vllm_extras:
-                payload["return_token_ids"] = True
+                payload = VLLM_GENERATION | payload  # a task's own generation settings win, as in-process
             return payload
 
         def tok_encode(self, string, left_truncate_len=None, add_special_tokens=False, **kw):
