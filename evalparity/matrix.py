@@ -3,6 +3,10 @@
 Resume is by files: a cell whose ``cells/<name>/cell.json`` says ``ok`` (and whose table exists) is
 skipped unless ``force``; everything else runs. A run directory belongs to one spec: a rerun with other
 tasks, limits or settings into the same directory is refused rather than mixed in.
+
+A reference reused from an earlier run (``--reference-from``: ``reference_from`` checks it, ``rundir.reuse``)
+is published before the cells start, from the source's rows (per round, by ``stager``, in a staged run), and
+never becomes a job.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape  # task names and errors in the table: text, never markup
 from rich.table import Table
 
-from evalparity import backends, cells, progress, rundir, shards, stager, variants
+from evalparity import backends, cells, progress, rundir, samples, shards, stager, variants
 from evalparity import placement as pl
 from evalparity.config import (
     ATTEMPTS,
@@ -31,10 +35,11 @@ from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.placement import Job
 from evalparity.printable import visible
-from evalparity.rundir import layout, records, units
+from evalparity.rundir import layout, records, reuse, units
 from evalparity.rundir.records import STATUS_FAILED
 from evalparity.runlog import RunLog
 from evalparity.spec import CellSpec, RunSpec
+from evalparity.staging import StagingPlan
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +126,50 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
     write_json(path, spec.to_json())
 
 
+def reference_from(text: str | None, spec: RunSpec, reference: str,
+                   run_dir: Path) -> tuple[RunSpec, reuse.Source | None]:
+    """``--reference-from RUN_DIR[:CELL]``: the source cell verified and matched against this run's spec
+    (``rundir.reuse.open_source``: one line naming what differs), and the spec with the reference at the
+    batch size it was scored at (``reuse.adopt``); (spec, None) without the option. The documents are
+    checked too, before anything starts: every document an unstaged run scores, or a staged run's first
+    round (each later round's are checked as the run asks for them)."""
+    if not text:
+        return spec, None
+    source = reuse.open_source(text, spec, reference, run_dir)
+    spec = reuse.adopt(spec, source)
+    if spec.staging:
+        plan = StagingPlan.from_json(spec.staging)
+        source.rows(stager.first_request(plan, spec.identity()).docs, "in round 1")
+    else:
+        source.rows(scored_docs(spec))
+    return spec, source
+
+
+def scored_docs(spec: RunSpec) -> dict[str, list[int]]:
+    """The documents of each leaf task an unstaged cell scores (``--limit``, ``--task-limit``, or all)."""
+    return spec.shard_samples(0, 1)
+
+
+def _reuse_cell(run_dir: Path, spec: RunSpec, source: reuse.Source) -> None:
+    """An unstaged run's reused reference, published into ``cells/`` before the cells start (then found done,
+    like a finished cell); on a resume, checked to hold these rows (``Source.check_published``)."""
+    if units.is_done(run_dir, source.target, identity=spec.identity()):
+        source.check_published(layout.cell_dir(run_dir, source.target))
+        return
+    stager.publish_reused(run_dir, spec, source, scored_docs(spec), source.target)
+
+
+def _check_reused_prompts(run_dir: Path, source: reuse.Source, outcomes: dict[str, CellOutcome]) -> None:
+    """The reused reference's prompts against those the run's finished cells scored (``Source.check_prompts``)."""
+    import pandas as pd  # heavy: pandas (loaded with cells already)
+
+    cols = samples.KEY + samples.HASHES
+    tables = {name: pd.read_parquet(layout.table(layout.cell_dir(run_dir, name)), columns=cols)
+              for name, o in outcomes.items() if o.status != "failed"
+              and units.is_done(run_dir, name)}
+    source.check_prompts(run_dir, tables)
+
+
 def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool,
                      cell: CellSpec | None = None) -> dict[str, str]:
     """The variables a cell process needs on top of its host's environment (which, on a cluster, is that
@@ -202,11 +251,13 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
 
 def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = False, offline: bool = False,
                console: Console | None = None, placement: Placement | None = None,
-               log: RunLog | None = None, ray_head=None, opts=None) -> list[CellOutcome]:
+               log: RunLog | None = None, ray_head=None, opts=None,
+               reused: reuse.Source | None = None) -> list[CellOutcome]:
     """Run every cell (or shard) not yet done; return one outcome per cell of the spec. ``log`` gets the
     time spent starting the executor, running the cells and stopping it. ``ray_head``: see
     ``early_ray_head``. ``console`` shows the progress (``progress``: live bars on a terminal, timestamped
-    lines in a log); messages go to this module's logger."""
+    lines in a log); messages go to this module's logger. ``reused``: the reference taken from an earlier
+    run (``reference_from``), published here instead of run."""
     console = console or Console(stderr=True)
     placement = placement or Placement()
     log = log or RunLog()
@@ -214,10 +265,15 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
     prepare_run_dir(run_dir, spec, force)
     log.run_dir = run_dir
     if spec.staging:
-        return _run_staged(spec, run_dir, model_path, offline, console, placement, log, ray_head, opts)
+        return _run_staged(spec, run_dir, model_path, offline, console, placement, log, ray_head, opts, reused)
+    if reused is not None:
+        _reuse_cell(run_dir, spec, reused)
     outcomes, jobs, merge_only = plan_jobs(spec, run_dir, force, placement.cells_per_gpu, offline)
-    if outcomes:
-        logger.info(f"{len(outcomes)} cell(s) already done, skipped: {', '.join(outcomes)} (--force reruns them)")
+    if reused is not None:
+        outcomes[reused.target].status = "reused"
+    skipped = [n for n, o in outcomes.items() if o.status == "skipped"]
+    if skipped:
+        logger.info(f"{len(skipped)} cell(s) already done, skipped: {', '.join(skipped)} (--force reruns them)")
     by_name = {c.name: c for c in spec.cells}
     for cell in merge_only:
         outcomes[cell.name] = _merge(run_dir, cell, 0.0)
@@ -232,6 +288,8 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
             ray_head.close()
     _start_block(console, spec, run_dir, executor, outcomes)
     if executor is None:
+        if reused is not None:
+            _check_reused_prompts(run_dir, reused, outcomes)
         return [outcomes[c.name] for c in spec.cells]
     if executor.name == "ray":
         res = executor.resources()
@@ -267,12 +325,15 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
         if executor.name == "ray":
             with log.stage("executor_stop"):
                 executor.stop()
+    if reused is not None:
+        _check_reused_prompts(run_dir, reused, outcomes)
     return [outcomes[c.name] for c in spec.cells]
 
 
 def _run_staged(spec: RunSpec, run_dir: Path, model_path: str, offline: bool, console: Console, placement: Placement,
-                log: RunLog, ray_head, opts) -> list[CellOutcome]:
-    """A staged spec: its rounds (``stager``), each cell one job, on the executor the cells would get."""
+                log: RunLog, ray_head, opts, reused: reuse.Source | None = None) -> list[CellOutcome]:
+    """A staged spec: its rounds (``stager``), each cell one job (but a reused reference), on the executor the
+    cells would get."""
     gpus = spec.tensor_parallel / placement.cells_per_gpu if spec.device != "cpu" else 0.0
     envs = {c.name: cell_environment(spec, backends.get(c.backend).environment(spec, c), offline, c)
             for c in spec.cells}
@@ -281,15 +342,16 @@ def _run_staged(spec: RunSpec, run_dir: Path, model_path: str, offline: bool, co
     def make_job(name: str, mode: str) -> Job:
         return Job(name, gpus=gpus, cpus=1.0, env=envs[name] | {PORT_BASE_ENV: str(ports[name])}, staged=mode)
 
+    n_jobs = len(spec.cells) - (reused is not None)
     with log.stage("executor_start"):
-        executor = choose_executor(spec, placement, len(spec.cells), run_dir, model_path, ray_head)
-    log.facts.update(executor=executor.name, jobs=len(spec.cells), staged=True)
+        executor = choose_executor(spec, placement, n_jobs, run_dir, model_path, ray_head)
+    log.facts.update(executor=executor.name, jobs=n_jobs, staged=True)
     if ray_head is not None and getattr(executor, "head", None) is not ray_head:
         ray_head.close()
     _start_block(console, spec, run_dir, executor, {})
     cells_t0 = time.perf_counter()
     try:
-        got = stager.run(spec, run_dir, opts, executor, make_job, console, placement.cells_per_gpu)
+        got = stager.run(spec, run_dir, opts, executor, make_job, console, placement.cells_per_gpu, reused)
     finally:
         log.mark("cells", cells_t0)
         if executor.name == "ray":

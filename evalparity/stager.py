@@ -15,6 +15,10 @@ round and exits, and is started again for the next: a reload per round, the pric
 
 A killed run resumes at its last finished round: parts already published are never scored again, and a
 round record already written is checked against the decisions that led to it.
+
+A reference reused from an earlier run (``--reference-from``, ``rundir.reuse``) is no job: each round, its part
+is published from the source's rows of that round's docs (``publish_reused``) before the other cells score
+theirs, and its prompts are checked against theirs before the round is decided on.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from evalparity.config import CELLS, STAGES
 from evalparity.errors import EvalParityError
 from evalparity.rundir import layout, records, rounds, units
 from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
+from evalparity.rundir.reuse import Source
 from evalparity.shards import aggregate, stage_merged
 from evalparity.spec import RunSpec
 from evalparity.staging import StagingPlan, order
@@ -122,7 +127,7 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
     first = metas[0]
     keep = ("cell", "backend", "dtype", "batch_size", "tag", "tf32", "base_cell", "variant", "model", "model_path",
             "spec_identity", "model_fingerprint", "device", "device_name", "versions", "settings", "precision",
-            "environment", "model_args", "placement")
+            "environment", "model_args", "placement", "reused_from")
     meta = {k: first.get(k) for k in keep if k in first}
     meta |= {"status": STATUS_OK, "table": seal.to_json(), "n_rows": int(len(table)),
              "load_s": sum(m.get("load_s") or 0.0 for m in metas),
@@ -140,6 +145,35 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
     records.write_cell(out, meta)
     units.publish(run_dir, cell.name, STATUS_OK, CELLS)
     return meta
+
+
+def publish_reused(run_dir: Path, spec: RunSpec, source: Source, docs: dict[str, list[int]], unit: str,
+                   folder: str = CELLS, where: str = "", **extra) -> dict:
+    """Publish the reused reference's rows of ``docs`` as the unit ``folder/unit`` of this run (its cell, or a
+    round's part with ``round=r`` in ``extra``), as a cell publishes its own: the table written and sealed
+    here, its record (``Source.published_record``: made under this run's identity, naming the source), one rename."""
+    rows = source.rows(docs, where)
+    out = units.tmp_dir(run_dir, unit, folder)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    samples.write_table(rows, layout.table(out))
+    meta = source.published_record(spec, records.seal_table(out, len(rows)), len(rows), aggregate(rows), **extra)
+    records.write_cell(out, meta)
+    units.publish(run_dir, unit, STATUS_OK, folder)
+    return meta
+
+
+def reuse_round(run_dir: Path, spec: RunSpec, source: Source, request: rounds.RoundRequest) -> None:
+    """The reused reference's part of round ``request.round``: published from the source's rows of the
+    round's docs (not its padding: a scored part drops that too), or, on a resume, checked to be that."""
+    r = request.round
+    folder = rounds.part_dir(run_dir, source.target, r)
+    if has_part(run_dir, spec, source.target, r):
+        source.check_published(folder)
+        return
+    publish_reused(run_dir, spec, source, request.docs, rounds.part_name(source.target, r), STAGES,
+                   where=f"in round {r + 1}", round=r)
 
 
 def record_failure(run_dir: Path, cell, why: str, wall: float, placement: dict | None = None) -> dict:
@@ -184,10 +218,12 @@ def can_hold_all(executor, spec: RunSpec, cells_per_gpu: int, n: int) -> bool:
     return int(res.get("GPU", 0) * cells_per_gpu // spec.tensor_parallel) >= n
 
 
-def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console, cells_per_gpu: int = 1) -> dict:
+def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console, cells_per_gpu: int = 1,
+        reused: Source | None = None) -> dict:
     """Every round the decisions ask for, then the merge: outcomes (``matrix.CellOutcome`` fields as dicts) by
     cell. ``make_job(cell, mode)`` builds a cell's job; ``opts`` are the statistics options that decide;
-    ``console`` shows the rounds and the cells' progress (``progress``: live bars, or lines in a log)."""
+    ``console`` shows the rounds and the cells' progress (``progress``: live bars, or lines in a log);
+    ``reused``: the reference taken from an earlier run, each round's part published from it, never scored."""
     from evalparity.stats.compare import look  # heavy: scipy (the decisions between rounds)
 
     plan = StagingPlan.from_json(spec.staging)
@@ -201,7 +237,8 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     elif have.tasks != first.tasks or have.docs != first.docs:
         raise EvalParityError(f"{layout.round_file(run_dir, 0)} asks for other docs than the run's staging plan: "
                               "remove the run's stages/ and cells/ folders and rerun")
-    mode = "resident" if can_hold_all(executor, spec, cells_per_gpu, len(spec.cells)) else "round"
+    n_scored = len(spec.cells) - (reused is not None)
+    mode = "resident" if can_hold_all(executor, spec, cells_per_gpu, n_scored) else "round"
     logger.info(f"staged: {len(plan.units)} task(s), up to {plan.rounds} round(s); cells "
                 + ("stay loaded across rounds" if mode == "resident" else "are started once per round (the "
                    "executor runs one at a time)"))
@@ -215,10 +252,15 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
                 request = rounds.read_round(run_dir, r, identity)
                 shown.overall(description=f"round {r + 1}: {request.n_docs():,} docs per cell "
                                           f"({', '.join(request.tasks)})")
+                if reused is not None:
+                    reuse_round(run_dir, spec, reused, request)
+                    shown.finished(reused.target, f"round {r + 1} reused", count=r + 1)
                 failed = _score_round(run_dir, spec, r, executor, make_job, mode, live, shown, by_name, t0)
                 if failed:
                     break
                 tables, metas = read_parts(run_dir, spec, r)
+                if reused is not None:
+                    reused.check_prompts(run_dir, tables)
                 trace = look(tables, metas, opts, plan)
                 shown.line(round_line(r, request, trace, plan))
                 want = next_request(plan, identity, r + 1, trace)
@@ -244,12 +286,16 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     for cell in spec.cells:
         folder = layout.cell_dir(run_dir, cell.name)
         rec = records.read_cell(folder)
-        wall = time.perf_counter() - t0[cell.name]
+        is_reused = reused is not None and cell.name == reused.target
+        wall = 0.0 if is_reused else time.perf_counter() - t0[cell.name]
         merged = rec is not None and rec.ok and rec.spec_identity == identity
         if merged and len(rec.extra.get("rounds", [])) == n_rounds:
-            out[cell.name] = {"status": "skipped", "wall_s": 0.0, "meta": rec.to_json()}
+            if is_reused:
+                reused.check_published(folder)
+            out[cell.name] = {"status": "reused" if is_reused else "skipped", "wall_s": 0.0, "meta": rec.to_json()}
             continue
-        out[cell.name] = {"status": "ok", "wall_s": wall, "meta": merge_parts(run_dir, spec, cell, n_rounds, wall)}
+        out[cell.name] = {"status": "reused" if is_reused else "ok", "wall_s": wall,
+                          "meta": merge_parts(run_dir, spec, cell, n_rounds, wall)}
     return out
 
 
