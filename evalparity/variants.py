@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 from evalparity.errors import EvalParityError
 from evalparity.rundir.names import check_name
@@ -121,9 +122,10 @@ def parse_pair(text: str, names: list[str]) -> tuple[str, str]:
 
 def parse_pythons(items: list[str]) -> tuple[tuple[str, str], ...]:
     """``--python NAME=/path/to/python`` (repeatable) as (name, absolute path) pairs, checked from the
-    arguments alone: the form, a safe name given once, and a path that is an executable file. The path keeps
-    its symlinks (a venv's ``bin/python`` links to its base interpreter: resolved, it would leave the venv).
-    Whether it is a Python that can run a cell is asked of it later (``cells.InterpreterProbes``)."""
+    arguments alone: the form, a safe name given once, and a path (or a name on PATH) that is an executable
+    file. The path keeps its symlinks (a venv's ``bin/python`` links to its base interpreter: resolved, it
+    would leave the venv). Whether it is a Python that can run a cell is asked of it later
+    (``cells.InterpreterProbes``)."""
     out: dict[str, str] = {}
     for item in items:
         name, eq, path = (x.strip() for x in item.partition("="))
@@ -133,7 +135,8 @@ def parse_pythons(items: list[str]) -> tuple[tuple[str, str], ...]:
         check_name(name, "--python name")
         if name in out:
             raise EvalParityError(f"--python {name} is given twice: give each interpreter one name")
-        full = os.path.abspath(os.path.expanduser(path))
+        found = shutil.which(path) if os.sep not in path else None  # a bare name (python3.12): looked up on PATH
+        full = os.path.abspath(os.path.expanduser(found or path))
         if not os.path.isfile(full) or not os.access(full, os.X_OK):
             what = "does not exist" if not os.path.exists(full) else "is not an executable file"
             raise EvalParityError(f"--python {name}={path}: {full} {what}: give the path of a Python "
