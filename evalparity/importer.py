@@ -24,18 +24,22 @@ logger = logging.getLogger(__name__)
 MISSING_TASKS = "tasks_not_in_every_input"  # compare.json: [{"task", "missing_from": [cell names]}]
 
 
-def cell_name_for(results: dict, fallback: str) -> str:
-    """'<model type>-<dtype>' from lm-eval's config (e.g. hf-fp32, vllm-bf16), else the folder name."""
-    cfg = results.get("config", {}) or {}
-    mtype = str(cfg.get("model") or "").lower()
-    args = cfg.get("model_args") or ""
-    dtype = None
+def dtype_for(results: dict) -> str | None:
+    """The dtype lm-eval's config gave the model (``float32``, ``bfloat16``, ``float16``), or None."""
+    args = (results.get("config", {}) or {}).get("model_args") or ""
     if isinstance(args, dict):
         dtype = args.get("dtype")
     else:
         m = re.search(r"dtype=([A-Za-z0-9_.]+)", str(args))
         dtype = m.group(1) if m else None
-    dtype = DTYPE_ALIASES.get(str(dtype).replace("torch.", "").lower()) if dtype else None
+    return DTYPE_ALIASES.get(str(dtype).replace("torch.", "").lower()) if dtype else None
+
+
+def cell_name_for(results: dict, fallback: str) -> str:
+    """'<model type>-<dtype>' from lm-eval's config (e.g. hf-fp32, vllm-bf16), else the folder name."""
+    cfg = results.get("config", {}) or {}
+    mtype = str(cfg.get("model") or "").lower()
+    dtype = dtype_for(results)
     if mtype and mtype != "custom":
         base = re.sub(r"[^A-Za-z0-9_.-]+", "_", mtype)
         return f"{base}-{SHORT_DTYPE[dtype]}" if dtype else base
@@ -149,7 +153,8 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
         batch = cfg.get("batch_size")
         records.write_cell(tmp, {
             "cell": name, "status": STATUS_OK, "source": source, "tag": "", "base_cell": name,
-            "backend": str(cfg["model"]) if cfg.get("model") else None, "model_args": cfg.get("model_args"),
+            "backend": str(cfg["model"]) if cfg.get("model") else None, "dtype": dtype_for(results),
+            "model_args": cfg.get("model_args"),
             "batch_size": batch if isinstance(batch, (int, str)) and not isinstance(batch, bool) else None,
             "versions": {"lm_eval": (results.get("lm_eval_version") or "?")},
             "finished": json.dumps(results.get("date")),
