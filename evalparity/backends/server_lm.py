@@ -176,7 +176,7 @@ def served_lm_class():
             status = getattr(getattr(err, "response", None), "status_code", None) or getattr(err, "status", None)
             if status:
                 return f"{where} answered HTTP {status} while {doing}, {tries}: {text} (its reply is in cell.log)"
-            if "refused" in text.lower() or isinstance(err, (ConnectionRefusedError, aiohttp.ClientConnectorError)):
+            if "refused" in str(err).lower() or isinstance(err, (ConnectionRefusedError, aiohttp.ClientConnectorError)):
                 return f"{where} refused the connection while {doing}, {tries}: is it running? ({text})"
             if isinstance(err, (asyncio.TimeoutError, requests.exceptions.Timeout)):
                 return f"{where} did not answer within {self.timeout} s while {doing}, {tries} (raise timeout=)"

@@ -174,14 +174,15 @@ class Server:
     stdout (a cell's ``cell.log``), each line prefixed ``serve| ``, and its last lines are kept for the reason
     of a failure."""
 
-    def __init__(self, argv: list[str], port: int):
+    def __init__(self, argv: list[str], port: int, env: dict[str, str] | None = None):
         self.argv = argv
         self.port = port
         self.endpoint = Endpoint(f"http://127.0.0.1:{port}")
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.ready_s: float | None = None
         cmd = [sys.executable, "-m", __name__, *argv, "--host", "127.0.0.1", "--port", str(port)]
-        self.proc = procs.popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.proc = procs.popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=os.environ | (env or {}))
         self._reader = threading.Thread(target=self._copy_output, name="vllm-serve-output", daemon=True)
         self._reader.start()
 
@@ -239,11 +240,12 @@ class Server:
         self._reader.join(timeout=5)
 
 
-def start(argv: list[str]) -> Server:
-    """``vllm serve ARGV`` on a free loopback port, ready (``/health``) before this returns. A port taken in
-    the moment between choosing and binding it is tried once more on another."""
+def start(argv: list[str], env: dict[str, str] | None = None) -> Server:
+    """``vllm serve ARGV`` on a free loopback port (``env`` over this process's environment), ready
+    (``/health``) before this returns. A port taken in the moment between choosing and binding it is tried
+    once more on another."""
     for attempt in range(2):
-        server = Server(argv, free_port())
+        server = Server(argv, free_port(), env)
         try:
             server.wait_ready()
             return server
