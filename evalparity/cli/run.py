@@ -362,7 +362,10 @@ def identify_cell_models(cell_specs, run_model: tuple, max_len: int, run_dir: Pa
         if not cell.model:
             out.append(cell)
             continue
-        source, path, own_max = resolve_model(cell.model, 1 << 30)
+        try:
+            source, path, own_max = resolve_model(cell.model, 1 << 30)
+        except EvalParityError as err:
+            raise EvalParityError(f"cell {cell.name}: {err}", err.exit_code) from None
         fp = rundir.model_fingerprint(path, source)
         check_cell_model(cell.name, cell.model, run_model, (path, fp), own_max, max_len)
         cell = dataclasses.replace(cell, model=source, model_fingerprint=fp)
