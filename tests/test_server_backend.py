@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 from conftest import evalparity, one_line_error
 
+from evalparity import procs
 from evalparity.backends import server, server_lm, server_process, vllm
 from evalparity.errors import EvalParityError
 from evalparity.samples import KEY
@@ -141,22 +142,33 @@ def faulty_server(mode: str, model: str):
             httpd.server_close()
 
 
-@pytest.mark.parametrize("mode, said, retries", [("drop", "dropped the connection while", 1),
-                                                 ("refuse", "refused the connection while", 2)])
+# lm-eval sends one request at a time (num_concurrent=1, requests) or several at once (aiohttp): one of each
+@pytest.mark.parametrize("mode, said, retries, concurrent", [("drop", "dropped the connection while", 1, 1),
+                                                             ("refuse", "refused the connection while", 2, 2)])
 def test_a_failing_server_fails_the_cell_in_one_line_and_keeps_no_table(tiny_model, tiny_tasks, tmp_path, mode, said,
-                                                                         retries):
+                                                                         retries, concurrent):
     out = tmp_path / "run"
     with faulty_server(mode, str(tiny_model)) as url:
         proc = evalparity(*run_args(tiny_model, tiny_tasks, out, "--cell", f"prod=server:fp32:url={url}/v1,"
-                                    f"max_retries={retries}", "--reference", "prod", "--single-cell"))
+                                    f"max_retries={retries},num_concurrent={concurrent}", "--reference", "prod",
+                                    "--single-cell"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     attempts = sorted((out / "cells").glob("prod*"))
     cell = json.loads((attempts[-1] / "cell.json").read_text())
     assert cell["status"] == "failed" and "\n" not in cell["error"], cell
     assert cell["error"].startswith(f"ServerError: the server at {url} {said}"), cell["error"]
-    assert f"after {retries} tries (max_retries={retries})" in cell["error"]
+    assert f"(max_retries={retries})" in cell["error"]
     assert not list(out.rglob("samples.parquet"))  # never a partial table
     assert cell["error"][:60] in proc.stderr  # the run says why
+
+
+def test_a_server_that_cannot_start_fails_in_one_line_and_leaves_nothing_running():
+    with pytest.raises(server_process.ServerError) as err:
+        server_process.start(["--no-such-flag"], {"VLLM_TARGET_DEVICE": "cpu"})
+    said = str(err.value)
+    assert said.startswith("vllm serve exited with status 2 while starting: ") and "\n" not in said, said
+    assert "--no-such-flag" in said  # vLLM's own reason, from its output
+    assert procs.live_children() == []
 
 
 def test_a_bad_url_is_refused_before_any_cell_starts(tiny_model, tiny_tasks, tmp_path):

@@ -172,11 +172,14 @@ def served_lm_class():
         def _said(self, err: BaseException, doing: str) -> str:
             text = " ".join(str(err).split())[:200]
             where = f"the server at {self.endpoint.root}"
-            tries = f"after {self.max_retries} tries (max_retries={self.max_retries})"
+            n = self.max_retries
+            tries = f"after {n} {'try' if n == 1 else 'tries'} (max_retries={n})"
             status = getattr(getattr(err, "response", None), "status_code", None) or getattr(err, "status", None)
             if status:
                 return f"{where} answered HTTP {status} while {doing}, {tries}: {text} (its reply is in cell.log)"
-            if "refused" in str(err).lower() or isinstance(err, (ConnectionRefusedError, aiohttp.ClientConnectorError)):
+            refused = ConnectionRefusedError
+            if isinstance(err, refused) or isinstance(getattr(err, "os_error", None), refused) \
+                    or "refused" in str(err).lower():  # requests nests it in its message; aiohttp keeps it
                 return f"{where} refused the connection while {doing}, {tries}: is it running? ({text})"
             if isinstance(err, (asyncio.TimeoutError, requests.exceptions.Timeout)):
                 return f"{where} did not answer within {self.timeout} s while {doing}, {tries} (raise timeout=)"

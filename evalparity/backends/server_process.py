@@ -216,6 +216,7 @@ class Server:
         rc = self.exit_status()
         if rc is None:
             return None
+        procs.ended(self.proc)  # what it left in its group (an engine process) goes with it
         return ServerError(f"vllm serve exited with status {rc} while {doing}: {self.reason()} (its output is in "
                            "cell.log, lines 'serve| ')")
 
