@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import ahead
 import pytest
@@ -454,3 +455,21 @@ def test_workers_run_together_and_each_failure_keeps_its_own_reason(tmp_path):
                                 (crashes, {}, tmp_path / "c.log")], lambda: ticks.append(1), every=0.05)
     assert got == [(0, None, ""), (2, "no such layer", "error: no such layer"), (1, None, "boom")]
     assert len(ticks) >= 2 and (tmp_path / "a.log").read_text().strip() == "fine"
+
+
+def test_a_cell_s_own_checkpoint_and_interpreter_are_what_drift_loads(tiny_model):
+    """A cell with model= is probed on its checkpoint and one with python= under its interpreter, as the run
+    ran them (spec.CellSpec.model, RunSpec.pythons)."""
+    import sys
+
+    from synthetic import synthetic_spec
+
+    from evalparity.drift import launch_plan
+
+    base = synthetic_spec(["hf-fp32", "hf-bf16"])
+    cells = (base.cells[0], replace(base.cells[1], label="mine", model=str(tiny_model), python="alt"))
+    spec = replace(base, cells=cells, pythons=(("alt", "/opt/alt/bin/python"),))
+    plan = launch_plan("/run-model", ["mine"], "hf-fp32", device="cpu", max_len=64, run_spec=spec)
+    assert plan["hf-fp32"]["python"] == sys.executable and plan["hf-fp32"]["model_args"]["pretrained"] == "/run-model"
+    assert plan["mine"]["python"] == "/opt/alt/bin/python"
+    assert plan["mine"]["model_args"]["pretrained"] == str(tiny_model)

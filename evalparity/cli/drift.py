@@ -153,7 +153,9 @@ def run_model(run_dir: Path) -> str:
     drift probes the model the verdicts are about; a run that does not verify (``records.verify_run``) is
     refused like ``report`` refuses it."""
     run = records.verify_run(run_dir)
-    found = next((p for r in run.cells.values() if isinstance(p := r.extra.get("model_path"), str)), None)
+    # a cell with model= scored another checkpoint: the run's model is the plain cells' (spec.CellSpec.model)
+    found = next((p for r in run.cells.values()
+                  if isinstance(p := r.extra.get("model_path"), str) and not r.variant.get("model")), None)
     spec_model = run.model
     if found is None and not isinstance(spec_model, str):
         raise EvalParityError(f"{layout.spec_file(run_dir)} names no model and no cell of the run recorded one: pass "

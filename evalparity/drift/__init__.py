@@ -23,6 +23,7 @@ from evalparity import backends, procs, progress
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.matrix import cell_environment
+from evalparity.models import resolve_model
 from evalparity.rundir import layout, records
 from evalparity.spec import Alignment, CellSpec, RunSpec, parse_backend, parse_dtype
 
@@ -90,9 +91,12 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
     plan = {}
     for name, cell in zip(names, wanted):
         backend = backends.get(cell.backend)
-        args = backend.model_args(spec, cell, model_path)
+        # a cell's own checkpoint (model=) and interpreter (python=), as the run loaded it
+        own = str(resolve_model(cell.model, max_len)[1]) if cell.model else model_path
+        args = backend.model_args(spec, cell, own)
         plan[name] = {"backend": cell.backend, "dtype": cell.dtype, "tf32": cell.tf32, "model_args": args,
-                      "env": cell_environment(spec, backend.environment(spec, cell), offline=True, cell=cell)}
+                      "env": cell_environment(spec, backend.environment(spec, cell), offline=True, cell=cell),
+                      "python": spec.interpreter(cell) or sys.executable}
     return plan
 
 
@@ -150,8 +154,9 @@ def _workers(out: Path, names: list[str], launch: dict[str, dict], bar: progress
         for n in names:
             bar.watch(units[n], layout.drift_progress(out, n))
 
-    ended = procs.run_logged_all([([sys.executable, "-m", "evalparity.drift.worker", str(out), n], launch[n]["env"],
-                                   layout.drift_log(out, n)) for n in names], tick, every=0.5)
+    argv = {n: [launch[n].get("python") or sys.executable, "-m", "evalparity.drift.worker", str(out), n] for n in names}
+    ended = procs.run_logged_all([(argv[n], launch[n]["env"], layout.drift_log(out, n)) for n in names], tick,
+                                 every=0.5)
     done = []
     for n, (code, said, last) in zip(names, ended):
         if code != 0:
