@@ -132,13 +132,21 @@ def environment(spec: RunSpec, cell: CellSpec) -> dict[str, str]:
     build's variables), but not the in-process engine switch, which ``vllm serve`` has no use for. For the
     user's server, nothing; asked in the run's process before any cell starts, so the URL is checked here:
     its form, that the server answers, that it serves the model asked for."""
-    sc = server_cell(cell)
-    if not sc.started:
-        check_url(sc)
+    if not check_cell(cell).started:
         return {}
     env = vllm.environment(spec, cell)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     return env
+
+
+def check_cell(cell: CellSpec) -> ServerCell:
+    """Everything about a server cell that can be checked before any cell starts, in one line on failure: its
+    keys (``server_cell``) and, for the user's server, the URL (``check_url``). Optional, not part of
+    ``base.Backend``: ``environment`` calls it, the run's last step before the cells start."""
+    sc = server_cell(cell)
+    if not sc.started:
+        check_url(sc)
+    return sc
 
 
 def check_url(sc: ServerCell) -> dict:
