@@ -142,6 +142,9 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
     gpu = [m["peak_gpu_gib"] for m in metas if m.get("peak_gpu_gib") is not None]
     if gpu:
         meta["peak_gpu_gib"] = max(gpu)
+    if first.get("reused_from"):  # rows of an earlier run (rundir.reuse): nothing was loaded or timed here
+        for key in ("load_s", "eval_s", "write_s", "wall_s", "peak_rss_gib"):
+            meta.pop(key)
     records.write_cell(out, meta)
     units.publish(run_dir, cell.name, STATUS_OK, CELLS)
     return meta

@@ -469,7 +469,7 @@ def test_a_staged_run_takes_each_rounds_rows_from_the_source(source, tmp_path):
         pd.testing.assert_frame_equal(part, want)
         assert json.loads(layout.cell_record(rounds.part_dir(run, REF, r)).read_text())["round"] == r
     merged = json.loads(layout.cell_record(layout.cell_dir(run, REF)).read_text())
-    assert merged["reused_from"]["cell"] == REF and len(merged["rounds"]) == n_rounds
+    assert merged["reused_from"]["cell"] == REF and len(merged["rounds"]) == n_rounds and "load_s" not in merged
     proc = evalparity_here("report", str(run))
     assert proc.returncode in (0, 3, 4), proc.stderr
     assert snapshot(source) == before

@@ -74,6 +74,15 @@ def split_source(text: str) -> tuple[Path, str | None]:
     return Path(text), None
 
 
+def check_folder(text: str) -> None:
+    """The option's folder exists: checked with the arguments, before anything starts (the rest of the check
+    needs this run's spec: ``open_source``)."""
+    folder, cell = split_source(text)
+    if not folder.is_dir():
+        raise _refuse(f"{folder}:{cell}" if cell else str(folder), f"{folder} is not a folder",
+                      "give the --out of an earlier evalparity run")
+
+
 @dataclass(frozen=True)
 class Source:
     """A verified cell of an earlier run that matches this run's reference: ``target`` is this run's name for
@@ -196,8 +205,7 @@ def open_source(text: str, spec: RunSpec, reference: str, run_dir: Path) -> Sour
     folder, cell = split_source(text)
     cell = cell or reference
     label = f"{folder}:{cell}"
-    if not folder.is_dir():
-        raise _refuse(label, f"{folder} is not a folder", "give the --out of an earlier evalparity run")
+    check_folder(text)
     src = Path(os.path.realpath(folder))
     if src == Path(os.path.realpath(run_dir)):
         raise _refuse(label, "it is this run's own folder", f"give an earlier run's folder, or drop {FLAG}")
