@@ -127,7 +127,7 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
     first = metas[0]
     keep = ("cell", "backend", "dtype", "batch_size", "tag", "tf32", "base_cell", "variant", "model", "model_path",
             "spec_identity", "model_fingerprint", "device", "device_name", "versions", "settings", "precision",
-            "environment", "model_args", "placement", "reused_from")
+            "environment", "model_args", "placement", "reused_from", "interpreter")
     meta = {k: first.get(k) for k in keep if k in first}
     meta |= {"status": STATUS_OK, "table": seal.to_json(), "n_rows": int(len(table)),
              "load_s": sum(m.get("load_s") or 0.0 for m in metas),

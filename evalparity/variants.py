@@ -174,6 +174,8 @@ def settings_of(meta: dict) -> dict[str, str]:
     for key in ("model", "python"):
         if variant.get(key):
             out[key] = str(variant[key])
+    if variant.get("model_digest"):  # the weights at model= (the path alone may hold others by now)
+        out["weights"] = str(variant["model_digest"])[:12]
     return out
 
 

@@ -45,7 +45,7 @@ def toy(monkeypatch):
 
 
 def test_every_backend_implements_the_contract(toy):
-    assert backends.names() == ("hf", "vllm", "hfcopy")
+    assert backends.names() == ("hf", "vllm", "server", "hfcopy")
     for name in backends.names():
         b = backends.get(name)
         assert isinstance(b, Backend) and b.name == name and b.lm_eval_model
@@ -56,12 +56,12 @@ def test_every_backend_implements_the_contract(toy):
 def test_unknown_backend_lists_the_known_ones_in_one_line(tiny_model, tiny_tasks, tmp_path):
     out = tmp_path / "run"
     proc = evalparity(*run_args(tiny_model, tiny_tasks, out, "--backends", "hf,tgi"))
-    assert one_line_error(proc) == "error: unknown backend 'tgi': use one of hf, vllm"
+    assert one_line_error(proc) == "error: unknown backend 'tgi': use one of hf, vllm, server"
     assert proc.returncode == EXIT_USAGE and not out.exists()
     proc = evalparity(*run_args(tiny_model, tiny_tasks, out, "--backends", "hf,tgi"), env=PLUGIN_ENV)
-    assert one_line_error(proc) == "error: unknown backend 'tgi': use one of hf, vllm, hfcopy"
+    assert one_line_error(proc) == "error: unknown backend 'tgi': use one of hf, vllm, server, hfcopy"
     assert proc.returncode == EXIT_USAGE
-    with pytest.raises(EvalParityError, match=r"^unknown backend 'tgi': use one of hf, vllm"):
+    with pytest.raises(EvalParityError, match=r"^unknown backend 'tgi': use one of hf, vllm, server"):
         backends.get("tgi")
 
 
@@ -151,4 +151,4 @@ def test_toy_backend_in_report_and_drift(toy_run):
     assert d["generations"]["identical"] == 1.0
     proc = evalparity("drift", "--run-dir", str(toy_run), "--cells", "hfcopy-fp32", "--reference", "hf-fp32",
                       "--device", "cpu")  # without the plugin: the name is unknown
-    assert one_line_error(proc) == "error: unknown backend 'hfcopy': use one of hf, vllm"
+    assert one_line_error(proc) == "error: unknown backend 'hfcopy': use one of hf, vllm, server"

@@ -26,16 +26,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import evalparity, evalparity_here
+from conftest import evalparity, evalparity_here, one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import write_cell_record
+from verdict_schema import check_verdicts
 
 from evalparity import matrix, stager
 from evalparity.errors import EvalParityError
 from evalparity.placement import Job, JobEnd
 from evalparity.rundir import layout, records, rounds, units
-from evalparity.runlog import RunLog
 from evalparity.samples import KEY, read_table, write_table
 from evalparity.spec import Alignment, CellSpec, RunSpec
 from evalparity.staging import make_plan
@@ -517,35 +517,35 @@ def tiny_args(model: Path, tasks: Path, out: Path) -> list[str]:
             "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "6", "--max-length", "256", "--out", str(out)]
 
 
-def test_a_real_run_reuses_a_real_reference_and_signs_off_alike(tiny_model, tiny_tasks, tmp_path, monkeypatch):
-    """The source: a real run of hf-fp32 and hf-bf16. The second run is the same command with the reference
-    reused (as ``evalparity run`` would call it with ``--reference-from``): it scores hf-bf16 only, its
-    reference's rows are the source's, and it signs off as the source did."""
+def test_a_real_run_reuses_a_real_reference_and_signs_off_alike(tiny_model, tiny_tasks, tmp_path):
+    """The source: a real run of hf-fp32 and hf-bf16. The second run is the same command with
+    ``--reference-from``: it scores hf-bf16 only, its reference's rows are the source's, it signs off as the
+    source did, and the source is never written; a mismatch is one line before any cell starts."""
     source = tmp_path / "source"
     first = evalparity(*tiny_args(tiny_model, tiny_tasks, source))
     assert first.returncode in (0, 3, 4), first.stderr[-3000:]
     before = snapshot(source)
-    spec = RunSpec.from_json(json.loads(layout.spec_file(source).read_text()))  # what the same command builds
     run = tmp_path / "run"
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     t0 = time.perf_counter()
-    spec, src = matrix.reference_from(str(source), spec, REF, run)
-    log = RunLog()
-    outcomes = {o.name: o for o in matrix.run_matrix(spec, run, str(tiny_model), offline=True, log=log,
-                                                     reused=src)}
+    second = evalparity(*tiny_args(tiny_model, tiny_tasks, run), "--reference-from", str(source))
     took = time.perf_counter() - t0
-    assert outcomes[REF].status == "reused" and outcomes["hf-bf16"].status == "ok", outcomes
-    assert log.facts["jobs"] == 1 and not layout.log_file(layout.cell_dir(run, REF)).exists()
+    assert second.returncode == first.returncode, second.stderr[-3000:]
+    assert json.loads((run / "run.json").read_text())["jobs"] == 1  # hf-bf16 alone was scored
+    assert not layout.log_file(layout.cell_dir(run, REF)).exists()
+    assert json.loads(layout.cell_record(layout.cell_dir(run, REF)).read_text())["reused_from"]["cell"] == REF
     for name in (REF, "hf-bf16"):
         pd.testing.assert_frame_equal(read_table(layout.table(layout.cell_dir(run, name))),
                                       read_table(layout.table(layout.cell_dir(source, name))))
-    second = evalparity("report", str(run))
-    assert second.returncode == first.returncode, second.stderr[-2000:]
     va, vb = (json.loads(layout.verdicts_file(x).read_text()) for x in (run, source))
     keep = ("kind", "reference", "cell", "task", "metric", "verdict", "n", "estimate", "ci_low", "ci_high")
     assert [{k: c.get(k) for k in keep} for c in va["comparisons"]] == \
         [{k: c.get(k) for k in keep} for c in vb["comparisons"]]
     assert va["sign_off"] == vb["sign_off"]
+    assert va["run"]["cells"][REF]["reused_from"]["cell"] == REF and "reused_from" not in vb["run"]["cells"][REF]
+    check_verdicts(layout.verdicts_file(run))  # the shipped schema holds the provenance
     assert snapshot(source) == before  # read, never written
+    other = evalparity(*tiny_args(tiny_model, tiny_tasks, tmp_path / "other"), "--seed", "5",
+                       "--reference-from", str(source))
+    assert other.returncode == 2 and "seed" in one_line_error(other)
+    assert not (tmp_path / "other" / "cells").exists()
     print(f"second run, reference reused: {took:.1f} s (one cell scored)")

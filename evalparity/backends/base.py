@@ -105,7 +105,13 @@ class Backend(Protocol):
     # ---- optional, not part of the protocol: a backend module MAY define
     #   warm_caches(architectures: list[str], device: str) -> list[str] | None
     # a command that fills a per-machine cache its cells would otherwise each fill at once; the run starts it
-    # when its setup begins, beside the setup and the cells (``evalparity.warmup``).
+    # when its setup begins, beside the setup and the cells (``evalparity.warmup``);
+    #   check_cell(cell: CellSpec) -> object
+    # a cell's own settings checked before any cell starts, raising a one-line EvalParityError (the server
+    # backend: its keys and the user's URL; ``cli/run.plan_cells``);
+    #   drift_probes: bool = True
+    # False where ``drift_probe`` always refuses (hidden states not reachable: a server over HTTP), so that
+    # ``run --drift`` leaves such cells out instead of starting them to fail.
 
     # ---- drift localisation
 

@@ -291,6 +291,9 @@ def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape,
 
 
 # ------------------------------------------------------------------ drift localisation
+drift_probes = False  # base.Backend's optional member: ``run --drift`` leaves server cells out
+
+
 def drift_probe(lm):
     raise EvalParityError("the server backend has no drift probe: hidden states are not reachable over HTTP; probe "
                           "a vllm cell with the same engine arguments instead")

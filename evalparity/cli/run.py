@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from evalparity import config, failures, memplan, rundir, signoff, variants, warmup
+from evalparity import backends, config, failures, memplan, rundir, signoff, variants, warmup
 from evalparity import tasks as tasks_mod
 from evalparity.cli.finish import finish
 from evalparity.cli.options import (
@@ -42,7 +42,7 @@ from evalparity.devices import check_dtypes, resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.models import check_cell_model, resolve_model
 from evalparity.printable import visible
-from evalparity.rundir import layout, records
+from evalparity.rundir import layout, records, reuse
 from evalparity.runlog import RunLog
 from evalparity.spec import (
     Alignment,
@@ -132,6 +132,7 @@ class RunFolder:
     force: Annotated[bool, typer.Option(rich_help_panel=OUTPUTS, help="Rerun cells that already finished.")] = False
     drift: Annotated[int, typer.Option(rich_help_panel=OUTPUTS, help="Also localise the drift on this many prompts from the run's tasks (0: off).")] = 0
     single_cell: Annotated[bool, typer.Option(rich_help_panel=OUTPUTS, help="Allow a run of one cell (nothing to compare it with): e.g. to add it to a run directory later.")] = False
+    reference_from: Annotated[str | None, typer.Option(rich_help_panel=OUTPUTS, metavar="RUN_DIR[:CELL]", help="Reuse the reference (or CELL) of an earlier run instead of scoring it: verified, and only if the model, tasks, lm-eval and the reference's settings match (else one line naming what differs).")] = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class Checked:
 def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: AlignmentOptions, stats: Statistics,
         outputs: Outputs, place: PlacementOptions, staged: StagingOptions) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
-    from evalparity.matrix import Placement  # heavy: pandas (matrix -> cells -> samples)
+    from evalparity.matrix import Placement, reference_from  # heavy: pandas (matrix -> cells -> samples)
 
     timings = RunLog()
     opts = stats.options()
@@ -212,8 +213,11 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             opts = signoff.choose_reference(opts, [c.name for c in cell_specs],
                                             fallback=stats.reference == Statistics.reference)
             check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
+            # --reference-from: the earlier run's reference verified and matched, before any cell starts
+            spec, reused = reference_from(folder.reference_from, spec, opts.reference, run_dir)
             timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
-            outcomes = run_cells(spec, run_dir, model_path, folder.force, offline, placement, timings, head, opts)
+            outcomes = run_cells(spec, run_dir, model_path, folder.force, offline, placement, timings, head, opts,
+                                 reused)
 
             failed = report_outcomes(run_dir, outcomes)
             check_enough_cells(outcomes, opts, folder.single_cell)
@@ -266,6 +270,8 @@ def check_arguments(what: ModelAndTasks, align: AlignmentOptions, cells: CellOpt
     at_least("--drift", folder.drift, 0, "prompts; 0 is off")
     at_least("--shards", place.shards, 1)
     check_seed("--seed", align.seed)
+    if folder.reference_from is not None:
+        reuse.check_folder(folder.reference_from)
     config.check_environment()
     bs = parse_batch_size(cells.batch_size) if cells.batch_size is not None else None
     return Checked(task_list, limit, fraction, parse_task_limits(what.task_limit or []), bs,
@@ -294,8 +300,8 @@ def start_ray_early(cells: CellOptions, place: PlacementOptions):
     share a GPU. A wrong guess costs nothing (``matrix.early_ray_head``)."""
     from evalparity.matrix import Placement, early_ray_head  # heavy: pandas (matrix -> cells -> samples)
 
-    backends, dtypes = cells.matrix()
-    n_jobs = (len(backends) * len(dtypes) + len(cells.cell or [])) * place.shards + len(cells.repeat or [])
+    kinds, dtypes = cells.matrix()
+    n_jobs = (len(kinds) * len(dtypes) + len(cells.cell or [])) * place.shards + len(cells.repeat or [])
     return early_ray_head(cells.device, place.tensor_parallel,
                           Placement(ray=place.ray, cells_per_gpu=place.cells_per_gpu or n_jobs), n_jobs)
 
@@ -310,9 +316,9 @@ def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: Placement
     bs = bs if bs is not None else (8 if dev == "cpu" else "auto")
     if place.tensor_parallel > 1 and dev == "cpu":
         raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
-    backends, dtypes = cells.matrix()
-    if backends or dtypes or not cells.cell:
-        matrix = build_cells(backends, dtypes, bs, cells.repeat or [], split_list(cells.tf32), place.shards)
+    kinds, dtypes = cells.matrix()
+    if kinds or dtypes or not cells.cell:
+        matrix = build_cells(kinds, dtypes, bs, cells.repeat or [], split_list(cells.tf32), place.shards)
     else:
         ref = variants.reference_cell(reference, bs, place.shards)
         named = [t.partition("=")[0].strip() for t in cells.cell]
@@ -320,6 +326,10 @@ def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: Placement
     cell_specs = variants.run_cells(matrix, cells.cell or [], bs, place.shards,
                                     {"hf": cells.hf_args, "vllm": cells.vllm_args})
     check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
+    for c in cell_specs:  # a backend's own checks of a cell (the server's URL), before the lock's first write
+        check = getattr(backends.get(c.backend), "check_cell", None)
+        if check is not None:
+            check(c)
     check_two_cells(cell_specs, other_cells(run_dir, cell_specs), single_cell)
     return cell_specs
 
@@ -559,13 +569,14 @@ def report_documents(spec, plan, limit: int | None) -> None:
 
 # ------------------------------------------------------------------ the matrix and after
 def run_cells(spec, run_dir: Path, model_path, force: bool, offline: bool, placement, timings: RunLog, head,
-              opts=None):
+              opts=None, reused=None):
     """Every cell not yet done, each in its own process (``matrix``), with progress on the console; the
-    outcomes, one per cell, and their summary table. A staged run decides between its rounds with ``opts``."""
+    outcomes, one per cell, and their summary table. A staged run decides between its rounds with ``opts``;
+    ``reused``: the reference taken from an earlier run (``--reference-from``), published, never run."""
     from evalparity.matrix import run_matrix, scores_table, summary_table  # heavy: pandas (-> cells -> samples)
 
     outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
-                          placement=placement, log=timings, ray_head=head, opts=opts)
+                          placement=placement, log=timings, ray_head=head, opts=opts, reused=reused)
     console.print(summary_table(outcomes))
     scores = scores_table(outcomes)
     if scores is not None:
@@ -608,8 +619,14 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
     from evalparity.drift import launch_plan, prompts_from_run, run_drift, together_ok  # heavy: torch; only --drift
 
     run_spec = records.read_spec(run_dir)
-    launch = launch_plan(str(model_path), [c.name for c in cell_specs if not c.tag], opts.reference, device=dev,
-                         max_len=max_len, run_spec=run_spec)
+    probed = [c.name for c in cell_specs if not c.tag and getattr(backends.get(c.backend), "drift_probes", True)]
+    skipped = [c.name for c in cell_specs if not c.tag and c.name not in probed]
+    if skipped:  # hidden states are not reachable through its engine (the server backend: HTTP)
+        log(f"drift: {', '.join(skipped)} not probed (its backend has no drift probe)")
+    if opts.reference not in probed:
+        log(f"drift: skipped, the reference {opts.reference}'s backend has no drift probe")
+        return
+    launch = launch_plan(str(model_path), probed, opts.reference, device=dev, max_len=max_len, run_spec=run_spec)
     with timings.stage("drift"), rundir.staged_outputs(run_dir, (DRIFT,)) as stage:  # drift/ published whole
         run_drift(launch, prompts_from_run(run_dir, n_prompts), layout.drift_dir(stage), reference=opts.reference,
                   max_len=max_len, together=together_ok(run_spec, [c for c in launch if c != opts.reference]),

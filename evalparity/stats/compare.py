@@ -712,6 +712,8 @@ def provenance(run_dir: Path, spec: dict, metas: dict[str, dict]) -> dict:
         cells[name] = {"backend": m.get("backend"), "dtype": m.get("dtype"), "device_name": m.get("device_name"),
                        "attention_backend": prec.get("attention_backend"),
                        "versions": {k: str(v) for k, v in (m.get("versions") or {}).items()}}
+        if isinstance(m.get("reused_from"), dict):  # a reference taken from an earlier run: where and when made
+            cells[name]["reused_from"] = m["reused_from"]
     return {"id": run_id, "written_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "evalparity": __version__,
             "device": spec.get("device"), "model_digest": (spec.get("model_fingerprint") or {}).get("digest"),
             "software": {str(k): str(v) for k, v in spec.get("software") or []}, "cells": cells}
