@@ -107,12 +107,18 @@ def test_a_cell_in_another_venv_records_it_and_signs_off(alt_venv, tiny_model, t
     assert (out / "cells" / "alt" / "cell.json").read_bytes() == before
 
 
-def test_doctor_asks_each_interpreter(alt_venv, tmp_path):
+def test_doctor_asks_each_interpreter(alt_venv, tmp_path, monkeypatch):
     from io import StringIO
 
     from rich.console import Console
 
+    from evalparity.backends import registry
     from evalparity.doctor import interpreters
+
+    # the built-in backends only: a test module that imported tests/toy_backend.py registered "hfcopy" in this
+    # process, which no other interpreter can load (a plugin named in EVALPARITY_PLUGINS would travel)
+    monkeypatch.setattr(registry, "_TARGETS", {k: v for k, v in registry._TARGETS.items()
+                                               if isinstance(v, str) and v.startswith("evalparity.")})
 
     bad = tmp_path / "not-python"
     bad.write_text("#!/bin/sh\nexit 0\n")

@@ -241,3 +241,24 @@ def test_served_cells_score_as_the_in_process_vllm_cell(tiny_model, tiny_tasks, 
     assert "serve| " in log
     with pytest.raises(ProcessLookupError):  # the started server ended with its cell
         os.kill(started["server"]["pid"], 0)
+
+
+def test_auto_batches_and_concurrency_have_usable_defaults_and_missing_api_packages_refuse_early(monkeypatch):
+    """batch_size auto is lm-eval's one prompt per request, one request at a time (6 docs/s on an H200): a
+    served cell sends AUTO_PROMPTS_PER_REQUEST prompts per request, DEFAULT_CONCURRENT at once, unless it says
+    otherwise; and without lm-eval[api] the cell is refused before any cell starts, not at its load."""
+    from evalparity.backends import server
+    from evalparity.errors import EvalParityError
+    from evalparity.spec import RunSpec
+    from evalparity.variants import parse_cell
+
+    cell = parse_cell("served=server:bf16", "auto", 1, {})
+    args = server.model_args(RunSpec(model="m", tasks=("t",), cells=(cell,)), cell, "/m")
+    assert args["batch_size"] == server.AUTO_PROMPTS_PER_REQUEST > 1
+    assert args["num_concurrent"] == server.DEFAULT_CONCURRENT > 1
+    mine = parse_cell("served=server:bf16:num_concurrent=2", 4, 1, {})
+    args = server.model_args(RunSpec(model="m", tasks=("t",), cells=(mine,)), mine, "/m")
+    assert args["batch_size"] == 4 and args["num_concurrent"] == 2
+    monkeypatch.setattr(server, "find_spec", lambda name: None)
+    with pytest.raises(EvalParityError, match=r"need .*tenacity.*pip install 'lm-eval\[api\]'"):
+        server.check_cell(cell)

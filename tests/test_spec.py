@@ -82,3 +82,22 @@ def test_precision_environment_of_fp32_and_tf32_cells():
     assert true == {"TRITON_F32_DEFAULT": "ieee", "VLLM_FLOAT32_MATMUL_PRECISION": "highest"}
     tf32 = precision.environment("float32", False)
     assert tf32 == {"TRITON_F32_DEFAULT": "tf32", "VLLM_FLOAT32_MATMUL_PRECISION": "high"}
+
+
+def test_the_precision_probe_answers_when_the_new_tf32_api_was_mixed_in():
+    """vLLM's batch-invariant mode sets TF32 through torch's new per-backend API; torch then refuses to answer
+    the legacy ``allow_tf32`` question, which crashed every such cell on an H200 (VLLM_BATCH_INVARIANT=1).
+    The probe records the new settings instead and says the legacy flag is mixed. Run in a child process:
+    the switches are process-wide."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, torch; from evalparity.backends import precision; "
+            "torch.backends.cuda.matmul.fp32_precision = 'tf32'; print(json.dumps(precision.probe()))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["cuda_matmul_allow_tf32"] == "mixed: see the fp32_precision entries"
+    assert got["cuda_matmul_fp32_precision"] == "tf32"
+    assert got["float32_matmul_precision"] == "mixed: see the fp32_precision entries"

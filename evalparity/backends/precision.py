@@ -33,18 +33,40 @@ def apply(true_fp32: bool) -> None:
     torch.backends.cudnn.allow_tf32 = not true_fp32
 
 
+def _legacy(read) -> bool | str:
+    """A legacy TF32 switch (``allow_tf32``) read back, or why it cannot be: torch refuses to answer the legacy
+    question once the new per-backend API (``fp32_precision``) has set its parts differently, as vLLM's
+    batch-invariant mode does (``VLLM_BATCH_INVARIANT=1``: measured on an H200, the cell crashed here)."""
+    try:
+        value = read()
+    except RuntimeError:
+        return "mixed: see the fp32_precision entries"
+    return value if isinstance(value, str) else bool(value)
+
+
 def probe() -> dict:
-    """What this process will actually do, read back from torch and the environment."""
+    """What this process will actually do, read back from torch and the environment: the legacy switches and,
+    where this torch has them, the new per-backend ``fp32_precision`` settings (what decides when they
+    disagree)."""
     import torch  # heavy: torch
 
     out = {
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "float32_matmul_precision": _legacy(torch.get_float32_matmul_precision),
+        "cuda_matmul_allow_tf32": _legacy(lambda: torch.backends.cuda.matmul.allow_tf32),
+        "cudnn_allow_tf32": _legacy(lambda: torch.backends.cudnn.allow_tf32),
         "cuda_matmul_allow_bf16_reduced_precision_reduction":
             bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction),
         "cuda_matmul_allow_fp16_reduced_precision_reduction":
             bool(torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction),
         "triton_f32_default": os.environ.get("TRITON_F32_DEFAULT", "(unset: tf32 on GPUs that have it)"),
     }
+    parts = (("cuda_matmul", lambda: torch.backends.cuda.matmul), ("cudnn_conv", lambda: torch.backends.cudnn.conv),
+             ("cudnn_rnn", lambda: torch.backends.cudnn.rnn))
+    for key, owner in parts:
+        try:
+            value = getattr(owner(), "fp32_precision", None)
+        except (AttributeError, RuntimeError):
+            value = None
+        if value is not None:
+            out[f"{key}_fp32_precision"] = str(value)
     return out
