@@ -86,10 +86,7 @@ class CellSpec:
 
     @property
     def name(self) -> str:
-        if self.label:
-            return self.label
-        base = f"{self.backend}-{SHORT_DTYPE[self.dtype]}"
-        return f"{base}-{self.tag}" if self.tag else base
+        return f"{self.base_name}-{self.tag}" if self.tag else self.base_name
 
     def arg_text(self) -> str:
         """The cell's backend arguments as lm-eval's ``k=v,k=v`` (``backends.parse_extra_args`` reads it)."""

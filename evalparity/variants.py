@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import replace
 
 from evalparity.errors import EvalParityError
 from evalparity.rundir.names import check_name
@@ -211,14 +212,44 @@ def reference_cell(reference: str, batch_size: int | str, shards: int) -> CellSp
         return None
 
 
+def is_named_repeat(text: str) -> bool:
+    """``--repeat NAME:N`` or ``NAME:dpN`` (a repeat of a named cell), as against the matrix's
+    ``backend:dtype:N``."""
+    return text.count(":") == 1
+
+
+def repeat_of(cells: list[CellSpec], text: str) -> CellSpec:
+    """``--repeat NAME:N`` (another batch size) or ``NAME:dpN`` (split over N shards): the named cell again,
+    with every setting of its variant, so that its own noise floor (what batch composition alone changes for
+    it: fp8 kernels were batch-dependent where bf16 was not, on an H200) is measured beside what it changes."""
+    name, _, how = (x.strip() for x in text.partition(":"))
+    base = next((c for c in cells if c.name == name and not c.tag), None)
+    if base is None:
+        raise EvalParityError(f"--repeat {text}: {name} is not a cell of this run: use one of "
+                              f"{', '.join(c.name for c in cells if not c.tag)}, or backend:dtype:batch_size")
+    low = how.lower()
+    if low.startswith("dp") and low[2:].isdigit() and int(low[2:]) >= 1:
+        n = int(low[2:])
+        if n == base.shards:
+            raise EvalParityError(f"--repeat {text} uses {name}'s {n} shard(s): a sharding repeat needs another count")
+        return replace(base, tag=f"dp{n}", shards=n)
+    if not how.isdigit() or int(how) < 1:
+        raise EvalParityError(f"bad --repeat {text!r}: write NAME:batch_size or NAME:dpN, e.g. {name}:1")
+    if int(how) == base.batch_size:
+        raise EvalParityError(f"--repeat {text} uses {name}'s own batch size {how}: a repeat needs another one to "
+                              "measure the noise floor")
+    return replace(base, tag=f"bs{int(how)}", batch_size=int(how))
+
+
 def run_cells(matrix: tuple[CellSpec, ...], typed: list[str], batch_size: int | str, shards: int,
-              backend_args: dict[str, str]) -> tuple[CellSpec, ...]:
-    """The run's cells: the matrix's (each with its backend's ``--hf-args``/``--vllm-args``) and then the
-    ``--cell`` variants, in the order given; a name given twice is refused in one line."""
+              backend_args: dict[str, str], repeats: list[str] = ()) -> tuple[CellSpec, ...]:
+    """The run's cells: the matrix's (each with its backend's ``--hf-args``/``--vllm-args``), the ``--cell``
+    variants in the order given, then the repeats of named cells (``NAME:N``); a name given twice is
+    refused in one line."""
     pairs = {b: backend_pairs(parse_pairs(text, f"--{b}-args"), f"--{b}-args") for b, text in backend_args.items()}
-    out = [c if not pairs.get(c.backend) else CellSpec(c.backend, c.dtype, c.batch_size, c.tag, c.tf32, c.shards,
-                                                        args=pairs[c.backend]) for c in matrix]
+    out = [c if not pairs.get(c.backend) else replace(c, args=pairs[c.backend]) for c in matrix]
     out += [parse_cell(t, batch_size, shards, backend_args) for t in typed]
+    out += [repeat_of(out, r) for r in repeats]
     names = [c.name for c in out]
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:

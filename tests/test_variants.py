@@ -87,6 +87,19 @@ def test_the_run_s_cells_refuse_a_name_given_twice_and_fill_the_backend_args():
         variants.run_cells(matrix, [], 8, 1, {"hf": "dtype=float16"})
 
 
+def test_a_named_cell_is_repeated_with_its_variant_for_its_own_noise_floor():
+    fp8 = "fp8=vllm:bf16:quantization=fp8"
+    cells = variants.run_cells((CellSpec("hf", "float32", 8),), [fp8], 8, 1, NO_ARGS, ["fp8:1", "fp8:dp2", "hf-fp32:4"])
+    by = {c.name: c for c in cells}
+    assert list(by) == ["hf-fp32", "fp8", "fp8-bs1", "fp8-dp2", "hf-fp32-bs4"]
+    assert by["fp8-bs1"].args == by["fp8"].args and by["fp8-bs1"].batch_size == 1 and by["fp8-bs1"].base_name == "fp8"
+    assert by["fp8-dp2"].shards == 2 and by["fp8-dp2"].variant() == by["fp8"].variant()
+    for typed, says in (("nope:1", "not a cell of this run"), ("fp8:8", "own batch size"), ("fp8:x", "NAME:batch_size"),
+                        ("fp8:dp1", "another count")):
+        with pytest.raises(EvalParityError, match=says):
+            variants.run_cells((), [fp8], 8, 1, NO_ARGS, [typed])
+
+
 def test_the_args_and_env_reach_the_engine_and_the_process():
     cell = variants.parse_cell("bi=vllm:bf16:max_num_seqs=7,env.VLLM_BATCH_INVARIANT=1", 8, 1, NO_ARGS)
     spec = RunSpec(model="m", tasks=("t",), cells=(cell,))
@@ -161,17 +174,20 @@ def test_a_tiny_run_with_a_variant_cell(tiny_model, tiny_tasks, tmp_path):
     out = tmp_path / "run"
     proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
                       "--limit", "6", "--max-length", "256", "--cell", "eager=hf:fp32:attn_implementation=eager",
-                      "--out", str(out))
+                      "--repeat", "eager:2", "--out", str(out))
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]  # 4: INCONCLUSIVE on 6 docs
     spec = json.loads((out / "spec.json").read_text())
-    assert [c["name"] for c in spec["cells"]] == ["hf-fp32", "eager"]
+    assert [c["name"] for c in spec["cells"]] == ["hf-fp32", "eager", "eager-bs2"]
     rec = json.loads((out / "cells" / "eager" / "cell.json").read_text())
     assert rec["status"] == "ok" and rec["variant"] == {"args": {"attn_implementation": "eager"}}
     assert rec["model_args"]["attn_implementation"] == "eager"
     ref = json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())
     assert ref["variant"] == {} and "attn_implementation" not in ref["model_args"]
     verdicts = json.loads((out / "stats" / "verdicts.json").read_text())
-    assert {(c["reference"], c["cell"]) for c in verdicts["comparisons"]} == {("hf-fp32", "eager")}
+    assert {(c["kind"], c["reference"], c["cell"]) for c in verdicts["comparisons"]} == \
+        {("cross", "hf-fp32", "eager"), ("noise_floor", "eager", "eager-bs2")}  # the variant's own noise floor
+    again_rec = json.loads((out / "cells" / "eager-bs2" / "cell.json").read_text())
+    assert again_rec["variant"] == rec["variant"] and again_rec["model_args"]["batch_size"] == 2
     # another setting for the finished cell, same folder: refused in one line before anything runs
     again = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
                        "--limit", "6", "--max-length", "256", "--cell", "eager=hf:fp32:attn_implementation=sdpa",

@@ -86,7 +86,7 @@ class CellOptions:
     device: Device = "auto"
     batch_size: Annotated[str | None, typer.Option(rich_help_panel=CELLS, help="Batch size of every main cell: a number or auto (default: 8 on CPU, auto on GPU).")] = None
     tf32: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Backends that get an extra fp32 cell in TF32 (e.g. vllm,hf), to measure TF32 as its own cell.")] = ""
-    repeat: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, help="Repeat cell backend:dtype:batch_size, to measure the noise floor. Repeatable.")] = None
+    repeat: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, help="Repeat cell backend:dtype:batch_size (or a --cell's NAME:batch_size), to measure the noise floor. Repeatable.")] = None
     cell: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, metavar="NAME=BACKEND:DTYPE[:K=V,...]", help="A named cell variant, e.g. vllm-fp8=vllm:bf16:quantization=fp8; keys: the backend's model/engine args, env.VAR=value, model=PATH (same tokenizer), python=NAME, batch_size=N. Repeatable.")] = None
     python: Annotated[list[str] | None, typer.Option(rich_help_panel=CELLS, metavar="NAME=PATH", help="An interpreter for cells with python=NAME (another venv: another vLLM, transformers or lm-eval), checked before any cell starts. Repeatable.")] = None
     hf_args: Annotated[str, typer.Option(rich_help_panel=CELLS, help="Extra lm-eval hf model args for every hf cell, k=v,k=v.")] = ""
@@ -317,14 +317,16 @@ def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: Placement
     if place.tensor_parallel > 1 and dev == "cpu":
         raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
     kinds, dtypes = cells.matrix()
+    repeats = [r for r in cells.repeat or [] if not variants.is_named_repeat(r)]
+    named_repeats = [r for r in cells.repeat or [] if variants.is_named_repeat(r)]
     if kinds or dtypes or not cells.cell:
-        matrix = build_cells(kinds, dtypes, bs, cells.repeat or [], split_list(cells.tf32), place.shards)
+        matrix = build_cells(kinds, dtypes, bs, repeats, split_list(cells.tf32), place.shards)
     else:
         ref = variants.reference_cell(reference, bs, place.shards)
         named = [t.partition("=")[0].strip() for t in cells.cell]
         matrix = (ref,) if ref is not None and reference not in named else ()
     cell_specs = variants.run_cells(matrix, cells.cell or [], bs, place.shards,
-                                    {"hf": cells.hf_args, "vllm": cells.vllm_args})
+                                    {"hf": cells.hf_args, "vllm": cells.vllm_args}, named_repeats)
     check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
     for c in cell_specs:  # a backend's own checks of a cell (the server's URL), before the lock's first write
         check = getattr(backends.get(c.backend), "check_cell", None)
