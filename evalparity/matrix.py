@@ -135,7 +135,8 @@ def reference_from(text: str | None, spec: RunSpec, reference: str,
     round (each later round's are checked as the run asks for them)."""
     if not text:
         return spec, None
-    source = reuse.open_source(text, spec, reference, run_dir)
+    gpu = cells.device_name(spec.device) if spec.device != "cpu" else None  # the GPU model this run will use
+    source = reuse.open_source(text, spec, reference, run_dir, gpu)
     spec = reuse.adopt(spec, source)
     if spec.staging:
         plan = StagingPlan.from_json(spec.staging)

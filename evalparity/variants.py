@@ -36,12 +36,27 @@ REFUSED = {"dtype": "the dtype is the part after the backend (vllm:bf16)",
            "pretrained": "give another checkpoint as model=PATH (its tokenizer is checked against the run's)",
            "max_model_len": "the context length is the same on every cell: --max-length",
            "max_length": "the context length is the same on every cell: --max-length",
+           # files named by path would be read as they are when the cell loads, neither checked nor fingerprinted
+           # as model= is (a resume after they changed would keep results made with the old ones)
+           "tokenizer": "the tokenizer is the model's: give model=PATH, whose tokenizer is checked and whose files "
+                        "are fingerprinted",
+           "tokenizer_revision": "give the checkpoint as model=PATH (fingerprinted); revisions are not pinned here",
+           "revision": "give the checkpoint as model=PATH (fingerprinted); revisions are not pinned here",
+           "gguf_file": "give the checkpoint as model=PATH (fingerprinted)",
+           "peft": "adapters are not fingerprinted yet: merge the adapter into a checkpoint and give it as model=PATH",
+           "delta": "adapters are not fingerprinted yet: merge the delta into a checkpoint and give it as model=PATH",
+           "lora_local_path": "adapters are not fingerprinted yet: merge the adapter into a checkpoint and give it "
+                              "as model=PATH",
            # the placement gives every cell of a run the same number of GPUs (--tensor-parallel): a cell that
            # asked for more would see fewer GPUs than its engine needs
            "tensor_parallel_size": "GPUs per cell are the run's --tensor-parallel N (every cell); to compare tensor "
                                    "parallel 2 with 1, run the tp2 cell in its own run and bring the other "
                                    "in with --reference-from"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Variables evalparity sets for a cell's process after the cell's own (matrix.cell_environment, placement): a
+# cell's value would be recorded but not be what ran.
+OWN_ENV = ("PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "TQDM_MININTERVAL", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
+           "CUDA_VISIBLE_DEVICES")
 FORM = "NAME=BACKEND:DTYPE[:key=value,...], e.g. vllm-fp8=vllm:bf16:quantization=fp8"
 
 
@@ -90,6 +105,9 @@ def parse_cell(text: str, batch_size: int | str, shards: int, backend_args: dict
             if not ENV_NAME.fullmatch(var):
                 raise EvalParityError(f"{flag}: {var!r} is not an environment variable's name: write env.NAME=value, "
                                       "e.g. env.VLLM_BATCH_INVARIANT=1")
+            if var in OWN_ENV or var.startswith("EVALPARITY_"):
+                raise EvalParityError(f"{flag}: evalparity sets {var} for every cell itself, so env.{var} would be "
+                                      "recorded but not be what ran: drop it")
             env.append((var, value))
         elif key in OWN_KEYS:
             if not value:

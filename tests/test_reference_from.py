@@ -549,3 +549,16 @@ def test_a_real_run_reuses_a_real_reference_and_signs_off_alike(tiny_model, tiny
     assert other.returncode == 2 and "seed" in one_line_error(other)
     assert not (tmp_path / "other" / "cells").exists()
     print(f"second run, reference reused: {took:.1f} s (one cell scored)")
+
+
+def test_a_reference_scored_on_another_gpu_model_is_refused_and_cuda_0_is_cuda(tmp_path, monkeypatch):
+    """Found by an adversarial review: the device was compared as the --device string only, so an A100's
+    reference passed on an H200 (other kernels), and cuda:0 against cuda was refused for nothing."""
+    source = make_source(tmp_path / "source", make_spec([REF, CAND], device="cuda"), device_name="NVIDIA A100")
+    monkeypatch.setattr(matrix.cells, "device_name", lambda device: "NVIDIA H200")
+    with pytest.raises(EvalParityError) as err:
+        matrix.reference_from(str(source), make_spec([REF, NEW], device="cuda:0"), REF, tmp_path / "run")
+    assert "the runs differ in the GPU (NVIDIA A100 there, NVIDIA H200 here)" in refusal(err)
+    monkeypatch.setattr(matrix.cells, "device_name", lambda device: "NVIDIA A100")
+    _, src = matrix.reference_from(str(source), make_spec([REF, NEW], device="cuda:0"), REF, tmp_path / "run")
+    assert src.cell == REF

@@ -262,3 +262,15 @@ def test_auto_batches_and_concurrency_have_usable_defaults_and_missing_api_packa
     monkeypatch.setattr(server, "find_spec", lambda name: None)
     with pytest.raises(EvalParityError, match=r"need .*tenacity.*pip install 'lm-eval\[api\]'"):
         server.check_cell(cell)
+
+
+def test_a_url_with_credentials_is_refused_before_it_is_recorded():
+    """Found by an adversarial review: a password in url= went into spec.json, cell.json, verdicts.json and
+    the reports, and lm-eval never sent it."""
+    from evalparity.backends import server
+    from evalparity.errors import EvalParityError
+    from evalparity.variants import parse_cell
+
+    for url in ("http://alice:s3cret@127.0.0.1:8000/v1", "http://alice@127.0.0.1:8000/v1"):
+        with pytest.raises(EvalParityError, match="OPENAI_API_KEY"):
+            server.server_cell(parse_cell(f"prod=server:bf16:url={url}", 8, 1, {}))

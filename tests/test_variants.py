@@ -194,3 +194,28 @@ def test_a_tiny_run_with_a_variant_cell(tiny_model, tiny_tasks, tmp_path):
                        "--out", str(out))
     assert again.returncode == 2
     assert "eager finished with other settings" in one_line_error(again)
+
+
+@pytest.mark.parametrize("typed, says", [
+    ("t=hf:fp32:tokenizer=/tmp/tok", "whose tokenizer is checked"),
+    ("t=hf:fp32:peft=/tmp/adapter", "adapters are not fingerprinted"),
+    ("t=vllm:bf16:lora_local_path=/tmp/a", "adapters are not fingerprinted"),
+    ("t=hf:fp32:revision=main", "revisions are not pinned"),
+    ("t=hf:fp32:env.TOKENIZERS_PARALLELISM=true", "evalparity sets TOKENIZERS_PARALLELISM"),
+    ("t=hf:fp32:env.HF_HUB_OFFLINE=0", "evalparity sets HF_HUB_OFFLINE"),
+    ("t=hf:fp32:env.EVALPARITY_PLACEMENT={}", "evalparity sets EVALPARITY_PLACEMENT"),
+    ("t=hf:fp32:env.CUDA_VISIBLE_DEVICES=1", "evalparity sets CUDA_VISIBLE_DEVICES"),
+])
+def test_inputs_that_would_be_recorded_but_not_be_what_ran_are_refused(typed, says):
+    """Found by an adversarial review: a tokenizer or adapter by path would be read unfingerprinted (a resume
+    after its files changed kept old results), and evalparity's own variables are set after the cell's."""
+    with pytest.raises(EvalParityError, match=says):
+        variants.parse_cell(typed, 8, 1, NO_ARGS)
+
+
+def test_a_pair_and_its_reverse_are_one_comparison():
+    from evalparity.stats.options import parse_compare
+
+    assert parse_compare(["a:b"]) == (("a", "b"),)
+    with pytest.raises(EvalParityError, match="the same two cells"):
+        parse_compare(["a:b", "b:a"])

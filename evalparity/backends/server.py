@@ -74,6 +74,18 @@ def server_cell(cell: CellSpec) -> ServerCell:
     if len(urls) > 1:
         raise EvalParityError(f"cell {cell.name}: url= and base_url= are one setting: keep one")
     url = pairs.pop(urls[0]) if urls else None
+    if url is not None:
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(url)
+            userinfo = parts.username is not None or parts.password is not None
+        except ValueError:
+            userinfo = False  # a malformed URL: server_process.endpoint names what is wrong with it
+        if userinfo:  # it would be recorded in spec.json, cell.json, the report; and lm-eval would not send it
+            raise EvalParityError(f"cell {cell.name}: url= holds a user name or password, which would be written "
+                                  "into the run folder and its reports: drop it from the URL and give the key in "
+                                  "OPENAI_API_KEY")
     served = pairs.pop(MODEL_KEY, None)
     client = parse_extra_args(",".join(f"{k}={pairs.pop(k)}" for k in CLIENT_KEYS if k in pairs))
     if url is not None and pairs:

@@ -198,7 +198,7 @@ class Source:
         return moved
 
 
-def open_source(text: str, spec: RunSpec, reference: str, run_dir: Path) -> Source:
+def open_source(text: str, spec: RunSpec, reference: str, run_dir: Path, gpu: str | None = None) -> Source:
     """The cell ``text`` (``RUN_DIR[:CELL]``, CELL by default this run's ``reference``) verified with its run
     and matched against this run's ``spec``: a one-line refusal naming what is missing, failed, tampered or
     different otherwise. Reads the source; writes nothing."""
@@ -229,7 +229,7 @@ def open_source(text: str, spec: RunSpec, reference: str, run_dir: Path) -> Sour
     entry = next((c for c in spec.cells if c.name == reference), None)
     if entry is None:
         raise _refuse(label, f"{reference} is not a cell of this run", "pass --reference with one of its cells")
-    found = differences(src_spec, rec, next(c for c in src_spec.cells if c.name == cell), spec, entry)
+    found = differences(src_spec, rec, next(c for c in src_spec.cells if c.name == cell), spec, entry, gpu)
     if found:
         what, there, here = found
         said = f"the runs differ in {what} ({there} there, {here} here)" if here is not None else \
@@ -261,7 +261,7 @@ def _sealed_table(run_dir: Path, cell: str, rec: records.CellRecord, label: str)
 
 
 def differences(src: RunSpec, rec: records.CellRecord, src_entry: CellSpec, spec: RunSpec,
-                entry: CellSpec) -> tuple[str, str, str | None] | None:
+                entry: CellSpec, gpu: str | None = None) -> tuple[str, str, str | None] | None:
     """The first of what the reference's rows depend on that differs between the source run (``src``, its
     cell's record ``rec`` and spec entry) and this run (``spec``, its reference ``entry``): (what, there,
     here, or None where ``there`` says it all); None when all match. See the module docstring for the list,
@@ -285,8 +285,11 @@ def differences(src: RunSpec, rec: records.CellRecord, src_entry: CellSpec, spec
     ran, here_sw = dict(src.software) | rec.versions, dict(spec.software)
     keys = SOFTWARE + tuple(sorted(_backend_versions(entry.backend)))
     checks += [(f"the version of {k}", ran.get(k), here_sw.get(k)) for k in keys]
-    checks += [("the device", src.device, spec.device),
-               ("--tensor-parallel", src.tensor_parallel, spec.tensor_parallel),
+    there_kind, here_kind = src.device.split(":")[0], spec.device.split(":")[0]  # cuda:0 is cuda
+    checks.append(("the device", there_kind, here_kind))
+    if gpu is not None and here_kind == "cuda":  # the GPU's model: other kernels (a CPU's name is not compared)
+        checks.append(("the GPU", rec.extra.get("device_name"), gpu))
+    checks += [("--tensor-parallel", src.tensor_parallel, spec.tensor_parallel),
                ("the backend", src_entry.backend, entry.backend), ("the dtype", src_entry.dtype, entry.dtype),
                ("TF32", src_entry.tf32, entry.tf32),
                ("the cell's variant", src_entry.variant() or "none", entry.variant() or "none")]

@@ -131,6 +131,8 @@ def parse_compare(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
             raise EvalParityError(f"--compare {text}: a cell compared with itself says nothing: name two cells")
         if (a, b) in out:
             raise EvalParityError(f"--compare {text} is given twice: keep one")
+        if (b, a) in out:  # the same two cells: one comparison, counted once in the gating family
+            raise EvalParityError(f"--compare {text} compares the same two cells as --compare {b}:{a}: keep one")
         out.append((a, b))
     return tuple(out)
 
