@@ -207,6 +207,9 @@ def versions() -> dict[str, str]:
 
 # ---------------------------------------------------------------- other interpreters (--python NAME=PATH)
 PROBE_FLAG = "--probe"           # ``python -m evalparity.cells --probe hf,vllm``: can this interpreter run a cell?
+# An interpreter that has not answered in this long hangs (its imports take 10-60 s, vLLM's on a cold machine the
+# most): refused in one line instead of a silent wait (an adversarial review waited 200 s on one at 600).
+PROBE_TIMEOUT_S = 180.0
 PROBE_MARK = "evalparity-probe: "  # the probe's answer: this, then one JSON object, on its own line of stdout
 
 
@@ -262,11 +265,11 @@ class InterpreterProbes:
                 proc = err
             self.started[name] = (path, proc, out)
 
-    def wait(self, timeout: float = 600.0) -> dict[str, dict]:
+    def wait(self, timeout: float = PROBE_TIMEOUT_S) -> dict[str, dict]:
         """Each interpreter's answer (``probe``), by name; the first one that cannot run its cells refused."""
         return {name: self.answer(name, timeout) for name in self.started}
 
-    def answer(self, name: str, timeout: float = 600.0) -> dict:
+    def answer(self, name: str, timeout: float = PROBE_TIMEOUT_S) -> dict:
         """One interpreter's answer; a one-line error when it cannot run its cells (see the class)."""
         path, proc, out = self.started[name]
         where = f"--python {name}={path}"

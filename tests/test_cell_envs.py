@@ -281,3 +281,17 @@ def test_a_cell_record_made_with_other_weights_is_refused_by_verification(tmp_pa
     records.write_cell(folder, meta | {"variant": entry.variant()})
     assert records.verify_cell(folder, "id", entry, "run").ok
     assert layout.cell_record(folder).exists()
+
+
+def test_an_interpreter_that_hangs_is_refused_in_one_line(tmp_path):
+    """A --python that never answers is stopped and refused (the run's wait is cells.PROBE_TIMEOUT_S)."""
+    from evalparity.cells import InterpreterProbes
+    from evalparity.errors import EvalParityError
+
+    hang = tmp_path / "hangpy"
+    hang.write_text("#!/bin/sh\nexec sleep 1000\n")
+    hang.chmod(0o755)
+    probes = InterpreterProbes({"h": str(hang)}, {"h": {"hf"}})
+    with pytest.raises(EvalParityError, match=r"--python h=.* did not answer in 1 s"):
+        probes.wait(timeout=1.0)
+    assert probes.started["h"][1].poll() is not None  # stopped, not left running
