@@ -219,3 +219,16 @@ def test_a_pair_and_its_reverse_are_one_comparison():
     assert parse_compare(["a:b"]) == (("a", "b"),)
     with pytest.raises(EvalParityError, match="the same two cells"):
         parse_compare(["a:b", "b:a"])
+
+
+def test_a_misspelt_engine_argument_is_refused_before_any_cell_starts():
+    """vLLM refuses unknown keywords only when the engine is built (the cell fails at its load, and a staged
+    run's round with it): the names are checked against vLLM's EngineArgs, LLM's and lm-eval's vllm model's."""
+    from evalparity.backends import server, vllm
+
+    vllm.check_cell(variants.parse_cell("ok=vllm:bf16:quantization=fp8,kv_cache_dtype=fp8,enforce_eager=false,"
+                                        "max_num_seqs=7,max_batch_size=4", 8, 1, NO_ARGS))
+    with pytest.raises(EvalParityError, match=r"quantisation is not an argument .*did you mean quantization\?"):
+        vllm.check_cell(variants.parse_cell("x=vllm:bf16:quantisation=fp8", 8, 1, NO_ARGS))
+    with pytest.raises(EvalParityError, match=r"kv_cache_dtpe is not an argument .*did you mean kv_cache_dtype\?"):
+        server.check_cell(variants.parse_cell("s=server:bf16:kv_cache_dtpe=fp8", 8, 1, NO_ARGS))

@@ -166,6 +166,8 @@ def check_cell(cell: CellSpec) -> ServerCell:
     if missing:  # measured on an H200 without them: the cell failed at its load, and its round with it
         raise EvalParityError(f"cell {cell.name}: lm-eval's API models need {', '.join(missing)}, which are not "
                               "installed here: pip install 'lm-eval[api]'")
+    if sc.started:  # its engine keys become vllm serve's flags: the same names as the vllm backend's
+        vllm.check_arg_names([k for k, _ in sc.engine], f"cell {cell.name}")
     if not sc.started:
         check_url(sc)
     return sc

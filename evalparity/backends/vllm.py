@@ -9,6 +9,7 @@ from evalparity import devices
 from evalparity.backends import compat, parse_extra_args, precision
 from evalparity.backends.pretokenize import BatchedEncoding
 from evalparity.config import PORT_BASE_ENV
+from evalparity.errors import EvalParityError
 from evalparity.shapes import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import CellSpec, RunSpec
 
@@ -204,6 +205,48 @@ def loaded_settings(lm) -> dict:
 def versions() -> dict[str, str]:
     found = compat.installed_vllm_distribution()
     return {"vllm": f"{found[1]} ({found[0]})" if found else "not installed"}
+
+
+def engine_arg_names() -> set[str] | None:
+    """The keyword arguments a vLLM cell's engine takes: vLLM's ``EngineArgs`` fields, ``LLM``'s own and
+    lm-eval's ``vllm`` model's; None where vLLM is not installed (the cell's own checks say so)."""
+    import dataclasses
+    import importlib.util
+    import inspect
+
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    compat.apply()
+    from lm_eval.models.vllm_causallms import VLLM  # heavy: lm_eval; optional: vllm (only a cell with args)
+    from vllm import LLM  # optional: vllm
+    from vllm.engine.arg_utils import EngineArgs  # optional: vllm
+
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    for func in (LLM.__init__, VLLM.__init__):
+        names |= {p for p, v in inspect.signature(func).parameters.items() if v.kind is not v.VAR_KEYWORD}
+    return names - {"self"}
+
+
+def check_arg_names(keys: list[str], where: str) -> None:
+    """Each key an argument vLLM's engine (or lm-eval's vllm model) takes, else one line naming it and the
+    closest spelling: a misspelt key failed the cell at its load (``EngineArgs`` refuses unknown keywords),
+    after the engine's import, and with it a staged run's whole round."""
+    import difflib
+
+    known = engine_arg_names() if keys else None
+    if known is None:
+        return
+    for key in keys:
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise EvalParityError(f"{where}: {key} is not an argument of vLLM's engine or lm-eval's vllm "
+                                  f"model{hint}: check its spelling (vllm serve --help lists them)")
+
+
+def check_cell(cell: CellSpec) -> None:
+    """``base.Backend``'s optional check before any cell starts: the cell's engine arguments' names."""
+    check_arg_names([k for k, _ in cell.args], f"cell {cell.name}")
 
 
 def installed() -> tuple[bool, str]:
