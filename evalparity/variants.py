@@ -243,8 +243,9 @@ def repeat_of(cells: list[CellSpec], text: str) -> CellSpec:
     name, _, how = (x.strip() for x in text.partition(":"))
     base = next((c for c in cells if c.name == name and not c.tag), None)
     if base is None:
-        raise EvalParityError(f"--repeat {text}: {name} is not a cell of this run: use one of "
-                              f"{', '.join(c.name for c in cells if not c.tag)}, or backend:dtype:batch_size")
+        raise EvalParityError(f"bad --repeat {text!r}: {name} is not a cell of this run: write "
+                              "backend:dtype:batch_size (e.g. hf:fp32:4), or NAME:batch_size for one of "
+                              f"{', '.join(c.name for c in cells if not c.tag)}")
     low = how.lower()
     if low.startswith("dp") and low[2:].isdigit() and int(low[2:]) >= 1:
         n = int(low[2:])
