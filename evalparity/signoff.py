@@ -51,13 +51,13 @@ def choose_reference(opts: StatsOptions, cells: Sequence[str], *, fallback: bool
 
 
 def check_pairs(opts: StatsOptions, cells: Sequence[str]) -> None:
-    """Each ``--compare A:B`` names two cells of the run (``variants.parse_pair``: one line listing them)
+    """Each ``--compare A:B`` names two cells of the run (``variants.check_pair``: one line listing them)
     and is not a comparison the run makes anyway: every cell is compared with the reference, so a pair
     with the reference on either side repeats one (or mirrors it) and would gate twice on the same docs.
     Called before any cell starts (``choose_reference``) and, by ``report`` and ``plan``, against the run
     folder's cells (``run_cells``)."""
     for a, b in opts.pairs:
-        variants.parse_pair(f"{a}:{b}", list(cells))
+        variants.check_pair(a, b, list(cells))
         if opts.reference in (a, b):
             other = b if a == opts.reference else a
             raise EvalParityError(f"--compare {a}:{b}: every cell is already compared with the reference "

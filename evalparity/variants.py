@@ -125,18 +125,14 @@ def parse_cell(text: str, batch_size: int | str, shards: int, backend_args: dict
                     model=own.get("model", ""), python=own.get("python", ""))
 
 
-def parse_pair(text: str, names: list[str]) -> tuple[str, str]:
-    """``--compare A:B``: two of the run's cells, B compared against A (A is B's reference in that row)."""
-    a, sep, b = text.partition(":")
-    a, b = a.strip(), b.strip()
-    if not sep or not a or not b:
-        raise EvalParityError(f"bad --compare {text!r}: write REFERENCE:CELL, e.g. vllm-bf16:vllm-fp8")
+def check_pair(a: str, b: str, names: list[str]) -> None:
+    """A ``--compare A:B`` pair (its form parsed by ``stats.options.parse_compare``) names two cells of the
+    run, B compared against A (A is B's reference in that row): one line otherwise."""
     if a == b:
-        raise EvalParityError(f"--compare {text}: a cell compared with itself says nothing: name two cells")
+        raise EvalParityError(f"--compare {a}:{b}: a cell compared with itself says nothing: name two cells")
     for x in (a, b):
         if x not in names:
-            raise EvalParityError(f"--compare {text}: {x} is not a cell of this run: use one of {', '.join(names)}")
-    return a, b
+            raise EvalParityError(f"--compare {a}:{b}: {x} is not a cell of this run: use one of {', '.join(names)}")
 
 
 def parse_pythons(items: list[str]) -> tuple[tuple[str, str], ...]:

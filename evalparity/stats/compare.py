@@ -480,7 +480,7 @@ def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> St
                               + (f" ({'; '.join(f'{c}: {w}' for c, w in missing)})" if missing else ""),
                               exit_code=EXIT_CELL_FAILED if missing else 2)
     for a, b in opts.pairs:  # the verbs checked them (signoff.check_pairs); a caller of its own gets one line
-        variants.parse_pair(f"{a}:{b}", [*tables, *dict(missing)])
+        variants.check_pair(a, b, [*tables, *dict(missing)])
     check_metric_names(opts, [m[len(samples_mod.METRIC_PREFIX):] for t in tables.values()
                               for m in samples_mod.metric_columns(t)])  # a --margin typo gates nothing: refused
     samples_mod.check_alignment({opts.reference: tables[opts.reference],
