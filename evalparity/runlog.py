@@ -32,6 +32,16 @@ class RunLog:
         self.stages: dict[str, float] = {}
         self.facts: dict = {}  # e.g. the executor used
         self.run_dir: Path | None = None  # set once the run directory is known to be this run's
+        self._last_step = self.t0
+
+    def step(self, name: str) -> None:
+        """Record one step of a long stage (the setup's model, task data, staging plan...) as the time since the
+        previous step, under ``setup_steps_s``: a cold machine's setup is many first-time costs, and which one
+        dominates decides what to overlap."""
+        now = time.perf_counter()
+        steps = self.facts.setdefault("setup_steps_s", {})
+        steps[name] = round(steps.get(name, 0.0) + now - self._last_step, 3)
+        self._last_step = now
 
     @contextlib.contextmanager
     def stage(self, name: str):

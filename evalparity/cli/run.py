@@ -185,6 +185,7 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
         try:
             check_resumed_spec(run_dir)
             head = start_ray_early(cells, place)
+            timings.step("arguments_and_ray_start")
             dev = resolve_device(cells.device)
             cell_specs = plan_cells(run_dir, dev, cells, args.batch_size, place, folder.single_cell, opts.reference)
             variants.check_interpreter_names(cell_specs, args.pythons)
@@ -192,15 +193,19 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             # per-machine caches the cells would each fill at once (vLLM's model info), while the setup goes on
             warm = warmup.start({c.backend for c in cell_specs}, dev,
                                 Path(what.model).expanduser() if what.model else None)
+            timings.step("warmup_start")
             offline = go_offline_without_hub()
             model_id, model_path, max_len, fingerprint = identify_model(what.model, align.max_length)
             cell_specs = identify_cell_models(cell_specs, (model_path, fingerprint), max_len, run_dir, folder.force)
             check_chat_template(align.apply_chat_template, align.fewshot_as_multiturn, model_path)
+            timings.step("model")
             memory_plan = plan_memory(dev, place.ray, model_path, cell_specs, max_len, place.tensor_parallel,
                                       place.cells_per_gpu)
             placement = Placement(ray=place.ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan
                                   else place.cells_per_gpu or 1)
+            timings.step("memory_plan")
             task_list, task_aliases, plan = preflight(args, what)
+            timings.step("tasks_and_data")
             task_limits = args.task_limits if args.fraction is None else \
                 fraction_limits(args.fraction, plan.leaves, args.task_limits)  # each task's share, recorded
             staging = plan_staging(staged, task_list, plan, args.limit, task_limits, cell_specs, opts, align.seed)
@@ -209,12 +214,14 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
                               task_list=task_list, task_aliases=task_aliases, plan=plan, cell_specs=cell_specs,
                               limit=args.limit, task_limits=task_limits, dev=dev, max_len=max_len,
                               memory_plan=memory_plan, staging=staging, pythons=args.pythons)
+            timings.step("staging_and_spec")
             report_documents(spec, plan, args.limit)
             opts = signoff.choose_reference(opts, [c.name for c in cell_specs],
                                             fallback=stats.reference == Statistics.reference)
             check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
             # --reference-from: the earlier run's reference verified and matched, before any cell starts
             spec, reused = reference_from(folder.reference_from, spec, opts.reference, run_dir)
+            timings.step("reference_and_checks")
             timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
             outcomes = run_cells(spec, run_dir, model_path, folder.force, offline, placement, timings, head, opts,
                                  reused)
