@@ -435,6 +435,7 @@ def load_model(spec: RunSpec, cell: CellSpec, backend, args: dict, meta: dict, p
     meta["settings"] |= backend.loaded_settings(lm)
     meta["settings"]["template_cache"] = lmeval_patches.cache_templates()
     meta["settings"]["env_info_cache"] = lmeval_patches.cache_env_info()
+    meta["settings"]["doc_picking"] = lmeval_patches.pick_docs()
     return lm, tm
 
 

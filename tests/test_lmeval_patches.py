@@ -107,3 +107,44 @@ def test_env_info_is_computed_once_per_process_and_copied(monkeypatch):
     third = {}
     evaluator.add_env_info(third)
     assert second["versions"]["lm_eval"] == third["versions"]["lm_eval"] == "x" and len(calls) == 1
+
+
+def test_picked_docs_are_lm_evals_own_selection_on_generated_cases():
+    """The patched ``Task.doc_iterator`` against lm-eval's own, on generated index lists (unsorted, repeated,
+    negative, empty, out of range) over a list and a ``datasets.Dataset``, with ranks and world sizes: the same
+    (number, doc) pairs, or lm-eval's own error."""
+    import random
+    from types import SimpleNamespace
+
+    import datasets
+    from lm_eval.api.task import Task
+
+    from evalparity import lmeval_patches
+
+    original = Task.__dict__["doc_iterator"]
+    picked = lmeval_patches._picking_doc_iterator(original)
+    rng = random.Random(26)
+    rows = [{"i": i, "text": f"doc {i}"} for i in range(300)]
+    for docs in (rows, datasets.Dataset.from_list(rows)):
+        fake = SimpleNamespace(eval_docs=docs, config=SimpleNamespace(task="t"))
+        for case in range(60):
+            k = rng.randint(0, 40)
+            samples = [rng.randint(-3, 299) for _ in range(k)]
+            if case % 10 == 0:
+                samples.append(300 + case)  # out of range: lm-eval's assertion
+            world = rng.choice([1, 1, 2, 3])
+            kw = {"rank": rng.randrange(world), "world_size": world,
+                  "samples": lmeval_patches.IndexSet(samples) if case % 2 else samples}
+            try:
+                want = list(original(fake, **kw))
+            except AssertionError:
+                try:
+                    list(picked(fake, **kw))
+                except AssertionError:
+                    continue
+                raise AssertionError(f"case {case}: lm-eval refused {samples}, the patch did not") from None
+            got = list(picked(fake, **kw))
+            assert got == want, f"case {case} ({type(docs).__name__}, samples {samples}, {kw}): {got} != {want}"
+    assert lmeval_patches.pick_docs() and lmeval_patches.pick_docs()
+    assert getattr(Task.doc_iterator, "evalparity_picked", False)
+    Task.doc_iterator = original  # this test process's lm-eval as it was
