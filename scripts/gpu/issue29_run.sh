@@ -7,6 +7,16 @@
 #             $COMPARE adds a --compare pair
 #   served    the same model through `vllm serve` started by evalparity (--cell served=server:bf16) against the
 #             in-process vllm-bf16
+#   quant     fp8 weights, an fp8 KV cache and the batch-invariant kernels against hf-fp32 (the default
+#             reference) and, through --compare, against the plain vllm bf16 cell (vllm-base)
+#   floors    noise floors, --full --limit $LIMIT (default 300): vllm-base, vllm-fp8 and vllm-bi each again at
+#             batch size 1 (every request alone) against the batched cell
+#   gen       CUDA graphs against eager on generation: GSM8K (lm-eval's default few-shot), vllm-graphs
+#             against vllm-bf16
+#   noreuse   hf-fp32 and one candidate (cand=vllm:bf16), both scored: the time a sign-off takes today
+#   reuse     the same candidate with --reference-from the quant run's hf-fp32 ($SOURCE, default
+#             /tmp/i29-quant): the time a stored reference saves
+# Set WHEELS=.gpuwheel (carried) to install extra wheels (tenacity, for lm-eval's API models) first.
 set -uo pipefail
 source .gpu/bin/env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
@@ -16,7 +26,28 @@ RUN=/tmp/i29-$LABEL
 BUDGET=${BUDGET:-560}
 mkdir -p "$EVALPARITY_CACHE/wheels"
 cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
+if [[ -n ${WHEELS:-} ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl 2>&1 | tail -2
+fi
+TASK=(--tasks hellaswag --num-fewshot 0)
+EXTRA=()
 case $MODE in
+  quant)
+    CELLS=(--cell vllm-base=vllm:bf16 --cell vllm-fp8=vllm:bf16:quantization=fp8
+           --cell vllm-kv8=vllm:bf16:kv_cache_dtype=fp8 --cell vllm-bi=vllm:bf16:env.VLLM_BATCH_INVARIANT=1
+           --compare vllm-fp8:vllm-base --compare vllm-kv8:vllm-base --compare vllm-bi:vllm-base) ;;
+  floors)
+    CELLS=(--cell vllm-base=vllm:bf16 --cell vllm-fp8=vllm:bf16:quantization=fp8
+           --cell vllm-bi=vllm:bf16:env.VLLM_BATCH_INVARIANT=1
+           --repeat vllm-base:1 --repeat vllm-fp8:1 --repeat vllm-bi:1)
+    EXTRA=(--full --limit "${LIMIT:-300}") ;;
+  gen)
+    TASK=(--tasks gsm8k)
+    CELLS=(--backends vllm --dtypes bf16 --cell vllm-graphs=vllm:bf16:enforce_eager=false --reference vllm-bf16) ;;
+  noreuse)
+    CELLS=(--cell cand=vllm:bf16) ;;
+  reuse)
+    CELLS=(--cell cand=vllm:bf16 --reference-from "${SOURCE:-/tmp/i29-quant}:hf-fp32") ;;
   variants)
     CELLS=(--backends vllm,hf --dtypes bf16 --cell vllm-fp8=vllm:bf16:quantization=fp8
            --cell vllm-kv8=vllm:bf16:kv_cache_dtype=fp8 --cell vllm-graphs=vllm:bf16:enforce_eager=false
@@ -27,9 +58,10 @@ case $MODE in
 esac
 rm -rf "$RUN"
 T0=$(date +%s.%N)
-timeout "$BUDGET" python3 -m evalparity.cli run --device cuda --tasks hellaswag --num-fewshot 0 \
-  --datasets-dir .gpudata --out "$RUN" --no-fail-on-inconclusive ${LIMIT:+--limit "$LIMIT"} "${CELLS[@]}" 2>&1 \
-  | tail -50
+if [[ ${#EXTRA[@]} -eq 0 && -n ${LIMIT:-} ]]; then EXTRA=(--limit "$LIMIT"); fi
+timeout "$BUDGET" python3 -m evalparity.cli run --device cuda "${TASK[@]}" \
+  --datasets-dir .gpudata --out "$RUN" --no-fail-on-inconclusive "${EXTRA[@]}" "${CELLS[@]}" 2>&1 \
+  | tail -${TAIL:-45}
 echo "run $LABEL: exit ${PIPESTATUS[0]} after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
 if [[ -n ${OUT:-} && -d $RUN ]]; then
   mkdir -p "$RUN/logs"
