@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape  # task names and errors in the table: text, never markup
 from rich.table import Table
 
-from evalparity import backends, cells, progress, rundir, samples, shards, stager, variants
+from evalparity import backends, cells, memplan, progress, rundir, samples, shards, stager, variants
 from evalparity import placement as pl
 from evalparity.config import (
     ATTEMPTS,
@@ -38,7 +38,7 @@ from evalparity.printable import visible
 from evalparity.rundir import layout, records, reuse, units
 from evalparity.rundir.records import STATUS_FAILED
 from evalparity.runlog import RunLog
-from evalparity.spec import CellSpec, RunSpec
+from evalparity.spec import CellSpec, RunSpec, own_gpus
 from evalparity.staging import StagingPlan
 
 logger = logging.getLogger(__name__)
@@ -195,10 +195,40 @@ class Placement:
 
 def local_ray_wanted(device: str, tensor_parallel: int, placement: Placement, n_jobs: int, gpus: int) -> bool:
     """Whether the run wants a Ray instance of its own on this host: ``--ray local``, or (no ``--ray``) more
-    than one job and room on this host's ``gpus`` for more than one at a time."""
+    than one job and room on this host's ``gpus`` for more than one at a time. ``tensor_parallel``: the GPUs
+    of the run's narrowest job (``narrowest``): a tp2 cell beside tp1 cells leaves them room to pair up."""
     if placement.ray:
         return placement.ray == "local"
-    return device != "cpu" and n_jobs > 1 and gpus * placement.cells_per_gpu // tensor_parallel > 1
+    two = memplan.gpus_to_hold([tensor_parallel] * 2, placement.cells_per_gpu)
+    return device != "cpu" and n_jobs > 1 and two <= gpus
+
+
+def narrowest(spec: RunSpec) -> int:
+    """GPUs of the run's narrowest replica (``spec.cell_gpus``): whether two jobs fit side by side."""
+    return min((spec.cell_gpus(c) for c in spec.cells), default=spec.tensor_parallel)
+
+
+def job_gpus(spec: RunSpec, cell: CellSpec, cells_per_gpu: int) -> float:
+    """GPUs a job of ``cell`` holds: none on CPU; its replica's GPUs whole when they are more than one (a
+    tensor-parallel engine is never packed), else its share of one GPU (``memplan.gpu_share``)."""
+    return memplan.gpu_share(spec.cell_gpus(cell), cells_per_gpu) if spec.device != "cpu" else 0.0
+
+
+def check_room(spec: RunSpec, executor, names: set[str]) -> None:
+    """Every replica of the cells ``names`` (those that run) fits one host of the executor (this one, or the
+    Ray cluster's largest), before any of them starts: a Ray task asking more GPUs than any host has would wait
+    for ever, and a local engine would fail at its load ("World size (2) is larger than the number of available
+    GPUs (1)"). The memory plan checks this host's GPUs too, but not a Ray cluster's. One line, naming the cell
+    and its option; the executor is stopped."""
+    if spec.device == "cpu" or not names:
+        return
+    cells = [c for c in spec.cells if c.name in names]
+    try:
+        memplan.check_gpu_count({c.name: spec.cell_gpus(c) for c in cells}, set(own_gpus(cells, spec.tensor_parallel)),
+                                spec.tensor_parallel, executor.most_gpus())
+    except EvalParityError:
+        executor.stop()
+        raise
 
 
 def early_ray_head(device: str, tensor_parallel: int, placement: Placement, n_jobs: int):
@@ -220,7 +250,7 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
     starting one here."""
     if placement.ray and placement.ray != "local":
         return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
-    if local_ray_wanted(spec.device, spec.tensor_parallel, placement, n_jobs, pl.gpu_count()):
+    if local_ray_wanted(spec.device, narrowest(spec), placement, n_jobs, pl.gpu_count()):
         if placement.ray is None and importlib.util.find_spec("ray") is None:  # not imported: see RayExecutor
             logger.warning(f"{pl.gpu_count()} GPUs visible but Ray is not installed: running one cell at a time "
                            "(pip install 'ray>=2.40' to use them all)")
@@ -234,7 +264,6 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
     done: dict[str, CellOutcome] = {}
     jobs: list = []
     merge_only: list = []
-    gpus = spec.tensor_parallel / cells_per_gpu if spec.device != "cpu" else 0.0
     for cell in spec.cells:
         if units.is_done(run_dir, cell.name, identity=spec.identity()) and not force:
             meta = units.read_cell_json(layout.cell_dir(run_dir, cell.name)) or {}
@@ -245,7 +274,7 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
         if cell.shards > 1 and not todo:
             merge_only.append(cell)
         for k in todo:  # each job its own port range: engines starting side by side must not race for one
-            jobs.append(Job(cell.name, k, cell.shards, gpus=gpus, cpus=1.0,
+            jobs.append(Job(cell.name, k, cell.shards, gpus=job_gpus(spec, cell, cells_per_gpu), cpus=1.0,
                             env=env | {PORT_BASE_ENV: str(job_port_base(str(run_dir.resolve()), len(jobs)))}))
     return done, jobs, merge_only
 
@@ -282,6 +311,8 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
         executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, ray_head) \
             if jobs else None
     log.facts.update(executor=executor.name if executor else None, jobs=len(jobs))
+    if executor is not None:
+        check_room(spec, executor, {j.cell for j in jobs})
     if ray_head is not None:
         if getattr(executor, "head", None) is ray_head:  # its start, from before the setup
             log.facts.update(ray_head_ready_s=round(ray_head.ready_s, 3), ray_head_waited_s=round(ray_head.waited_s, 3))
@@ -335,18 +366,19 @@ def _run_staged(spec: RunSpec, run_dir: Path, model_path: str, offline: bool, co
                 log: RunLog, ray_head, opts, reused: reuse.Source | None = None) -> list[CellOutcome]:
     """A staged spec: its rounds (``stager``), each cell one job (but a reused reference), on the executor the
     cells would get."""
-    gpus = spec.tensor_parallel / placement.cells_per_gpu if spec.device != "cpu" else 0.0
+    gpus = {c.name: job_gpus(spec, c, placement.cells_per_gpu) for c in spec.cells}
     envs = {c.name: cell_environment(spec, backends.get(c.backend).environment(spec, c), offline, c)
             for c in spec.cells}
     ports = {c.name: job_port_base(str(run_dir.resolve()), i) for i, c in enumerate(spec.cells)}
 
     def make_job(name: str, mode: str) -> Job:
-        return Job(name, gpus=gpus, cpus=1.0, env=envs[name] | {PORT_BASE_ENV: str(ports[name])}, staged=mode)
+        return Job(name, gpus=gpus[name], cpus=1.0, env=envs[name] | {PORT_BASE_ENV: str(ports[name])}, staged=mode)
 
     n_jobs = len(spec.cells) - (reused is not None)
     with log.stage("executor_start"):
         executor = choose_executor(spec, placement, n_jobs, run_dir, model_path, ray_head)
     log.facts.update(executor=executor.name, jobs=n_jobs, staged=True)
+    check_room(spec, executor, {c.name for c in spec.cells} - ({reused.target} if reused is not None else set()))
     if ray_head is not None and getattr(executor, "head", None) is not ray_head:
         ray_head.close()
     _start_block(console, spec, run_dir, executor, {})

@@ -161,6 +161,9 @@ class CellPlan:
     # its own use: on one H200, six SmolLM2 cells packed at 0.16 each left vllm-fp32 "No available memory
     # for the cache blocks" (results/h200-real-models). Set: share - weights - activations - CUDA context.
     kv_cache_memory_bytes: int | None = None
+    # GPUs one replica spreads over (``spec.cell_gpus``: the cell's own tensor_parallel_size=, else the run's
+    # --tensor-parallel); the budget above is per GPU, and a replica over more than one is never packed.
+    gpus: int = 1
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,8 @@ class MemoryPlan:
                         f"full length)")
             elif c.max_batch_size is not None:
                 knob = f"max_batch_size={c.max_batch_size}"
-            rows.append(f"  {name}: {c.budget_gib:.1f} GiB per GPU (weights {c.weights_gib:.1f}, needs at least "
+            over = f" over {c.gpus} GPUs" if c.gpus > 1 and c.gpus != self.tensor_parallel else ""
+            rows.append(f"  {name}: {c.budget_gib:.1f} GiB per GPU{over} (weights {c.weights_gib:.1f}, needs at least "
                         f"{c.need_gib:.1f}), {knob}, {c.cpus} CPU(s)")
         return [head, *rows]
 
@@ -205,56 +209,91 @@ def usable(gpu: Gpu) -> int:
 
 
 def plan(cells: list[tuple[str, str, str, int | str]], shape: ModelShape, gpus: list[Gpu], *, cpus: int,
-         max_length: int, n_jobs: int, tensor_parallel: int = 1, cells_per_gpu: int | None = None) -> MemoryPlan:
+         max_length: int, n_jobs: int, tensor_parallel: int = 1, cells_per_gpu: int | None = None,
+         sizes: dict[str, int] | None = None) -> MemoryPlan:
     """The memory plan of a matrix. ``cells``: (name, backend, dtype, batch size) per cell; ``n_jobs``: the
-    processes to run (cells times shards); ``cells_per_gpu``: the user's, or None to decide here.
+    processes to run (cells times shards); ``cells_per_gpu``: the user's, or None to decide here; ``sizes``:
+    the GPUs one replica takes, by cell, for the cells that give their own (``tensor_parallel_size=``;
+    ``spec.cell_gpus``); every other cell's replica takes ``tensor_parallel``.
 
-    Raises a one-line error when a cell cannot fit: its minimum exceeds one GPU's usable memory (the fix
-    is more tensor parallelism, or fewer bytes per weight), or the user's ``--cells-per-gpu`` share."""
+    A cell over more than one GPU gets its GPUs whole (``gpu_share``), sized per GPU for its split weights and
+    KV cache; the cells of one GPU each may still share one (``cells_per_gpu``). Raises a one-line error when a
+    cell cannot fit: it asks more GPUs than there are, its minimum exceeds one GPU's usable memory (the fix is
+    more tensor parallelism, or fewer bytes per weight), or the user's ``--cells-per-gpu`` share."""
     if not gpus:
         raise EvalParityError("no GPU visible to plan memory on: use --device cpu, or check CUDA_VISIBLE_DEVICES")
-    if tensor_parallel > len(gpus):
-        raise EvalParityError(f"--tensor-parallel {tensor_parallel} needs {tensor_parallel} GPUs but "
-                              f"{len(gpus)} are visible: lower it to {len(gpus)} or fewer")
+    size = {name: (sizes or {}).get(name, tensor_parallel) for name, *_ in cells}
+    check_gpu_count(size, set(sizes or {}), tensor_parallel, len(gpus))
     room = min(usable(g) for g in gpus)
-    needs = [cell_need(n, b, d, shape, max_length, tensor_parallel) for n, b, d, _ in cells]
+    needs = [cell_need(n, b, d, shape, max_length, size[n]) for n, b, d, _ in cells]
     worst = max(needs, key=lambda x: x.minimum)
     if worst.minimum > room:
-        raise EvalParityError(_too_big(worst, shape, gpus, room, max_length, tensor_parallel))
-    slots = max(1, len(gpus) // tensor_parallel)  # replicas that run side by side at one cell per GPU
+        raise EvalParityError(_too_big(worst, shape, gpus, room, max_length, size[worst.name],
+                                       own=worst.name in (sizes or {})))
+    packable = [n for n in needs if size[n.name] == 1]  # a replica over several GPUs takes them whole
     if cells_per_gpu is None:
-        cells_per_gpu, why = packing(needs, room, cpus, n_jobs, slots, tensor_parallel)
+        cells_per_gpu, why = packing(packable, room, cpus, n_jobs, len(gpus)) if packable else \
+            (1, "tensor-parallel replicas are not packed")
     else:
         why = "--cells-per-gpu as given"
-        if worst.minimum > room // cells_per_gpu:
+        tightest = max(packable, key=lambda x: x.minimum, default=None)
+        if tightest is not None and tightest.minimum > room // cells_per_gpu:
             raise EvalParityError(
                 f"--cells-per-gpu {cells_per_gpu} leaves each cell {room / cells_per_gpu / GiB:.1f} GiB, but "
-                f"{worst.name} needs at least {worst.minimum / GiB:.1f} GiB: lower --cells-per-gpu to "
-                f"{max(1, room // worst.minimum)}, or drop it to let evalparity decide")
-    budget = room // cells_per_gpu
+                f"{tightest.name} needs at least {tightest.minimum / GiB:.1f} GiB: lower --cells-per-gpu to "
+                f"{max(1, room // tightest.minimum)}, or drop it to let evalparity decide")
     total = min(g.total for g in gpus)
-    running = min(n_jobs, cells_per_gpu * slots)
+    running = min(n_jobs, cells_per_gpu * len(gpus) // min(size.values()))  # at most, side by side
     per_cell_cpus = max(1, cpus // max(1, running))
     out = {}
     for need, (name, backend, _, batch) in zip(needs, cells):
+        shared = cells_per_gpu > 1 and size[name] == 1
+        budget = room // cells_per_gpu if size[name] == 1 else room
         knobs = registry.get(backend).memory_knobs(need, budget, total, shape, batch_size=batch,
-                                                   max_length=max_length, tensor_parallel=tensor_parallel,
-                                                   shared=cells_per_gpu > 1)
+                                                   max_length=max_length, tensor_parallel=size[name],
+                                                   shared=shared)
         out[name] = CellPlan(round(budget / GiB, 2), round(need.weights / GiB, 2), round(need.minimum / GiB, 2),
                              knobs.get("gpu_memory_utilization"), knobs.get("max_batch_size"), per_cell_cpus,
-                             knobs.get("batch_tokens"), knobs.get("kv_cache_memory_bytes"))
+                             knobs.get("batch_tokens"), knobs.get("kv_cache_memory_bytes"), size[name])
     free = min(g.free for g in gpus)
     return MemoryPlan(cells_per_gpu, len(gpus), tensor_parallel, round(total / GiB, 1), round(free / GiB, 1),
                       cpus, why, out)
 
 
-def packing(needs: list[CellNeed], room: int, cpus: int, n_jobs: int, slots: int,
-            tensor_parallel: int) -> tuple[int, str]:
+def check_gpu_count(sizes: dict[str, int], own: set[str], tensor_parallel: int, visible: int) -> None:
+    """Every cell's replica fits the GPUs there are (``sizes``: GPUs per replica by cell; ``own``: the cells
+    whose size is their own tensor_parallel_size=; ``visible``: the GPUs of this host, or of the Ray cluster's
+    largest host): one line naming the widest cell otherwise, and the option that sets its size."""
+    name, widest = max(sizes.items(), key=lambda x: x[1], default=("", 0))
+    if widest <= visible:
+        return
+    if name not in own:
+        raise EvalParityError(f"--tensor-parallel {tensor_parallel} needs {tensor_parallel} GPUs but "
+                              f"{visible} are visible: lower it to {visible} or fewer")
+    raise EvalParityError(f"cell {name} needs {widest} GPUs (its tensor_parallel_size={widest}) but {visible} "
+                          f"{'is' if visible == 1 else 'are'} visible: run it on a host with {widest} GPUs, or "
+                          f"lower its tensor_parallel_size to {max(1, visible)} or fewer")
+
+
+def gpu_share(gpus: int, cells_per_gpu: int) -> float:
+    """GPUs one job of a cell holds (its Ray ``num_gpus``): ``gpus`` whole when its replica spreads over more
+    than one (a tensor-parallel engine needs each of them, so it is never packed), else its 1/``cells_per_gpu``
+    share of one GPU."""
+    return float(gpus) if gpus > 1 else 1.0 / cells_per_gpu
+
+
+def gpus_to_hold(sizes: list[int], cells_per_gpu: int) -> int:
+    """GPUs that hold jobs of these ``sizes`` (GPUs per replica) all at once: each wider one's GPUs, and the
+    one-GPU jobs ``cells_per_gpu`` to a GPU."""
+    narrow = sum(1 for g in sizes if g <= 1)
+    return sum(g for g in sizes if g > 1) + math.ceil(narrow / cells_per_gpu)
+
+
+def packing(needs: list[CellNeed], room: int, cpus: int, n_jobs: int, slots: int) -> tuple[int, str]:
     """Cells per GPU with no ``--cells-per-gpu``: as many as fit every cell's comfortable need in memory
     and leave each at least ``MIN_CPUS_PER_CELL`` of the host's cores, but no more than it takes to run
-    every job at once on the GPUs there are (fewer per GPU means more memory for each)."""
-    if tensor_parallel > 1:
-        return 1, "tensor-parallel replicas are not packed"
+    every job at once on the GPUs there are (fewer per GPU means more memory for each). ``needs``: the cells
+    of one GPU each (a tensor-parallel replica is never packed); ``slots``: the GPUs."""
     largest = max(n.comfortable for n in needs)
     by_memory = max(1, room // largest)
     by_cpus = max(1, cpus // (MIN_CPUS_PER_CELL * slots))
@@ -270,18 +309,20 @@ def packing(needs: list[CellNeed], room: int, cpus: int, n_jobs: int, slots: int
 
 
 def _too_big(need: CellNeed, shape: ModelShape, gpus: list[Gpu], room: int, max_length: int,
-             tensor_parallel: int) -> str:
-    """The refusal of a cell that fits no GPU here, with the smallest tensor parallelism that would fit."""
+             tensor_parallel: int, own: bool = False) -> str:
+    """The refusal of a cell that fits no GPU here, with the smallest tensor parallelism that would fit: the
+    run's ``--tensor-parallel``, or the cell's own ``tensor_parallel_size=`` when it gave one (``own``)."""
     what = (f"cell {need.name} needs about {need.minimum / GiB:.1f} GiB per GPU ({need.dtype} weights "
             f"{need.weights / GiB:.1f} GiB of a {shape.params / 1e9:.1f} B-parameter model"
             + (f" over {tensor_parallel} GPUs" if tensor_parallel > 1 else "")
             + f") but a GPU here has {room / GiB:.1f} GiB to give")
+    drop = f"drop {need.dtype} from --dtypes" if not own else f"drop the cell {need.name}"
     tp = tensor_parallel * 2
     while tp <= MAX_TENSOR_PARALLEL:
         if cell_need(need.name, need.backend, need.dtype, shape, max_length, tp).minimum <= room:
+            option = f"--tensor-parallel {tp}" if not own else f"tensor_parallel_size={tp} on the cell"
             if tp <= len(gpus):
-                return f"{what}: pass --tensor-parallel {tp}, or drop {need.dtype} from --dtypes"
-            return (f"{what}: it needs --tensor-parallel {tp} on a host with {tp} such GPUs ({len(gpus)} visible "
-                    f"here), or drop {need.dtype} from --dtypes")
+                return f"{what}: pass {option}, or {drop}"
+            return f"{what}: it needs {option} on a host with {tp} such GPUs ({len(gpus)} visible here), or {drop}"
         tp *= 2
-    return f"{what}, even split over {MAX_TENSOR_PARALLEL} GPUs: drop {need.dtype} from --dtypes"
+    return f"{what}, even split over {MAX_TENSOR_PARALLEL} GPUs: {drop}"

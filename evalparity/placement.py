@@ -3,7 +3,8 @@
 The unit of work is a ``Job``: one cell, or one shard of a sharded cell, run as its own process
 (``python -m evalparity.cells``). Two executors start jobs and report when they end:
 
-- ``LocalExecutor`` runs one job at a time here (a CPU, or a single GPU);
+- ``LocalExecutor`` runs one job at a time here (a CPU, a GPU, or the GPUs of a tensor-parallel cell, which
+  it names in the job's ``CUDA_VISIBLE_DEVICES``);
 - ``RayExecutor`` submits every job at once as a Ray task that asks for the GPUs (or CPUs) the job needs,
   and lets Ray place them: on the GPUs of this host (a local Ray instance) or on a cluster (``--ray
   ADDRESS``). Ray, not evalparity, decides which job waits; a job starts as soon as a GPU it fits on is free.
@@ -28,6 +29,7 @@ import ctypes
 import importlib.util
 import json
 import logging
+import math
 import os
 import platform
 import shutil
@@ -37,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -174,6 +176,17 @@ def gpu_count(cheap: bool = False) -> int:
     return len(_visible_gpus(cheap))
 
 
+def local_gpu_ids(gpus: float) -> list[str]:
+    """The device ids a job holding ``gpus`` GPUs gets from the local executor: none for a CPU job; the first
+    ``gpus`` of those this process may use for a job over several (its ``CUDA_VISIBLE_DEVICES``: a
+    tensor-parallel engine takes every GPU it sees, and must see as many as it spreads over); every one for a
+    job of one GPU or less, which keeps the device the run names (``--device cuda:1``)."""
+    if not gpus:
+        return []
+    visible = _visible_gpus()
+    return visible[:math.ceil(gpus)] if gpus > 1 else visible
+
+
 class LocalExecutor:
     """One job at a time, in a child process of this one."""
 
@@ -194,6 +207,10 @@ class LocalExecutor:
     def busy(self) -> bool:
         return bool(self.queue or self.current)
 
+    def most_gpus(self) -> int:
+        """GPUs one job can have here: every GPU this process may use."""
+        return gpu_count()
+
     def poll(self) -> list[JobEnd]:
         ended = []
         if self.proc is not None and self.proc.poll() is not None:
@@ -202,11 +219,13 @@ class LocalExecutor:
                                 placement=self.placement))
             self.proc, self.current = None, None
         if self.proc is None and self.queue:
-            self.current = self.queue.pop(0)
-            self.placement = {"executor": "local", "host": platform.node(), "gpu_ids": _visible_gpus()
-                              if self.current.gpus else [], "shard": self.current.shard,
-                              "shards": self.current.shards}
-            self.proc = start_job(self.current, self.run_dir, self.model_path, self.placement)
+            job = self.current = self.queue.pop(0)
+            ids = local_gpu_ids(job.gpus)
+            if job.gpus > 1:  # a tensor-parallel replica: the GPUs it asked for, as Ray would give them
+                job = replace(job, env=job.env | {"CUDA_VISIBLE_DEVICES": ",".join(ids)})
+            self.placement = {"executor": "local", "host": platform.node(), "gpu_ids": ids,
+                              "shard": job.shard, "shards": job.shards}
+            self.proc = start_job(job, self.run_dir, self.model_path, self.placement)
         return ended
 
     def stop(self) -> None:
@@ -488,6 +507,12 @@ class RayExecutor:
 
     def resources(self) -> dict:
         return self.ray.cluster_resources()
+
+    def most_gpus(self) -> int:
+        """GPUs one job can have: those of the cluster's live host with the most (a task's GPUs are one
+        host's, so a tensor-parallel replica needs them on one host)."""
+        return int(max((n.get("Resources", {}).get("GPU", 0) for n in self.ray.nodes() if n.get("Alive")),
+                       default=0))
 
     def submit(self, jobs: list[Job]) -> None:
         nodes = self.ray.nodes() if any(j.gpus for j in jobs) else []

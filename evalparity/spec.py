@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,8 @@ DTYPE_ALIASES = {
     "fp16": "float16", "float16": "float16", "half": "float16",
 }
 SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+# A cell's own engine argument that spreads its replica over several GPUs (vLLM's name; ``cell_gpus``)
+TENSOR_PARALLEL_ARG = "tensor_parallel_size"
 
 
 def parse_dtype(name: str) -> str:
@@ -206,6 +209,10 @@ class RunSpec:
                                   f"--python {cell.python}=/path/to/python")
         return found
 
+    def cell_gpus(self, cell: CellSpec) -> int:
+        """GPUs one replica of ``cell`` takes (``cell_gpus``, with this run's ``--tensor-parallel``)."""
+        return cell_gpus(cell, self.tensor_parallel)
+
     def cell_memory(self, cell: str) -> dict:
         """The memory plan's entry for one cell (``memplan.CellPlan`` as a dict); empty without a plan."""
         return dict(self.memory_plan.get("cells", {}).get(cell, {}))
@@ -230,6 +237,38 @@ class RunSpec:
         if per is None:
             per = {leaf: list(range(min(n, self.limit) if self.limit else n)) for leaf, n in self.leaf_docs}
         return {leaf: ids[shard::shards] for leaf, ids in per.items()}
+
+
+def cell_gpus(cell: CellSpec, tensor_parallel: int) -> int:
+    """GPUs one replica of ``cell`` takes: its own ``tensor_parallel_size=`` where its backend spreads a
+    replica by that argument (``cell_tensor_parallel``: vllm, and a server evalparity starts), else the run's
+    ``--tensor-parallel`` (every other cell: an hf cell splits its layers over that many GPUs).
+
+    The one answer to "how many GPUs does this cell's engine need", asked by the memory plan, the jobs' GPU
+    requests (Ray's ``num_gpus``, the local executor's ``CUDA_VISIBLE_DEVICES``), the checks before any cell
+    starts, the engine arguments and ``--reference-from``: a cell given GPUs by one rule and an engine sized by
+    another would see fewer GPUs than it needs (vLLM: "World size (2) is larger than the number of available
+    GPUs (1)")."""
+    given = dict(cell.args).get(TENSOR_PARALLEL_ARG)
+    if given is None or not getattr(registry.get(cell.backend), "cell_tensor_parallel", False):
+        return tensor_parallel
+    return parse_gpus(given, f"cell {cell.name}")
+
+
+def own_gpus(cells, tensor_parallel: int) -> dict[str, int]:
+    """The cells whose own ``tensor_parallel_size=`` sets their GPUs (``cell_gpus``), by name, with those GPUs:
+    what a refusal of too few GPUs names as the fix, rather than ``--tensor-parallel``."""
+    return {c.name: cell_gpus(c, tensor_parallel) for c in cells
+            if TENSOR_PARALLEL_ARG in dict(c.args) and getattr(registry.get(c.backend), "cell_tensor_parallel", False)}
+
+
+def parse_gpus(value: str, where: str) -> int:
+    """A ``tensor_parallel_size=`` value as a whole number of GPUs (1 or more); one line otherwise."""
+    text = str(value).strip()
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise EvalParityError(f"{where}: {TENSOR_PARALLEL_ARG}={value} is not a whole number of GPUs: give 1 or "
+                              f"more, e.g. {TENSOR_PARALLEL_ARG}=2")
+    return int(text)
 
 
 def cell_from_json(c: dict) -> CellSpec:

@@ -31,14 +31,14 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from evalparity import cells, progress, samples
+from evalparity import cells, memplan, progress, samples
 from evalparity.config import CELLS, STAGES
 from evalparity.errors import EvalParityError
 from evalparity.rundir import layout, records, rounds, units
 from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
 from evalparity.rundir.reuse import Source
 from evalparity.shards import aggregate, stage_merged
-from evalparity.spec import RunSpec
+from evalparity.spec import CellSpec, RunSpec
 from evalparity.staging import StagingPlan, order
 
 logger = logging.getLogger(__name__)
@@ -210,15 +210,16 @@ def round_line(r: int, request: rounds.RoundRequest, trace, plan: StagingPlan) -
     return f"round {r + 1}: " + "; ".join(parts)
 
 
-def can_hold_all(executor, spec: RunSpec, cells_per_gpu: int, n: int) -> bool:
-    """Whether the executor runs every cell at once (then cells stay loaded across rounds): never the
-    one-at-a-time executor; on Ray, when its GPUs (or, on CPU, its CPUs) have room for all ``n``."""
+def can_hold_all(executor, spec: RunSpec, cells_per_gpu: int, scored: list[CellSpec]) -> bool:
+    """Whether the executor runs every cell of ``scored`` at once (then cells stay loaded across rounds): never
+    the one-at-a-time executor; on Ray, when its GPUs (or, on CPU, its CPUs) have room for all of them: each
+    tensor-parallel replica's GPUs whole, the others ``cells_per_gpu`` to a GPU (``memplan.gpus_to_hold``)."""
     if executor.name != "ray":
         return False
     res = executor.resources()
     if spec.device == "cpu":
-        return res.get("CPU", 0) >= n
-    return int(res.get("GPU", 0) * cells_per_gpu // spec.tensor_parallel) >= n
+        return res.get("CPU", 0) >= len(scored)
+    return memplan.gpus_to_hold([spec.cell_gpus(c) for c in scored], cells_per_gpu) <= res.get("GPU", 0)
 
 
 def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console, cells_per_gpu: int = 1,
@@ -240,8 +241,8 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     elif have.tasks != first.tasks or have.docs != first.docs:
         raise EvalParityError(f"{layout.round_file(run_dir, 0)} asks for other docs than the run's staging plan: "
                               "remove the run's stages/ and cells/ folders and rerun")
-    n_scored = len(spec.cells) - (reused is not None)
-    mode = "resident" if can_hold_all(executor, spec, cells_per_gpu, n_scored) else "round"
+    scored = [c for c in spec.cells if reused is None or c.name != reused.target]
+    mode = "resident" if can_hold_all(executor, spec, cells_per_gpu, scored) else "round"
     logger.info(f"staged: {len(plan.units)} task(s), up to {plan.rounds} round(s); cells "
                 + ("stay loaded across rounds" if mode == "resident" else "are started once per round (the "
                    "executor runs one at a time)"))

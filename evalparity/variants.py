@@ -14,6 +14,10 @@ The keys of a variant are the backend's lm-eval model arguments (for vLLM, its e
   run model's (checked before any cell starts);
 - ``python=NAME`` runs the cell under an interpreter named with ``--python NAME=/path/to/python``;
 - ``batch_size=N`` the cell's batch size (default: the run's ``--batch-size``).
+
+One engine argument also decides where the cell runs: ``tensor_parallel_size=N`` (vllm and server cells) gives
+the cell N whole GPUs of its own (``spec.cell_gpus``), never a packed share of one, while the run's other cells
+keep ``--tensor-parallel`` and may still share a GPU.
 """
 
 from __future__ import annotations
@@ -23,9 +27,18 @@ import re
 import shutil
 from dataclasses import replace
 
+from evalparity.backends import registry
 from evalparity.errors import EvalParityError
 from evalparity.rundir.names import check_name
-from evalparity.spec import SHORT_DTYPE, CellSpec, parse_backend, parse_batch_size, parse_dtype
+from evalparity.spec import (
+    SHORT_DTYPE,
+    TENSOR_PARALLEL_ARG,
+    CellSpec,
+    parse_backend,
+    parse_batch_size,
+    parse_dtype,
+    parse_gpus,
+)
 
 ENV_PREFIX = "env."
 OWN_KEYS = ("model", "python", "batch_size")  # evalparity's keys; everything else is the backend's
@@ -46,12 +59,7 @@ REFUSED = {"dtype": "the dtype is the part after the backend (vllm:bf16)",
            "peft": "adapters are not fingerprinted yet: merge the adapter into a checkpoint and give it as model=PATH",
            "delta": "adapters are not fingerprinted yet: merge the delta into a checkpoint and give it as model=PATH",
            "lora_local_path": "adapters are not fingerprinted yet: merge the adapter into a checkpoint and give it "
-                              "as model=PATH",
-           # the placement gives every cell of a run the same number of GPUs (--tensor-parallel): a cell that
-           # asked for more would see fewer GPUs than its engine needs
-           "tensor_parallel_size": "GPUs per cell are the run's --tensor-parallel N (every cell); to compare tensor "
-                                   "parallel 2 with 1, run the tp2 cell in its own run and bring the other "
-                                   "in with --reference-from"}
+                              "as model=PATH"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variables evalparity sets for a cell's process after the cell's own (matrix.cell_environment, placement): a
 # cell's value would be recorded but not be what ran.
@@ -76,12 +84,27 @@ def parse_pairs(text: str, flag: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def backend_pairs(pairs: tuple[tuple[str, str], ...], flag: str) -> tuple[tuple[str, str], ...]:
-    """The backend's own arguments, with the keys a cell may not set refused in one line."""
-    for key, _ in pairs:
+def backend_pairs(pairs: tuple[tuple[str, str], ...], flag: str, backend: str) -> tuple[tuple[str, str], ...]:
+    """The backend's own arguments, with the keys a cell may not set refused in one line, and a tensor-parallel
+    size checked (``check_tensor_parallel``)."""
+    for key, value in pairs:
         if key in REFUSED:
             raise EvalParityError(f"{flag}: {key} cannot be set per cell: {REFUSED[key]}")
+        if key == TENSOR_PARALLEL_ARG:
+            check_tensor_parallel(backend, value, flag)
     return pairs
+
+
+def check_tensor_parallel(backend: str, value: str, flag: str) -> None:
+    """``tensor_parallel_size=N`` on a cell: a whole number of GPUs (``spec.parse_gpus``), on a backend whose
+    engine spreads a replica by it (``cell_tensor_parallel``: vllm, server); the placement then gives the cell
+    N whole GPUs (``spec.cell_gpus``). An hf cell has no such engine argument: it splits its layers over the
+    run's ``--tensor-parallel`` GPUs."""
+    if not getattr(registry.get(backend), "cell_tensor_parallel", False):
+        raise EvalParityError(f"{flag}: {TENSOR_PARALLEL_ARG} is not an argument of the {backend} backend: its "
+                              "cells take the run's --tensor-parallel N (hf splits the layers over them); give "
+                              f"{TENSOR_PARALLEL_ARG} to a vllm cell")
+    parse_gpus(value, flag)
 
 
 def parse_cell(text: str, batch_size: int | str, shards: int, backend_args: dict[str, str]) -> CellSpec:
@@ -115,7 +138,7 @@ def parse_cell(text: str, batch_size: int | str, shards: int, backend_args: dict
             own[key] = value
         else:
             engine.append((key, value))
-    engine_pairs = backend_pairs(tuple(engine), flag)
+    engine_pairs = backend_pairs(tuple(engine), flag, backend)
     base = dict(parse_pairs(backend_args.get(backend, ""), f"--{backend}-args"))
     merged = tuple((base | dict(engine_pairs)).items())
     if "python" in own:
@@ -261,7 +284,7 @@ def run_cells(matrix: tuple[CellSpec, ...], typed: list[str], batch_size: int | 
     """The run's cells: the matrix's (each with its backend's ``--hf-args``/``--vllm-args``), the ``--cell``
     variants in the order given, then the repeats of named cells (``NAME:N``); a name given twice is
     refused in one line."""
-    pairs = {b: backend_pairs(parse_pairs(text, f"--{b}-args"), f"--{b}-args") for b, text in backend_args.items()}
+    pairs = {b: backend_pairs(parse_pairs(text, f"--{b}-args"), f"--{b}-args", b) for b, text in backend_args.items()}
     out = [c if not pairs.get(c.backend) else replace(c, args=pairs[c.backend]) for c in matrix]
     out += [parse_cell(t, batch_size, shards, backend_args) for t in typed]
     out += [repeat_of(out, r) for r in repeats]

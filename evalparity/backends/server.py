@@ -48,6 +48,9 @@ SERVER = "server"  # the key of ``model_args`` that says which server; create_lm
 PROBE_TEXT = "The quick brown fox, 1234 times: naïve café! 日本語 <s> \n\tend"
 # Engine settings ``vllm.model_args`` returns that are the client's, not ``vllm serve``'s flags.
 CLIENT_SIDE = ("pretrained", "batch_size", "add_bos_token")
+# A started server's tensor_parallel_size= is its engine's (vllm serve --tensor-parallel-size N, over the N
+# whole GPUs the placement gives the cell: ``spec.cell_gpus``); the user's server (url=) takes no engine keys.
+cell_tensor_parallel = vllm.cell_tensor_parallel
 
 
 # ------------------------------------------------------------------ a cell's keys

@@ -11,7 +11,7 @@ from evalparity.backends.pretokenize import BatchedEncoding
 from evalparity.config import PORT_BASE_ENV
 from evalparity.errors import EvalParityError
 from evalparity.shapes import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
-from evalparity.spec import CellSpec, RunSpec
+from evalparity.spec import TENSOR_PARALLEL_ARG, CellSpec, RunSpec
 
 name = "vllm"
 lm_eval_model = "vllm"
@@ -19,6 +19,9 @@ install_hint = "pip install -e '.[gpu]' (upstream vLLM, CUDA) or -e '.[cpu]' (vL
 CPU_KVCACHE_GIB = "2"
 STEP_TOKENS = 8192  # tokens vLLM schedules per step (its profile run and a scoring step) (memplan)
 KV_SEQS = 4         # KV cache for this many full-length sequences, for a cell worth running (memplan)
+# A cell's tensor_parallel_size= is its engine's: its replica spreads over that many GPUs, which the placement
+# gives it whole (``spec.cell_gpus``); without it, the run's --tensor-parallel.
+cell_tensor_parallel = True
 
 
 def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
@@ -43,11 +46,13 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
         args["gpu_memory_utilization"] = plan.get("gpu_memory_utilization") or 0.3
         if plan.get("kv_cache_memory_bytes"):  # a shared GPU: vLLM's profiling would count the others' memory
             args["kv_cache_memory_bytes"] = int(plan["kv_cache_memory_bytes"])
-    if spec.tensor_parallel > 1:
-        args["tensor_parallel_size"] = spec.tensor_parallel
+    gpus = spec.cell_gpus(cell)  # the cell's own tensor_parallel_size=, else --tensor-parallel: the GPUs it gets
     if a.add_bos_token is not None:
         args["add_bos_token"] = a.add_bos_token
     args.update(parse_extra_args(cell.arg_text()))
+    args.pop(TENSOR_PARALLEL_ARG, None)  # once, as the placement counted it (the cell's typed value parsed)
+    if gpus > 1:
+        args[TENSOR_PARALLEL_ARG] = gpus
     return args
 
 
@@ -303,6 +308,20 @@ def memory_knobs(need: CellNeed, budget: int, gpu_total: int, shape: ModelShape,
 
 
 # ---------------------------------------------------------------- drift localisation
+def cannot_probe(spec: RunSpec, cell: CellSpec) -> str:
+    """Why ``evalparity drift`` cannot probe this cell, or "" when it can (``base.Backend``'s optional member).
+
+    A replica over several GPUs runs its model in worker processes (vLLM's multiprocessing executor, one per
+    GPU): ``LLM.apply_model`` installs the probe's hooks there, and what they capture never reaches this
+    process, where the probe reads it (``probes.VLLMProbe``). Refused, whether the GPUs come from the cell's
+    ``tensor_parallel_size=`` or the run's ``--tensor-parallel``."""
+    gpus = spec.cell_gpus(cell)
+    if gpus > 1:
+        return (f"its engine runs over {gpus} GPUs (tensor parallel {gpus}), in worker processes the probe's hooks "
+                "cannot report from; probe a cell with the same settings at tensor parallel 1")
+    return ""
+
+
 def drift_probe(lm):
     from evalparity.backends.probes import VLLMProbe  # heavy: torch; optional: vllm (evalparity drift only)
 

@@ -48,10 +48,12 @@ from evalparity.spec import (
     Alignment,
     RunSpec,
     build_cells,
+    cell_gpus,
     check_limit,
     check_two_cells,
     fraction_limits,
     model_label,
+    own_gpus,
     parse_batch_size,
     parse_task_limits,
     split_list,
@@ -335,6 +337,11 @@ def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: Placement
     cell_specs = variants.run_cells(matrix, cells.cell or [], bs, place.shards,
                                     {"hf": cells.hf_args, "vllm": cells.vllm_args}, named_repeats)
     check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
+    wide = next((c for c in cell_specs if cell_gpus(c, place.tensor_parallel) > 1), None)
+    if wide is not None and dev == "cpu":  # as --tensor-parallel above: GPUs per replica need GPUs
+        raise EvalParityError(f"cell {wide.name} asks for {cell_gpus(wide, place.tensor_parallel)} GPUs "
+                              "(tensor_parallel_size) but the run is on the CPU: use --device cuda, or drop "
+                              "tensor_parallel_size from the cell on CPU")
     for c in cell_specs:  # a backend's own checks of a cell (the server's URL), before the lock's first write
         check = getattr(backends.get(c.backend), "check_cell", None)
         if check is not None:
@@ -483,7 +490,8 @@ def plan_memory(dev: str, ray: str | None, model_path, cell_specs, max_len: int,
     plan = memplan.plan([(c.name, c.backend, c.dtype, c.batch_size) for c in cell_specs],
                         memplan.read_shape(model_path), memplan.gpus_here(), cpus=memplan.host_cpus(),
                         max_length=max_len, n_jobs=sum(c.shards for c in cell_specs),
-                        tensor_parallel=tensor_parallel, cells_per_gpu=cells_per_gpu)
+                        tensor_parallel=tensor_parallel, cells_per_gpu=cells_per_gpu,
+                        sizes=own_gpus(cell_specs, tensor_parallel))
     for line in plan.lines():
         log(line, highlight=False)
     return plan
@@ -625,15 +633,27 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
     """--drift N: the drift of every main cell against the reference on N prompts of the run's own tasks,
     into RUN_DIR/drift, before the report so that the report shows it; each cell probed as the run
     configured it (``drift.launch_plan``)."""
-    from evalparity.drift import launch_plan, prompts_from_run, run_drift, together_ok  # heavy: torch; only --drift
+    from evalparity.drift import (  # heavy: torch; only --drift
+        cannot_probe,
+        launch_plan,
+        prompts_from_run,
+        run_drift,
+        together_ok,
+    )
 
     run_spec = records.read_spec(run_dir)
-    probed = [c.name for c in cell_specs if not c.tag and getattr(backends.get(c.backend), "drift_probes", True)]
-    skipped = [c.name for c in cell_specs if not c.tag and c.name not in probed]
-    if skipped:  # hidden states are not reachable through its engine (the server backend: HTTP)
-        log(f"drift: {', '.join(skipped)} not probed (its backend has no drift probe)")
-    if opts.reference not in probed:
-        log(f"drift: skipped, the reference {opts.reference}'s backend has no drift probe")
+    why: dict[str, str] = {}  # hidden states not reachable: over HTTP, or in a vLLM engine's GPU workers
+    for c in (c for c in cell_specs if not c.tag):
+        has_probe = getattr(backends.get(c.backend), "drift_probes", True)
+        reason = "its backend has no drift probe" if not has_probe else cannot_probe(run_spec, c)
+        if reason:
+            why[c.name] = reason
+    probed = [c.name for c in cell_specs if not c.tag and c.name not in why]
+    for name, reason in why.items():
+        if name != opts.reference:
+            log(f"drift: {name} not probed ({reason})")
+    if opts.reference in why:
+        log(f"drift: skipped, the reference {opts.reference} cannot be probed ({why[opts.reference]})")
         return
     launch = launch_plan(str(model_path), probed, opts.reference, device=dev, max_len=max_len, run_spec=run_spec)
     with timings.stage("drift"), rundir.staged_outputs(run_dir, (DRIFT,)) as stage:  # drift/ published whole

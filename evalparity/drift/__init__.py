@@ -91,6 +91,9 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
     plan = {}
     for name, cell in zip(names, wanted):
         backend = backends.get(cell.backend)
+        why = cannot_probe(spec, cell)
+        if why:
+            raise EvalParityError(f"drift cannot probe cell {name}: {why}; or leave it out (--cells)")
         # a cell's own checkpoint (model=) and interpreter (python=), as the run loaded it
         own = str(resolve_model(cell.model, max_len)[1]) if cell.model else model_path
         args = backend.model_args(spec, cell, own)
@@ -98,6 +101,14 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
                       "env": cell_environment(spec, backend.environment(spec, cell), offline=True, cell=cell),
                       "python": spec.interpreter(cell) or sys.executable}
     return plan
+
+
+def cannot_probe(spec: RunSpec, cell: CellSpec) -> str:
+    """Why drift cannot probe ``cell`` as the run loaded it, or "": its backend's optional ``cannot_probe``
+    (vLLM: an engine over several GPUs, whose hooks run in worker processes), asked before anything loads, so
+    that ``run --drift`` leaves such a cell out and ``evalparity drift`` refuses it in one line."""
+    check = getattr(backends.get(cell.backend), "cannot_probe", None)
+    return check(spec, cell) if check is not None else ""
 
 
 def together_ok(run_spec: RunSpec | None, cells: list[str]) -> bool:

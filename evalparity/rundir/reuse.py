@@ -14,11 +14,13 @@ refused.
 What must match (``differences``): the model's files (and hub revision), the task configurations' digest, the
 tasks and their leaf tasks (with their document counts), few-shot, every alignment setting (seed included),
 lm-eval's version and the versions the reference's own scoring ran on (torch, transformers, and its backend's),
-the device and tensor parallelism, and the cell's own settings: backend, dtype, TF32 and variant
-(``CellSpec.variant``). Its batch size need not: the reference keeps the one it was scored at, and this run's
-spec records that one for it (``adopt``), so that spec and record agree. The prompts themselves are compared
-once the candidates have scored them (``check_prompts``): lm-eval draws few-shot examples in scoring order, so a
-reference scored on other documents or in other rounds may have seen other prompts.
+the device and the reference's tensor parallelism (the GPUs its replica spread over: its own
+``tensor_parallel_size=``, else that run's ``--tensor-parallel``; ``spec.cell_gpus``), and the cell's own
+settings: backend, dtype, TF32 and variant (``CellSpec.variant``). Its batch size need not: the reference keeps
+the one it was scored at, and this run's spec records that one for it (``adopt``), so that spec and record
+agree. The prompts themselves are compared once the candidates have scored them (``check_prompts``): lm-eval
+draws few-shot examples in scoring order, so a reference scored on other documents or in other rounds may have
+seen other prompts.
 
 The source is only read, never written: no lock is taken (a lock would be a write, and a stored reference may
 sit on a read-only archive); the cell is verified with the rest of its run (``records.verify_run``), then its
@@ -289,7 +291,10 @@ def differences(src: RunSpec, rec: records.CellRecord, src_entry: CellSpec, spec
     checks.append(("the device", there_kind, here_kind))
     if gpu is not None and here_kind == "cuda":  # the GPU's model: other kernels (a CPU's name is not compared)
         checks.append(("the GPU", rec.extra.get("device_name"), gpu))
-    checks += [("--tensor-parallel", src.tensor_parallel, spec.tensor_parallel),
+    # the GPUs the reference's replica spread over (its own tensor_parallel_size=, else --tensor-parallel):
+    # another split is another reduction order; the run-wide value of cells other than the reference is not
+    checks += [("the reference's tensor parallel size (GPUs per replica)", src.cell_gpus(src_entry),
+                spec.cell_gpus(entry)),
                ("the backend", src_entry.backend, entry.backend), ("the dtype", src_entry.dtype, entry.dtype),
                ("TF32", src_entry.tf32, entry.tf32),
                ("the cell's variant", src_entry.variant() or "none", entry.variant() or "none")]
