@@ -143,3 +143,22 @@ def test_a_part_edited_after_the_run_is_refused(staged_run, tmp_path):
     t.to_parquet(table)
     proc = evalparity("report", str(out), "--margin", "10pp", env=ENV)
     assert proc.returncode == 2 and "not the table its cell wrote" in proc.stdout + proc.stderr
+
+
+def test_one_scored_cell_stays_loaded_on_the_one_at_a_time_executor(staged_run, tiny_model, tmp_path):
+    """Against a stored reference (``--reference-from``) a staged run scores one cell; without Ray it used to
+    restart that cell every round, reloading the model each time (137 s against 82 s on an H200). Now its
+    one process scores every round, and the sign-off is the one the source run made."""
+    src, _, _, _ = staged_run
+    tasks = src.parent / "tasks"
+    out = tmp_path / "reused"
+    proc = evalparity(*args(tiny_model, tasks, out), "--reference-from", f"{src}:hf-fp32", env=ENV)
+    assert proc.returncode in (0, 4), proc.stdout[-3000:] + proc.stderr[-3000:]
+    parts = sorted((out / "stages").glob("hfcopy-fp32.r*/cell.json"))
+    assert len(parts) == 4, parts  # st_plant goes to its last look
+    recs = [json.loads(p.read_text()) for p in parts]
+    assert len({r["pid"] for r in recs}) == 1, [r["pid"] for r in recs]
+    assert recs[0]["load_s"] > 0 and all(r["load_s"] == 0 for r in recs[1:])
+    mine, theirs = (check_verdicts(d / "stats" / "verdicts.json") for d in (out, src))
+    key = lambda v: sorted((c["task"], c["metric"], c["verdict"], c["n"]) for c in v["comparisons"] if c["gating"])  # noqa: E731
+    assert key(mine) == key(theirs)
