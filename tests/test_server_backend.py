@@ -1,8 +1,9 @@
 """The ``server`` backend: a cell scored through an OpenAI-compatible server (evalparity/backends/server.py).
 
 The slow test starts a real ``vllm serve`` on the loopback (the user's server) and runs, through ``evalparity
-run``, the in-process vLLM cell beside a served cell that starts its own ``vllm serve`` and one on the user's
-URL: on the same engine and settings, every loglikelihood and generated token id is the in-process cell's.
+run``, a served cell that starts its own ``vllm serve`` and one on the user's URL (all ahead of the tests,
+tests/ahead.py): on the same engine and settings, every loglikelihood and generated token id is the
+in-process vLLM cell's (the shared tiny run's vllm-fp32, of the same tasks, documents and alignment).
 The fast ones: engine arguments become ``vllm serve`` flags; a bad URL is refused before any cell starts; a
 server that drops or refuses the connection fails the cell in one line, with no table (a real HTTP server on
 the loopback that does so).
@@ -14,12 +15,17 @@ import contextlib
 import http.server
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 
+import ahead
 import pandas as pd
 import pytest
-from conftest import evalparity, one_line_error
+from conftest import cli, evalparity, one_line_error, tiny_run_args
 
 from evalparity import procs
 from evalparity.backends import server, server_lm, server_process, vllm
@@ -142,24 +148,27 @@ def faulty_server(mode: str, model: str):
             httpd.server_close()
 
 
-# lm-eval sends one request at a time (num_concurrent=1, requests) or several at once (aiohttp): one of each
-@pytest.mark.parametrize("mode, said, retries, concurrent", [("drop", "dropped the connection while", 1, 1),
-                                                             ("refuse", "refused the connection while", 2, 2)])
-def test_a_failing_server_fails_the_cell_in_one_line_and_keeps_no_table(tiny_model, tiny_tasks, tmp_path, mode, said,
-                                                                         retries, concurrent):
+# lm-eval sends one request at a time (num_concurrent=1, requests) or several at once (aiohttp): a cell of each,
+# in one run, each on its own server: mode -> (what the error says, max_retries, num_concurrent)
+FAILING = {"drop": ("dropped the connection while", 1, 1), "refuse": ("refused the connection while", 2, 2)}
+
+
+def test_a_failing_server_fails_the_cell_in_one_line_and_keeps_no_table(tiny_model, tiny_tasks, tmp_path):
     out = tmp_path / "run"
-    with faulty_server(mode, str(tiny_model)) as url:
-        proc = evalparity(*run_args(tiny_model, tiny_tasks, out, "--cell", f"prod=server:fp32:url={url}/v1,"
-                                    f"max_retries={retries},num_concurrent={concurrent}", "--reference", "prod",
-                                    "--single-cell"))
+    with faulty_server("drop", str(tiny_model)) as drop, faulty_server("refuse", str(tiny_model)) as refuse:
+        urls = {"drop": drop, "refuse": refuse}
+        cells = [arg for mode, (_, retries, concurrent) in FAILING.items()
+                 for arg in ("--cell", f"{mode}=server:fp32:url={urls[mode]}/v1,max_retries={retries},"
+                             f"num_concurrent={concurrent}")]
+        proc = evalparity(*run_args(tiny_model, tiny_tasks, out, *cells, "--reference", "drop"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    attempts = sorted((out / "cells").glob("prod*"))
-    cell = json.loads((attempts[-1] / "cell.json").read_text())
-    assert cell["status"] == "failed" and "\n" not in cell["error"], cell
-    assert cell["error"].startswith(f"ServerError: the server at {url} {said}"), cell["error"]
-    assert f"(max_retries={retries})" in cell["error"]
     assert not list(out.rglob("samples.parquet"))  # never a partial table
-    assert cell["error"][:60] in proc.stderr  # the run says why
+    for mode, (said, retries, _) in FAILING.items():
+        cell = json.loads((out / "cells" / mode / "cell.json").read_text())
+        assert cell["status"] == "failed" and "\n" not in cell["error"], cell
+        assert cell["error"].startswith(f"ServerError: the server at {urls[mode]} {said}"), cell["error"]
+        assert f"(max_retries={retries})" in cell["error"]
+        assert cell["error"][:60] in proc.stderr  # the run says why
 
 
 def test_a_server_that_cannot_start_fails_in_one_line_and_leaves_nothing_running():
@@ -193,28 +202,93 @@ def test_doctor_says_whether_the_server_backend_can_run_here():
 
 
 # ------------------------------------------------------------------ slow: a real vllm serve on the loopback
-@pytest.mark.slow
-def test_served_cells_score_as_the_in_process_vllm_cell(tiny_model, tiny_tasks, tmp_path):
-    out = tmp_path / "run"
-    cpu = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    # the user's server starts while the run scores the other two cells; the run then adds the cell on its URL
-    # (a URL is checked before any cell starts, so it must be up by then)
-    user = server_process.Server([str(tiny_model), "--dtype", "float32", "--max-model-len", "512", "--seed", "1234",
-                                  "--enforce-eager", "--no-enable-prefix-caching", "--served-model-name", "tiny"],
-                                 server_process.free_port(), cpu)
-    cells = ("--backends", "vllm", "--dtypes", "fp32", "--cell", "served=server:fp32")
+def served_args(model, tasks, out, *cells: str) -> list[str]:
+    """The shared tiny run's tasks, documents and alignment (conftest.tiny_run_args), its cells replaced by
+    ``cells``: a served cell's table is then comparable row for row with that run's in-process vllm-fp32."""
+    args = tiny_run_args(model, tasks, out)
+    del args[args.index("--dtypes"):args.index("--dtypes") + 2]
+    del args[args.index("--repeat"):args.index("--repeat") + 2]
+    return [*args, *cells]
+
+
+# the user's server: vLLM's own CLI (behind evalparity's shim, as vllm-cpu needs), the tiny run's alignment
+USER_SERVER = ["--dtype", "float32", "--max-model-len", "512", "--seed", "1234", "--enforce-eager",
+               "--no-enable-prefix-caching", "--served-model-name", "tiny"]
+ON_CPU = ("VLLM_TARGET_DEVICE=cpu", "VLLM_CPU_KVCACHE_SPACE=1")
+
+
+def _healthy(url: str, proc: subprocess.Popen, timeout: float = 600.0) -> bool:
+    """Whether the server at ``url`` answers ``GET /health`` within ``timeout`` (False as soon as it exits)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout and proc.poll() is None:
+        if server_process.request_json(f"{url}/health", timeout=2.0)[0] == 200:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group ``proc`` leads (the server and its engine), SIGKILL after 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
     try:
-        first = evalparity(*run_args(tiny_model, tiny_tasks, out, *cells))
-        assert first.returncode in (0, 4), first.stderr[-3000:]
-        user.wait_ready()
-        proc = evalparity(*run_args(tiny_model, tiny_tasks, out, *cells,
-                                    "--cell", f"prod=server:fp32:url={user.endpoint.root}/v1"))
-    finally:
-        user.stop()
-    assert proc.returncode in (0, 4), proc.stderr[-3000:]
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what outlived it in its group
+    proc.wait()
+
+
+@ahead.job("served_run")
+def _served_run(ctx: ahead.Context):
+    """The user's ``vllm serve`` starts while a run scores the cell that starts its own (``served``, alone:
+    --single-cell); then the same run adds the cell on the user's URL (``prod``: a URL is checked before any
+    cell starts, so the server must be up by then). Started ahead (tests/ahead.py): the test reads what it
+    left."""
+    root = ctx.mktemp("served")
+    model, tasks = ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks")
+    out = root / "run"
+    served = ("--cell", "served=server:fp32", "--reference", "served")
+
+    def work():
+        port = server_process.free_port()
+        url = f"http://127.0.0.1:{port}"
+        with open(root / "user-server.log", "wb") as log:
+            user = ctx.popen(["env", *ON_CPU, sys.executable, "-m", server_process.__name__, str(model), *USER_SERVER,
+                              "--host", "127.0.0.1", "--port", str(port)], stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            first = ctx.run(cli(*served_args(model, tasks, out, *served, "--single-cell")))
+            ready = _healthy(url, user)
+            second = ctx.run(cli(*served_args(model, tasks, out, *served, "--cell", f"prod=server:fp32:url={url}/v1")))
+        finally:
+            _stop_group(user)
+        return out, first, ready, second, url
+    return work
+
+
+@pytest.fixture(scope="module")
+def served_run(request):
+    """(the run folder, its two commands, whether the user's server came up, its URL): ``_served_run``."""
+    return ahead.take("served_run", request)
+
+
+@pytest.mark.slow
+def test_served_cells_score_as_the_in_process_vllm_cell(served_run, tiny_run, tiny_model):
+    """The in-process cell is the shared tiny run's vllm-fp32 (same model, tasks, documents, alignment, seed:
+    a vLLM table is the same from run to run, test_ray holds it), not scored again here."""
+    out, first, ready, proc, url = served_run
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert ready, (out.parent / "user-server.log").read_text()[-3000:]
+    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
+    plain, _ = tiny_run
+    same = ("model", "tasks", "limit", "num_fewshot", "alignment", "staging", "task_configs", "leaf_docs")
+    mine, shared = ({k: json.loads((run / "spec.json").read_text())[k] for k in same} for run in (out, plain))
+    assert mine == shared  # the same experiment as the shared run's: only the cells differ
     tables = {c: pd.read_parquet(out / "cells" / c / "samples.parquet").set_index(KEY).sort_index()
-              for c in ("vllm-fp32", "served", "prod")}
-    ref = tables["vllm-fp32"]
+              for c in ("served", "prod")}
+    ref = pd.read_parquet(plain / "cells" / "vllm-fp32" / "samples.parquet").set_index(KEY).sort_index()
     gen = ref["output_type"] == "generate_until"
     assert gen.any() and (~gen).any()
     for name in ("served", "prod"):
@@ -232,7 +306,7 @@ def test_served_cells_score_as_the_in_process_vllm_cell(tiny_model, tiny_tasks, 
     assert started["server"]["argv"][:3] == ["vllm", "serve", str(tiny_model)]
     assert "--dtype" in started["server"]["argv"] and started["server"]["dtype"] == "float32 (vllm serve --dtype)"
     assert given["server"]["form"] == "the user's (nothing started)" and given["server"]["version"] == version
-    assert given["server"]["url"] == user.endpoint.root and given["server"]["served_model"] == "tiny"
+    assert given["server"]["url"] == url and given["server"]["served_model"] == "tiny"
     assert "declared by the user" in given["server"]["dtype"] and "argv" not in given["server"]
     for s in (started, given):
         assert s["loglikelihood_from"] == server_lm.BY_ID and s["generated_ids"] == server_lm.TOKEN_IDS
