@@ -6,6 +6,9 @@ site-packages gets one other pinned transformers and a ``.pth`` file that adds t
 *after* its own. ``--system-site-packages`` would not do: this repository's environment is itself a venv,
 and that flag reaches the base interpreter's site-packages, not this venv's. So the second environment runs
 this evalparity, torch and lm-eval, and another transformers: a cell's record must say so.
+
+The end-to-end tests read one real run (``envs_run``): the reference, a cell in the second venv and a cell on
+its own checkpoint; each reads its cell's record and table, then resumes the run with one thing changed.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import ahead
 import pytest
-from conftest import evalparity, one_line_error
+from conftest import cli, evalparity, one_line_error
 
 from evalparity.errors import EvalParityError
 
@@ -75,12 +79,55 @@ def _cell(out: Path, name: str) -> dict:
     return json.loads((out / "cells" / name / "cell.json").read_text())
 
 
+@dataclass(frozen=True)
+class EnvsRun:
+    """The module's one real run (``envs_run``): the folder it ran from, its output, its cells' options, the
+    finished command, the second venv's interpreter (None: no python= cell, the venv was skipped), and the
+    run's model and tasks."""
+
+    root: Path
+    out: Path
+    cells: tuple[str, ...]
+    proc: subprocess.CompletedProcess
+    alt: Path | None
+    model: Path
+    tasks: Path
+
+    def again(self, *cells: str) -> subprocess.CompletedProcess:
+        """The same command again, with ``cells`` as its cells' options (``self.cells`` when none)."""
+        return evalparity(*_run_args(self.model, self.tasks, self.out, *(cells or self.cells)), cwd=self.root)
+
+
+@ahead.job("envs_run")
+def _envs_run(ctx: ahead.Context):
+    """One run of the reference hf-fp32, a cell on its own checkpoint (``other``: model=./other, weights of
+    its own) and a cell in the second venv (``alt``: python=alt), from its own folder: both end-to-end tests
+    read it (one run of three cells, not two runs of two; each cell's record and table is its own either
+    way). Without the second venv (the package index unreachable) the run has no python= cell, and only the
+    test that needs it is skipped. Started ahead (tests/ahead.py)."""
+    root = ctx.mktemp("envs")
+    model, tasks = ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks")
+    _copy_with_scaled_weight(model, root / "other")
+    cells: tuple[str, ...] = ("--cell", "other=hf:fp32:model=./other")
+    try:
+        alt = ctx.fixture("alt_venv")
+        cells += ("--cell", "alt=hf:fp32:python=alt", "--python", f"alt={alt}")
+    except pytest.skip.Exception:
+        alt = None
+    out = root / "r"
+    cmd = cli(*_run_args(model, tasks, out, *cells))
+    return lambda: EnvsRun(root, out, cells, ctx.run(cmd, cwd=root), alt, model, tasks)
+
+
+@pytest.fixture(scope="module")
+def envs_run(request) -> EnvsRun:
+    return ahead.take("envs_run", request)
+
+
 # ------------------------------------------------------------------ python=NAME
-def test_a_cell_in_another_venv_records_it_and_signs_off(alt_venv, tiny_model, tiny_tasks, tmp_path):
-    out = tmp_path / "r"
-    proc = evalparity(*_run_args(tiny_model, tiny_tasks, out, "--cell", "alt=hf:fp32:python=alt",
-                                 "--python", f"alt={alt_venv}"), cwd=tmp_path)
-    assert proc.returncode in (0, 4), proc.stderr[-3000:]  # the sign-off ran (6 docs: INCONCLUSIVE is right)
+def test_a_cell_in_another_venv_records_it_and_signs_off(alt_venv, envs_run):
+    out, proc = envs_run.out, envs_run.proc
+    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]  # the sign-off ran (6 docs: INCONCLUSIVE is right)
     assert f"python alt: {alt_venv}" in proc.stderr and f"transformers {ALT_TRANSFORMERS}" in proc.stderr
     ref, alt = _cell(out, "hf-fp32"), _cell(out, "alt")
     # each cell's record is from inside its own process: the interpreter, its venv and what it imported
@@ -100,9 +147,9 @@ def test_a_cell_in_another_venv_records_it_and_signs_off(alt_venv, tiny_model, t
     # The same run resumed with python=alt pointing at this venv (another transformers): refused, in one line,
     # before any cell starts; the finished cells stay as they were.
     before = (out / "cells" / "alt" / "cell.json").read_bytes()
-    again = evalparity(*_run_args(tiny_model, tiny_tasks, out, "--cell", "alt=hf:fp32:python=alt",
-                                  "--python", f"alt={sys.executable}"), cwd=tmp_path)
-    line = one_line_error(again)
+    cells = list(envs_run.cells)
+    cells[cells.index(f"alt={alt_venv}")] = f"alt={sys.executable}"
+    line = one_line_error(envs_run.again(*cells))
     assert "cell alt finished with transformers" in line and "--force" in line, line
     assert (out / "cells" / "alt" / "cell.json").read_bytes() == before
 
@@ -203,14 +250,10 @@ def _copy_with_scaled_weight(src: Path, dest: Path, which: int = 0) -> Path:
     return dest
 
 
-def test_a_cell_scores_its_own_checkpoint_and_a_resume_with_other_weights_is_refused(tiny_model, tiny_tasks,
-                                                                                    tmp_path):
+def test_a_cell_scores_its_own_checkpoint_and_a_resume_with_other_weights_is_refused(envs_run, tiny_model):
     import pandas as pd
 
-    other = _copy_with_scaled_weight(tiny_model, tmp_path / "other")
-    out = tmp_path / "r"
-    args = _run_args(tiny_model, tiny_tasks, out, "--cell", "other=hf:fp32:model=./other")
-    proc = evalparity(*args, cwd=tmp_path)
+    out, proc, other = envs_run.out, envs_run.proc, envs_run.root / "other"
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
     ref, mine = _cell(out, "hf-fp32"), _cell(out, "other")
     assert mine["model"] == mine["model_path"] == str(other) and mine["model_args"]["pretrained"] == str(other)
@@ -223,8 +266,13 @@ def test_a_cell_scores_its_own_checkpoint_and_a_resume_with_other_weights_is_ref
     b = pd.read_parquet(out / "cells" / "other" / "samples.parquet")
     assert (a["loglikelihood"] - b["loglikelihood"]).abs().max() > 1e-3  # it did score the other weights
 
-    _copy_with_scaled_weight(tiny_model, other, which=1)  # new weights at the same path
-    line = one_line_error(evalparity(*args, cwd=tmp_path))
+    weights = next(other.glob("*.safetensors"))
+    kept = weights.read_bytes()
+    try:
+        _copy_with_scaled_weight(tiny_model, other, which=1)  # new weights at the same path
+        line = one_line_error(envs_run.again())
+    finally:
+        weights.write_bytes(kept)  # the module's run as it was, for the other test's resume
     assert "cell other finished with other weights at model=" in line and "model.safetensors changed" in line, line
     assert "--force" in line
 
