@@ -6,8 +6,9 @@ records what a real run's does (model fingerprint, task configurations, software
 a second run that reuses its reference beside another candidate, ``vllm-fp16``. The candidate's cell is put
 in the second run's folder as a finished cell (as a run that scored it would leave it), so ``run_matrix`` has
 nothing to start: what it does is the reuse alone. A staged run goes through ``stager.run`` with an executor
-that publishes the candidate's part of each round as its process would (``RoundsExecutor``). One real tiny run
-(two HF cells) is reused by a second real one that scores only its candidate, and the two sign off alike.
+that publishes the candidate's part of each round as its process would (``RoundsExecutor``). A real run's
+reference (the shared tiny run's HF cells, conftest.tiny_run) is reused by a real run that scores only its
+candidate, and the two sign off alike.
 
 The ``--reference-from`` option itself belongs to ``evalparity/cli/run.py`` (not wired yet): these tests call
 what it calls, ``matrix.reference_from`` and ``matrix.run_matrix(reused=...)``.
@@ -19,14 +20,16 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import ahead
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import evalparity, evalparity_here, one_line_error
+from conftest import cli, evalparity_here, one_line_error, tiny_run_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from synthetic import write_cell_record
@@ -512,23 +515,77 @@ def test_a_killed_staged_run_resumes_with_its_reused_parts(source, tmp_path):
 
 
 # ---------------------------------------------------------------- real tiny runs
-def tiny_args(model: Path, tasks: Path, out: Path) -> list[str]:
-    return ["run", "--model", str(model), "--tasks", "tiny_mc,tiny_gen", "--include-path", str(tasks),
-            "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "6", "--max-length", "256", "--out", str(out)]
+def tiny_hf_args(model: Path, tasks: Path, out: Path) -> list[str]:
+    """The shared tiny run's command (conftest.tiny_run_args) for its HF cells alone: hf-fp32 and hf-bf16."""
+    args = tiny_run_args(model, tasks, out)
+    del args[args.index("--repeat"):args.index("--repeat") + 2]
+    return [*args, "--backends", "hf"]
 
 
-def test_a_real_run_reuses_a_real_reference_and_signs_off_alike(tiny_model, tiny_tasks, tmp_path):
-    """The source: a real run of hf-fp32 and hf-bf16. The second run is the same command with
-    ``--reference-from``: it scores hf-bf16 only, its reference's rows are the source's, it signs off as the
-    source did, and the source is never written; a mismatch is one line before any cell starts."""
-    source = tmp_path / "source"
-    first = evalparity(*tiny_args(tiny_model, tiny_tasks, source))
+def real_source(plain: Path, root: Path) -> Path:
+    """A real run of hf-fp32 and hf-bf16: the shared tiny run's (``plain``) two HF cells, copied with its spec
+    narrowed to them (a run folder is its cells, as in test_compare; ``report`` then signs them off), so that
+    no test scores them again."""
+    (root / "cells").mkdir(parents=True)
+    spec = json.loads(layout.spec_file(plain).read_text())
+    spec["cells"] = [c for c in spec["cells"] if c["name"] in (REF, "hf-bf16")]
+    layout.spec_file(root).write_text(json.dumps(spec))
+    for name in (REF, "hf-bf16"):
+        shutil.copytree(layout.cell_dir(plain, name), layout.cell_dir(root, name))
+    return root
+
+
+@dataclass(frozen=True)
+class Reused:
+    """What ``_reused_run`` left: the source and its sign-off (``first``), the source's snapshot before the
+    second run and after both, the second run, its wall time, and the run with another seed (``other``)."""
+
+    source: Path
+    first: subprocess.CompletedProcess
+    before: dict
+    run: Path
+    second: subprocess.CompletedProcess
+    took: float
+    after: dict
+    other_out: Path
+    other: subprocess.CompletedProcess
+
+
+@ahead.job("reused_run")
+def _reused_run(ctx: ahead.Context):
+    """The source (``real_source``) signed off, then the same command as the shared run's HF cells with
+    ``--reference-from`` it, then with another seed. Started ahead (tests/ahead.py), after the shared tiny run
+    it copies; the test reads what it left."""
+    root = ctx.mktemp("reused")
+    model, tasks = ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks")
+
+    def work() -> Reused:
+        source = real_source(ahead.take("tiny_run", None)[0], root / "source")
+        first = ctx.run(cli("report", str(source)))
+        before = snapshot(source)
+        t0 = time.perf_counter()
+        second = ctx.run(cli(*tiny_hf_args(model, tasks, root / "run"), "--reference-from", str(source)))
+        took = time.perf_counter() - t0
+        other = ctx.run(cli(*tiny_hf_args(model, tasks, root / "other"), "--seed", "5", "--reference-from",
+                            str(source)))
+        return Reused(source, first, before, root / "run", second, took, snapshot(source), root / "other", other)
+    return work
+
+
+@pytest.fixture(scope="module")
+def reused_run(request, tiny_run) -> Reused:
+    """``_reused_run``'s result (it copies the shared tiny run, which this fixture names so that it is planned
+    first)."""
+    return ahead.take("reused_run", request)
+
+
+def test_a_real_run_reuses_a_real_reference_and_signs_off_alike(reused_run):
+    """The source: a real run of hf-fp32 and hf-bf16 (``real_source``). The second run is the same command
+    with ``--reference-from``: it scores hf-bf16 only, its reference's rows are the source's, it signs off as
+    the source did, and the source is never written; a mismatch is one line before any cell starts."""
+    r = reused_run
+    source, run, first, second = r.source, r.run, r.first, r.second
     assert first.returncode in (0, 3, 4), first.stderr[-3000:]
-    before = snapshot(source)
-    run = tmp_path / "run"
-    t0 = time.perf_counter()
-    second = evalparity(*tiny_args(tiny_model, tiny_tasks, run), "--reference-from", str(source))
-    took = time.perf_counter() - t0
     assert second.returncode == first.returncode, second.stderr[-3000:]
     assert json.loads((run / "run.json").read_text())["jobs"] == 1  # hf-bf16 alone was scored
     assert not layout.log_file(layout.cell_dir(run, REF)).exists()
@@ -543,12 +600,10 @@ def test_a_real_run_reuses_a_real_reference_and_signs_off_alike(tiny_model, tiny
     assert va["sign_off"] == vb["sign_off"]
     assert va["run"]["cells"][REF]["reused_from"]["cell"] == REF and "reused_from" not in vb["run"]["cells"][REF]
     check_verdicts(layout.verdicts_file(run))  # the shipped schema holds the provenance
-    assert snapshot(source) == before  # read, never written
-    other = evalparity(*tiny_args(tiny_model, tiny_tasks, tmp_path / "other"), "--seed", "5",
-                       "--reference-from", str(source))
-    assert other.returncode == 2 and "seed" in one_line_error(other)
-    assert not (tmp_path / "other" / "cells").exists()
-    print(f"second run, reference reused: {took:.1f} s (one cell scored)")
+    assert r.after == r.before  # read, never written (by either run)
+    assert r.other.returncode == 2 and "seed" in one_line_error(r.other)
+    assert not (r.other_out / "cells").exists()
+    print(f"second run, reference reused: {r.took:.1f} s (one cell scored)")
 
 
 def test_a_reference_scored_on_another_gpu_model_is_refused_and_cuda_0_is_cuda(tmp_path, monkeypatch):
