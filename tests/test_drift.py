@@ -236,19 +236,40 @@ def test_drift_takes_the_run_lock(tmp_path):
         assert _snapshot(run) == before
 
 
-def test_drift_publishes_into_the_run_staged_and_leaves_it_alone_with_out(tiny_model, tmp_path):
+@ahead.job("published_drift")
+def _published_drift(ctx: ahead.Context):
+    """A synthetic run of hf-fp32 and hf-bf16 with its report, probed by drift twice: with --out elsewhere
+    (snapshots of the run before and after), then into the run. Started ahead (tests/ahead.py): the test reads
+    what it left."""
+    root = ctx.mktemp("published")
+    run = make_run(root / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=3)
+    args = ["--model", str(ctx.fixture("tiny_model")), "--cells", "hf-bf16", "--n-prompts", "2", "--gen-tokens", "2",
+            "--max-length", "128", "--device", "cpu"]
+
+    def work():
+        report = ctx.run(cli("report", str(run)))
+        before = _snapshot(run)
+        elsewhere = ctx.run(cli("drift", "--run-dir", str(run), "--out", str(root / "elsewhere"), *args))
+        after = _snapshot(run)
+        return run, report, before, elsewhere, after, ctx.run(cli("drift", "--run-dir", str(run), *args))
+    return work
+
+
+@pytest.fixture
+def published_drift(request):
+    """(the run, its report, its snapshot before and after drift --out elsewhere, that drift, the drift into
+    the run): ``_published_drift``."""
+    return ahead.take("published_drift", request)
+
+
+def test_drift_publishes_into_the_run_staged_and_leaves_it_alone_with_out(published_drift):
     """With --out elsewhere the run is only read (its report was rewritten); without, drift/ and the report
     are swapped in together, with nothing of the staging left behind."""
-    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=3)
-    assert evalparity_here("report", str(run)).returncode in (0, 3, 4)
-    before = _snapshot(run)
-    args = ["--model", str(tiny_model), "--cells", "hf-bf16", "--n-prompts", "2", "--gen-tokens", "2",
-            "--max-length", "128", "--device", "cpu"]
-    proc = evalparity("drift", "--run-dir", str(run), "--out", str(tmp_path / "elsewhere"), *args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "elsewhere" / "hf-bf16.json").is_file()
-    assert _snapshot(run) == before
-    proc = evalparity("drift", "--run-dir", str(run), *args)
+    run, report, before, elsewhere, after, proc = published_drift
+    assert report.returncode in (0, 3, 4), report.stderr[-3000:]
+    assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
+    assert (run.parent / "elsewhere" / "hf-bf16.json").is_file()
+    assert after == before
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "drift" / "hf-bf16.json").is_file() and (run / "drift" / "hf-bf16.log").is_file()
     assert "hf-bf16" in (run / "report" / "report.md").read_text().split("drift", 1)[-1]
