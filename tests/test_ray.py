@@ -2,7 +2,8 @@
 
 - The same matrix run without Ray and through Ray gives equal per-sample tables, sharded cells included.
 - A sharded cell's merged table has exactly the shape, order and alignment of the unsharded one.
-- Killing the Ray worker that runs a cell loses that cell only; rerunning the command completes the matrix.
+- Killing the Ray worker that runs a cell loses that cell only; rerunning the command completes the matrix (the
+  run through Ray above: its hf-fp32's worker is killed, and its rerun is what the tables are compared from).
 - ``--ray local`` starts an instance of the run's own beside the setup, and stops it when the cells are done.
 """
 
@@ -11,16 +12,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import evalparity, tiny_run_args
+from conftest import cli, evalparity, tiny_run_args
 
 from evalparity.samples import HASHES, KEY, read_table
 
@@ -56,27 +57,55 @@ def cluster(token_env):
     _ray("stop", "--force")
 
 
+@dataclass(frozen=True)
+class Runs:
+    """The shared tiny run (``plain``) and its fp32 cells through the cluster (``viaray``): the first command
+    (``killed``, its stderr) whose hf-fp32 lost its Ray worker, each cell's record as that command left it
+    (``left``), and the same command again (``again``), which completed the matrix."""
+
+    plain: Path
+    viaray: Path
+    killed: int
+    killed_stderr: str
+    left: dict[str, dict]
+    again: subprocess.CompletedProcess
+
+
 @pytest.fixture(scope="module")
-def runs(tiny_run, tiny_model, tiny_tasks, cluster, token_env, tmp_path_factory):
-    """The shared tiny run (no Ray) against its fp32 cells run again through the cluster."""
+def runs(tiny_run, tiny_model, tiny_tasks, cluster, token_env, tmp_path_factory) -> Runs:
+    """The shared tiny run (no Ray) against its fp32 cells run again through the cluster: the Ray worker
+    that runs hf-fp32 is SIGKILLed as the cell starts, and the command is run again (one run through Ray for
+    both what a killed worker loses and what Ray scores; the tables compared are the rerun's)."""
     plain, _ = tiny_run
     viaray = tmp_path_factory.mktemp("ray") / "ray"
     args = tiny_run_args(tiny_model, tiny_tasks, viaray)
     args[args.index("fp32,bf16")] = "fp32"
-    proc = evalparity(*args, "--ray", cluster, env=token_env)
-    assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
-    return plain, viaray, proc
+    args += ["--ray", cluster]
+    proc = subprocess.Popen(cli(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ) | token_env)
+    try:
+        running = _wait_for_progress(viaray, "hf-fp32")
+        os.kill(_parent(running["pid"]), signal.SIGKILL)  # the Ray worker that runs the cell's process
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    left = {c: json.loads((viaray / "cells" / c / "cell.json").read_text()) for c in CELLS}
+    again = evalparity(*args, env=token_env)
+    return Runs(plain, viaray, proc.returncode, err, left, again)
 
 
 def test_ray_tables_equal_plain_tables(runs):
-    plain, viaray, _ = runs
+    plain, viaray = runs.plain, runs.viaray
+    assert runs.again.returncode in (0, 3, 4), runs.again.stderr[-3000:]
     for name in CELLS:
         pd.testing.assert_frame_equal(read_table(plain / "cells" / name / "samples.parquet"),
                                       read_table(viaray / "cells" / name / "samples.parquet"))
 
 
 def test_placement_is_recorded(runs):
-    plain, viaray, proc = runs
+    plain, viaray = runs.plain, runs.viaray
     meta = json.loads((viaray / "cells" / "vllm-fp32" / "cell.json").read_text())
     p = meta["placement"]
     assert p["executor"] == "ray" and p["host"] and p["node_id"] and p["tensor_parallel"] == 1
@@ -86,11 +115,11 @@ def test_placement_is_recorded(runs):
     sharded = json.loads((viaray / "cells" / "hf-fp32-dp2" / "cell.json").read_text())
     assert [s["placement"]["shard"] for s in sharded["shards"]] == [0, 1]
     assert all(s["placement"]["shards"] == 2 for s in sharded["shards"])
-    assert "Ray: 0 GPU(s), 2 CPU(s)" in proc.stderr
+    assert "Ray: 0 GPU(s), 2 CPU(s)" in runs.again.stderr
 
 
 def test_sharded_cell_matches_unsharded_in_shape_and_alignment(runs):
-    plain, _, _ = runs
+    plain = runs.plain
     whole = read_table(plain / "cells" / "hf-fp32" / "samples.parquet")
     merged = read_table(plain / "cells" / "hf-fp32-dp2" / "samples.parquet")
     assert merged.shape == whole.shape and list(merged.columns) == list(whole.columns)
@@ -103,48 +132,38 @@ def test_sharded_cell_matches_unsharded_in_shape_and_alignment(runs):
 
 
 def test_sharding_is_a_noise_floor_row(runs):
-    plain, _, _ = runs
+    plain = runs.plain
     verdicts = json.loads((plain / "stats" / "verdicts.json").read_text())
     rows = [c for c in verdicts["comparisons"] if c["cell"] == "hf-fp32-dp2"]
     assert rows and all(r["kind"] == "noise_floor" and r["reference"] == "hf-fp32" for r in rows)
 
 
-def _wait_for_progress(out: Path, timeout: float = 120) -> dict:
+def _wait_for_progress(out: Path, cell: str, timeout: float = 300) -> dict:
+    """The progress record of ``cell``'s process, as soon as it has written one."""
     t0 = time.time()
     while time.time() - t0 < timeout:
-        for f in (out / "cells").glob(".tmp-*/progress.json"):
-            try:
-                return json.loads(f.read_text()) | {"unit": f.parent.name}
-            except (OSError, json.JSONDecodeError):
-                pass
+        try:
+            return json.loads((out / "cells" / f".tmp-{cell}" / "progress.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            pass
         time.sleep(0.2)
-    raise AssertionError("no cell started within the timeout")
+    raise AssertionError(f"{cell} did not start within the timeout")
 
 
-def test_killed_worker_loses_one_cell_and_rerun_completes(tiny_model, tiny_tasks, cluster, token_env, tmp_path):
-    out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
-           "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "8",
-           "--max-length", "512", "--out", str(out), "--ray", cluster]
-    env = dict(os.environ) | token_env
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    running = _wait_for_progress(out)
-    worker = int(Path(f"/proc/{running['pid']}/stat").read_text().split(") ")[1].split()[1])  # its parent
-    os.kill(worker, signal.SIGKILL)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode == 5, err[-3000:]  # a cell failed; the others were kept
-    killed = running["unit"].removeprefix(".tmp-")
-    meta = json.loads((out / "cells" / killed / "cell.json").read_text())
-    assert meta["status"] == "failed" and meta["error"], meta
-    other = {"hf-fp32", "hf-bf16"} - {killed}
-    assert json.loads((out / "cells" / other.pop() / "cell.json").read_text())["status"] == "ok"
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[1])
 
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert again.returncode in (0, 3, 4), again.stderr[-3000:]
-    assert "1 cell(s) already done" in again.stderr
-    for name in ("hf-fp32", "hf-bf16"):
-        assert json.loads((out / "cells" / name / "cell.json").read_text())["status"] == "ok"
-    shutil.rmtree(out, ignore_errors=True)
+
+def test_killed_worker_loses_one_cell_and_rerun_completes(runs):
+    assert runs.killed == 5, runs.killed_stderr[-3000:]  # a cell failed; the others were kept
+    assert runs.left["hf-fp32"]["status"] == "failed" and runs.left["hf-fp32"]["error"], runs.left["hf-fp32"]
+    assert all(runs.left[c]["status"] == "ok" for c in CELLS if c != "hf-fp32"), runs.left
+    assert runs.again.returncode in (0, 3, 4), runs.again.stderr[-3000:]
+    assert f"{len(CELLS) - 1} cell(s) already done" in runs.again.stderr
+    for name in CELLS:
+        assert json.loads((runs.viaray / "cells" / name / "cell.json").read_text())["status"] == "ok"
+    failed = json.loads((runs.viaray / "attempts" / "cells" / "hf-fp32" / "attempt-1.json").read_text())
+    assert failed["error"] == runs.left["hf-fp32"]["error"]
 
 
 def _processes_mentioning(text: str) -> list[str]:
