@@ -234,3 +234,43 @@ def test_a_misspelt_engine_argument_is_refused_before_any_cell_starts():
         vllm.check_cell(variants.parse_cell("x=vllm:bf16:quantisation=fp8", 8, 1, NO_ARGS))
     with pytest.raises(EvalParityError, match=r"kv_cache_dtpe is not an argument .*did you mean kv_cache_dtype\?"):
         server.check_cell(variants.parse_cell("s=server:bf16:kv_cache_dtpe=fp8", 8, 1, NO_ARGS))
+
+
+def test_engine_argument_names_read_from_source_are_the_imported_ones(tmp_path, monkeypatch):
+    """The names parsed from vLLM's and lm-eval's source (no import: 15-19 s of an H200's setup) equal those the
+    import reads; a source of another shape (EngineArgs with a base class) is not parsed but imported."""
+    import dataclasses
+    import importlib.util
+    import inspect
+
+    from evalparity.backends import compat, vllm
+
+    parsed = vllm.engine_arg_names_from_source()
+    compat.apply()
+    from lm_eval.models.vllm_causallms import VLLM
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    imported = {f.name for f in dataclasses.fields(EngineArgs)}
+    for func in (LLM.__init__, VLLM.__init__):
+        imported |= {p for p, v in inspect.signature(func).parameters.items() if v.kind is not v.VAR_KEYWORD}
+    imported -= {"self"}
+    assert parsed is not None and len(parsed) > 100
+    assert parsed == imported, sorted(parsed ^ imported)
+
+    fake = tmp_path / "vllm"
+    (fake / "engine").mkdir(parents=True)
+    (fake / "entrypoints").mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "engine" / "arg_utils.py").write_text(
+        "from dataclasses import dataclass\n@dataclass\nclass EngineArgs(Base):\n    model: str = ''\n")
+    (fake / "entrypoints" / "llm.py").write_text("class LLM:\n    def __init__(self, model, **kw): ...\n")
+    real = importlib.util.find_spec
+
+    def find_spec(name, *a, **k):
+        return importlib.util.spec_from_file_location("vllm", fake / "__init__.py",
+                                                      submodule_search_locations=[str(fake)]) \
+            if name == "vllm" else real(name, *a, **k)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert vllm.engine_arg_names_from_source() is None  # fields may be inherited: import instead

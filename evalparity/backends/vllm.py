@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 from evalparity import devices
 from evalparity.backends import compat, parse_extra_args, precision
@@ -214,13 +215,17 @@ def versions() -> dict[str, str]:
 
 def engine_arg_names() -> set[str] | None:
     """The keyword arguments a vLLM cell's engine takes: vLLM's ``EngineArgs`` fields, ``LLM``'s own and
-    lm-eval's ``vllm`` model's; None where vLLM is not installed (the cell's own checks say so)."""
+    lm-eval's ``vllm`` model's; None where vLLM is not installed (the cell's own checks say so). Read from
+    their source (``engine_arg_names_from_source``) where it has the shape expected, else by importing them."""
     import dataclasses
     import importlib.util
     import inspect
 
     if importlib.util.find_spec("vllm") is None:
         return None
+    names = engine_arg_names_from_source()
+    if names is not None:
+        return names
     compat.apply()
     from lm_eval.models.vllm_causallms import VLLM  # heavy: lm_eval; optional: vllm (only a cell with args)
     from vllm import LLM  # optional: vllm
@@ -230,6 +235,50 @@ def engine_arg_names() -> set[str] | None:
     for func in (LLM.__init__, VLLM.__init__):
         names |= {p for p, v in inspect.signature(func).parameters.items() if v.kind is not v.VAR_KEYWORD}
     return names - {"self"}
+
+
+def engine_arg_names_from_source() -> set[str] | None:
+    """``engine_arg_names`` without importing vLLM: the names parsed from ``vllm/engine/arg_utils.py``
+    (``EngineArgs``, a dataclass with no base class: its annotated class attributes), ``vllm/entrypoints/llm.py``
+    (``LLM.__init__``) and lm-eval's ``models/vllm_causallms.py`` (``VLLM.__init__``). Why: importing them in
+    the run's process cost 15-19 s of an H200's setup (``setup_steps_s`` in results/staged-h200), on the
+    critical path of every run whose vLLM cells have arguments; parsing takes milliseconds. None where a file or
+    class is missing or has another shape (a base class, no ``@dataclass``, ``ClassVar``/``InitVar``
+    annotations): the caller imports instead. ``tests/test_variants.py`` holds both ways equal."""
+    import ast
+    import importlib.util
+
+    def tree(package: str, *parts: str) -> ast.Module | None:
+        spec = importlib.util.find_spec(package)
+        roots = list(spec.submodule_search_locations or []) if spec is not None else []
+        path = Path(roots[0], *parts) if roots else None
+        try:
+            return ast.parse(path.read_text()) if path is not None else None
+        except (OSError, SyntaxError, ValueError):
+            return None
+
+    def cls(module: ast.Module | None, name: str) -> ast.ClassDef | None:
+        found = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == name] if module else []
+        return found[0] if len(found) == 1 else None
+
+    def init_params(c: ast.ClassDef | None) -> set[str] | None:
+        init = [n for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"] if c else []
+        if len(init) != 1:
+            return None
+        a = init[0].args  # every parameter but ``**kwargs``, as ``inspect`` reads them in the import's way
+        return {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs + ([a.vararg] if a.vararg else [])}
+
+    engine = cls(tree("vllm", "engine", "arg_utils.py"), "EngineArgs")
+    if engine is None or engine.bases or [ast.unparse(d) for d in engine.decorator_list] != ["dataclass"]:
+        return None
+    fields = [n for n in engine.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    if not fields or any(w in ast.unparse(n.annotation) for n in fields for w in ("ClassVar", "InitVar")):
+        return None
+    llm = init_params(cls(tree("vllm", "entrypoints", "llm.py"), "LLM"))
+    lm_eval = init_params(cls(tree("lm_eval", "models", "vllm_causallms.py"), "VLLM"))
+    if llm is None or lm_eval is None:
+        return None
+    return ({n.target.id for n in fields} | llm | lm_eval) - {"self"}
 
 
 def check_arg_names(keys: list[str], where: str) -> None:
