@@ -1,0 +1,44 @@
+"""A run's own Ray instance that comes up but refuses the run's connection (seen on an H200: "Failed to connect
+to Ray cluster at <node ip>:<port>" after 21 s) is refused in one line that names the instance's log, where
+the reason is, and the way to run without Ray; a cluster the user named keeps its own advice."""
+
+from __future__ import annotations
+
+import pytest
+
+from evalparity import placement as pl
+from evalparity.errors import EvalParityError
+
+
+class _Head:
+    log_path = "/tmp/evalparity-ray-test.log"
+
+    def __init__(self) -> None:
+        self.abandoned = False
+
+    def wait(self) -> str:
+        return "127.0.0.1:6553"
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
+def _refuse(**_kw):
+    raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6553\nmore")
+
+
+def test_an_own_instance_that_refuses_the_run_names_its_log(monkeypatch, tmp_path):
+    import ray
+
+    monkeypatch.setattr(pl, "check_reachable", lambda _address: None)
+    monkeypatch.setattr(pl, "use_token_auth", lambda _address: False)
+    monkeypatch.setattr(ray, "init", _refuse)
+    head = _Head()
+    with pytest.raises(EvalParityError) as err:
+        pl.RayExecutor(str(tmp_path), "model", "local", head=head)
+    text = str(err.value)
+    assert "\n" not in text and head.abandoned
+    assert "192.0.2.2:6553" in text and f"its log is {_Head.log_path}" in text and "--cells-per-gpu 1" in text
+    with pytest.raises(EvalParityError) as err:  # the user's cluster: no log of ours to name
+        pl.RayExecutor(str(tmp_path), "model", "10.0.0.9:6379")
+    assert "its log is" not in str(err.value) and "ray start --head" in str(err.value)
