@@ -42,7 +42,7 @@ case $MODE in
            --repeat vllm-base:1 --repeat vllm-fp8:1 --repeat vllm-bi:1)
     EXTRA=(--full --limit "${LIMIT:-300}") ;;
   gen)
-    TASK=(--tasks gsm8k)
+    TASK=(--tasks gsm8k --num-fewshot 0)  # the mirror has GSM8K's test split only: no few-shot examples
     CELLS=(--backends vllm --dtypes bf16 --cell vllm-graphs=vllm:bf16:enforce_eager=false --reference vllm-bf16) ;;
   noreuse)
     CELLS=(--cell cand=vllm:bf16) ;;
@@ -61,8 +61,14 @@ T0=$(date +%s.%N)
 if [[ ${#EXTRA[@]} -eq 0 && -n ${LIMIT:-} ]]; then EXTRA=(--limit "$LIMIT"); fi
 timeout "$BUDGET" python3 -m evalparity.cli run --device cuda "${TASK[@]}" \
   --datasets-dir .gpudata --out "$RUN" --no-fail-on-inconclusive "${EXTRA[@]}" "${CELLS[@]}" 2>&1 \
-  | tail -${TAIL:-45}
+  | tee "/tmp/run-$LABEL.log" | tail -${TAIL:-45}
 echo "run $LABEL: exit ${PIPESTATUS[0]} after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
+if grep -q "cannot connect to Ray" "/tmp/run-$LABEL.log"; then  # the run's own Ray instance: why it refused
+  for f in /tmp/evalparity-ray-*.log; do echo "== $f"; tail -n 25 "$f"; done
+  for d in /tmp/evalparity-ray-*/session_latest/logs; do
+    for f in "$d"/gcs_server.out "$d"/raylet.out "$d"/raylet.err; do echo "== $f"; tail -n 12 "$f"; done
+  done
+fi
 if [[ -n ${OUT:-} && -d $RUN ]]; then
   mkdir -p "$RUN/logs"
   for f in "$RUN"/stages/.tmp-*/cell.log "$RUN"/cells/*/cell.log "$RUN"/attempts/*/*/*/cell.log; do
