@@ -71,8 +71,10 @@ def failed_meta(cell: CellSpec, error: str, **extra) -> dict:
             "tag": cell.tag, "base_cell": cell.base_name, "status": STATUS_FAILED, "error": error} | extra
 
 
-def placement_meta(spec: RunSpec) -> dict:
-    """Where this process runs, as its executor said (``EVALPARITY_PLACEMENT``) plus what it sees itself."""
+def placement_meta(spec: RunSpec, cell: CellSpec) -> dict:
+    """Where this process runs, as its executor said (``EVALPARITY_PLACEMENT``) plus what it sees itself; its
+    ``tensor_parallel`` is the cell's own GPUs (``RunSpec.cell_gpus``: a ``tensor_parallel_size=2`` cell beside
+    tp1 cells)."""
     try:
         out = json.loads(os.environ.get(PLACEMENT_ENV, "") or "{}")
     except json.JSONDecodeError:
@@ -80,7 +82,7 @@ def placement_meta(spec: RunSpec) -> dict:
     out.setdefault("executor", "direct")
     out.setdefault("host", platform.node())
     out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
-    out["tensor_parallel"] = spec.tensor_parallel
+    out["tensor_parallel"] = spec.cell_gpus(cell)
     # CPU threads differ by executor: a Ray task that asks for n CPUs gets OMP_NUM_THREADS=n (a GPU job asks
     # for its GPUs' share of the host, a CPU job for 1), a local child inherits this shell's setting (unset:
     # torch uses every core). Recorded to explain timings.
@@ -407,7 +409,7 @@ def cell_meta(spec: RunSpec, cell: CellSpec, model_path: str, backend, args: dic
                   "model_fingerprint": (spec.model_fingerprint or {}).get("digest"),
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
-                  "host": platform.node(), "placement": placement_meta(spec), "model_args": args}
+                  "host": platform.node(), "placement": placement_meta(spec, cell), "model_args": args}
     meta["settings"] = backend.settings(spec, cell, args) | {
         "request_cache": "off (lm-eval's request cache is not used, so no cell can read another's)",
         "seeds": {"random": spec.alignment.seed, "numpy": spec.alignment.seed, "torch": spec.alignment.seed,
@@ -685,7 +687,7 @@ def _main(argv: list[str] | None) -> int:
     except BaseException as err:  # noqa: BLE001 - recorded for this cell; the others go on
         with contextlib.suppress(OSError):  # the log itself may be what a full disk refuses
             traceback.print_exc()
-        meta = failed_meta(cell, _reason(err), placement=placement_meta(spec))
+        meta = failed_meta(cell, _reason(err), placement=placement_meta(spec, cell))
         meta |= peak_memory()
     meta["wall_s"] = time.perf_counter() - t0
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

@@ -367,3 +367,15 @@ def test_drift_refuses_a_vllm_engine_over_several_gpus_and_run_drift_leaves_it_o
     monkeypatch.setattr(drift, "run_drift", lambda *a, **k: {})
     cli_run.localise_drift(run, "/m", 1, spec.cells, SimpleNamespace(reference="hf-fp32"), "cuda", 64, RunLog())
     assert asked == [["hf-fp32", "vllm-bf16"]]
+
+
+def test_a_cell_s_record_says_its_own_gpus(monkeypatch):
+    """``cell.json``'s placement records the cell's own GPUs, not the run's --tensor-parallel."""
+    from evalparity import cells
+
+    monkeypatch.delenv("EVALPARITY_PLACEMENT", raising=False)
+    spec = mixed()
+    got = {c.name: cells.placement_meta(spec, c)["tensor_parallel"] for c in spec.cells}
+    assert got == {"hf-fp32": 1, "vllm-bf16": 1, "vllm-tp2": 2}
+    wide = mixed(tp=2)
+    assert cells.placement_meta(wide, wide.cells[0])["tensor_parallel"] == 2

@@ -112,6 +112,12 @@ class Backend(Protocol):
     #   drift_probes: bool = True
     # False where ``drift_probe`` always refuses (hidden states not reachable: a server over HTTP), so that
     # ``run --drift`` leaves such cells out instead of starting them to fail.
+    #   cell_tensor_parallel: bool = False
+    # True where the cell's own ``tensor_parallel_size=N`` sets the GPUs its replica takes (vllm, server);
+    # ``spec.cell_gpus`` reads it, and every place that gives a cell GPUs asks that;
+    #   cannot_probe(spec, cell) -> str
+    # why drift cannot probe this cell ("" where it can: a vLLM engine over several GPUs runs its hooks in
+    # worker processes), so that ``drift`` refuses it in one line and ``run --drift`` leaves it out.
 
     # ---- drift localisation
 
