@@ -13,23 +13,18 @@ from types import SimpleNamespace
 
 import pytest
 from synthetic import make_run
+from test_memplan import H200, L40S, LLAMA14, SMOL  # the shapes and GPUs the memory plan is tested on
 
 from evalparity import backends, matrix, memplan, placement, stager, variants
 from evalparity.backends import server
 from evalparity.errors import EvalParityError
-from evalparity.memplan import Gpu, plan
+from evalparity.memplan import plan
 from evalparity.placement import Job
 from evalparity.rundir import records, reuse
-from evalparity.shapes import GiB, ModelShape
+from evalparity.shapes import GiB
 from evalparity.spec import CellSpec, RunSpec, cell_gpus
 
 TP2 = "vllm-tp2=vllm:bf16:tensor_parallel_size=2"  # the README's example
-SMOL = ModelShape(params=134_515_008, layers=30, hidden=576, intermediate=1536, vocab=49152, kv_heads=3,
-                  head_dim=64)
-LLAMA14 = ModelShape(params=13_700_000_000, layers=48, hidden=5120, intermediate=13824, vocab=152064,
-                     kv_heads=8, head_dim=128)
-H200 = Gpu(total=int(140.4 * GiB), free=int(139.8 * GiB))
-L40S = Gpu(total=int(44.4 * GiB), free=int(44.0 * GiB))
 
 
 def cell(text: str) -> CellSpec:
