@@ -91,9 +91,27 @@ def pick_docs() -> bool:
     original = getattr(task_mod.Task, "doc_iterator", None)
     if original is None:
         return False
+    if not getattr(original, "evalparity_picked", False) and not _is_checked_selection(original):
+        return False  # another lm-eval (a python= cell's): its own code, whatever it numbers
     if not getattr(original, "evalparity_picked", False):
         task_mod.Task.doc_iterator = _picking_doc_iterator(original)  # in the cell's process only
     return True
+
+
+SELECTION = "enumerate(x for i, x in enumerate(self.eval_docs) if i in samples)"  # lm-eval 0.4.13's
+
+
+def _is_checked_selection(original) -> bool:
+    """Whether ``Task.doc_iterator`` is the code the patch reproduces (numbering the chosen docs 0..k-1 by
+    position): lm-eval's main numbers them by their index instead, and a ``python=`` cell may run it."""
+    import inspect
+
+    try:
+        source = inspect.getsource(original)
+        params = list(inspect.signature(original).parameters)
+    except (OSError, TypeError, ValueError):
+        return False
+    return SELECTION in " ".join(source.split()) and params == ["self", "rank", "limit", "world_size", "samples"]
 
 
 def _picking_doc_iterator(original):

@@ -221,7 +221,13 @@ def can_hold_all(executor, spec: RunSpec, cells_per_gpu: int, scored: list[CellS
     res = executor.resources()
     if spec.device == "cpu":
         return res.get("CPU", 0) >= len(scored)
-    return memplan.gpus_to_hold([spec.cell_gpus(c) for c in scored], cells_per_gpu) <= res.get("GPU", 0)
+    sizes = [spec.cell_gpus(c) for c in scored]
+    need = memplan.gpus_to_hold(sizes, cells_per_gpu)
+    # a replica's GPUs are one host's: with a replica over several GPUs, the cluster's total can hold them all
+    # while the cells Ray spread over its hosts leave no host with room for it, and the loaded cells would
+    # wait for it for ever; then only the largest host counts
+    room = executor.most_gpus() if max(sizes, default=1) > 1 else res.get("GPU", 0)
+    return need <= room
 
 
 def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console, cells_per_gpu: int = 1,

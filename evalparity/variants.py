@@ -59,7 +59,13 @@ REFUSED = {"dtype": "the dtype is the part after the backend (vllm:bf16)",
            "peft": "adapters are not fingerprinted yet: merge the adapter into a checkpoint and give it as model=PATH",
            "delta": "adapters are not fingerprinted yet: merge the delta into a checkpoint and give it as model=PATH",
            "lora_local_path": "adapters are not fingerprinted yet: merge the adapter into a checkpoint and give it "
-                              "as model=PATH"}
+                              "as model=PATH",
+           # GPUs a cell takes are its tensor_parallel_size (spec.cell_gpus); these multiply them, unplaced: the
+           # cell would get one GPU and vLLM fail at its load ("World size (2) is larger than ...")
+           "pipeline_parallel_size": "a cell's GPUs are its tensor_parallel_size only: spread it with "
+                                     "tensor_parallel_size=N instead",
+           "data_parallel_size": "one cell is one engine: score data-parallel replicas as --repeat NAME:dpN "
+                                 "shards instead"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variables evalparity sets for a cell's process after the cell's own (matrix.cell_environment, placement): a
 # cell's value would be recorded but not be what ran.

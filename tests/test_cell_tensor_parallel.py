@@ -53,6 +53,9 @@ def test_a_cell_s_gpus_are_its_own_size_else_the_run_s():
 
 @pytest.mark.parametrize("typed, backend_args, says", [
     ("x=vllm:bf16:tensor_parallel_size=0", {}, "tensor_parallel_size=0 is not a whole number of GPUs"),
+    ("x=vllm:bf16:pipeline_parallel_size=2", {}, "pipeline_parallel_size cannot be set per cell"),
+    ("x=vllm:bf16:data_parallel_size=2", {}, "data_parallel_size cannot be set per cell"),
+    (None, {"vllm": "pipeline_parallel_size=2"}, "--vllm-args: pipeline_parallel_size cannot be set per cell"),
     ("x=vllm:bf16:tensor_parallel_size=-1", {}, "is not a whole number of GPUs: give 1 or more"),
     ("x=vllm:bf16:tensor_parallel_size=1.5", {}, "is not a whole number of GPUs"),
     ("x=vllm:bf16:tensor_parallel_size=two", {}, "is not a whole number of GPUs"),
@@ -97,7 +100,7 @@ def test_the_plan_sizes_a_tp2_cell_per_gpu_and_packs_only_the_others():
     assert one.budget_gib == pytest.approx(room / p.cells_per_gpu, abs=0.01)
     assert tp2.gpu_memory_utilization == pytest.approx(room * GiB / H200.total, abs=0.011)
     assert tp2.kv_cache_memory_bytes is None and one.kv_cache_memory_bytes  # alone on its GPUs: vLLM profiles
-    assert any("vllm-tp2:" in line and "per GPU over 2 GPUs" for line in p.lines())
+    assert any("vllm-tp2:" in line and "per GPU over 2 GPUs" in line for line in p.lines())
     given = plan(cells, SMOL, [H200, H200], cpus=32, max_length=2048, n_jobs=3, cells_per_gpu=4,
                  sizes={"vllm-tp2": 2})
     assert given.cells["vllm-tp2"].budget_gib == pytest.approx(room, abs=0.01)  # --cells-per-gpu packs the others
@@ -374,3 +377,25 @@ def test_a_cell_s_record_says_its_own_gpus(monkeypatch):
     assert got == {"hf-fp32": 1, "vllm-bf16": 1, "vllm-tp2": 2}
     wide = mixed(tp=2)
     assert cells.placement_meta(wide, wide.cells[0])["tensor_parallel"] == 2
+
+
+class _Cluster(_Fake):
+    """A Ray cluster of several hosts: its total GPUs, and its largest host's."""
+
+    def __init__(self, total: int, largest: int):
+        super().__init__("ray", largest)
+        self.total = total
+
+    def resources(self) -> dict:
+        return {"GPU": float(self.total), "CPU": 64.0}
+
+
+def test_cells_stay_loaded_only_where_a_wide_replica_finds_one_host():
+    """Two hosts of 2 GPUs hold hf-fp32, vllm-bf16 and vllm-tp2 by their total (4), but Ray may put the two
+    one-GPU cells on different hosts, and the loaded cells would then wait for ever for a host with 2 free
+    GPUs: cells stay loaded only where the largest host holds them all; one-GPU replicas count the total."""
+    spec = mixed()
+    assert not stager.can_hold_all(_Cluster(4, 2), spec, 1, list(spec.cells))
+    assert stager.can_hold_all(_Cluster(8, 4), spec, 1, list(spec.cells))
+    plain = spec_of(CellSpec("hf", "float32", 8), CellSpec("vllm", "bfloat16", 8), CellSpec("vllm", "float16", 8))
+    assert stager.can_hold_all(_Cluster(4, 2), plain, 1, list(plain.cells))

@@ -148,3 +148,19 @@ def test_picked_docs_are_lm_evals_own_selection_on_generated_cases():
     assert lmeval_patches.pick_docs() and lmeval_patches.pick_docs()
     assert getattr(Task.doc_iterator, "evalparity_picked", False)
     Task.doc_iterator = original  # this test process's lm-eval as it was
+
+
+def test_doc_picking_stays_off_for_an_lm_eval_that_numbers_docs_otherwise(monkeypatch):
+    """lm-eval's main numbers the chosen docs by their index (``(i, x) for i, x in ... if i in samples``); a
+    ``python=`` cell may run it. The patch reproduces 0.4.13's numbering, so it is put only on that code."""
+    from lm_eval.api import task as task_mod
+
+    from evalparity import lmeval_patches
+
+    def newer(self, *, rank=0, limit=None, world_size=1, samples=None):
+        return ((i, x) for i, x in enumerate(self.eval_docs) if i in samples)
+
+    assert lmeval_patches._is_checked_selection(task_mod.Task.__dict__["doc_iterator"])
+    assert not lmeval_patches._is_checked_selection(newer)
+    monkeypatch.setattr(task_mod.Task, "doc_iterator", newer)
+    assert not lmeval_patches.pick_docs() and task_mod.Task.doc_iterator is newer
