@@ -498,9 +498,10 @@ class RayExecutor:
             if address and address not in RAY_KEYWORDS and not token:
                 fix = ("if it uses token authentication, set RAY_AUTH_MODE=token and give its token "
                        "(RAY_AUTH_TOKEN or ~/.ray/auth_token); else " + fix)
-            if head is not None:  # the run's own instance: its log says why, and running without Ray is the fix
-                fix = (f"its log is {head.log_path}; on one GPU, --cells-per-gpu 1 runs the cells one at a time "
-                       "without Ray")
+            if head is not None:  # the run's own instance: its logs say why, and running without Ray is the fix
+                fix = (f"its log is {head.log_path} (Ray's own under {head.temp_dir}); to run without Ray, drop "
+                       "--ray local and, on a host of several GPUs, show the run one (CUDA_VISIBLE_DEVICES=0); on "
+                       "one GPU add --cells-per-gpu 1")
             raise EvalParityError(f"cannot connect to Ray at {where} ({str(err).splitlines()[0][:120]}): "
                                   f"{fix}") from None
         if head is not None:

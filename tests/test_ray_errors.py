@@ -12,6 +12,7 @@ from evalparity.errors import EvalParityError
 
 class _Head:
     log_path = "/tmp/evalparity-ray-test.log"
+    temp_dir = "/tmp/evalparity-ray-test"
 
     def __init__(self) -> None:
         self.abandoned = False
@@ -38,7 +39,8 @@ def test_an_own_instance_that_refuses_the_run_names_its_log(monkeypatch, tmp_pat
         pl.RayExecutor(str(tmp_path), "model", "local", head=head)
     text = str(err.value)
     assert "\n" not in text and head.abandoned
-    assert "192.0.2.2:6553" in text and f"its log is {_Head.log_path}" in text and "--cells-per-gpu 1" in text
+    assert "192.0.2.2:6553" in text and f"its log is {_Head.log_path}" in text and _Head.temp_dir in text
+    assert "drop --ray local" in text and "--cells-per-gpu 1" in text
     with pytest.raises(EvalParityError) as err:  # the user's cluster: no log of ours to name
         pl.RayExecutor(str(tmp_path), "model", "10.0.0.9:6379")
     assert "its log is" not in str(err.value) and "ray start --head" in str(err.value)

@@ -217,15 +217,19 @@ def engine_arg_names() -> set[str] | None:
     """The keyword arguments a vLLM cell's engine takes: vLLM's ``EngineArgs`` fields, ``LLM``'s own and
     lm-eval's ``vllm`` model's; None where vLLM is not installed (the cell's own checks say so). Read from
     their source (``engine_arg_names_from_source``) where it has the shape expected, else by importing them."""
-    import dataclasses
     import importlib.util
-    import inspect
 
     if importlib.util.find_spec("vllm") is None:
         return None
     names = engine_arg_names_from_source()
-    if names is not None:
-        return names
+    return names if names is not None else engine_arg_names_from_import()
+
+
+def engine_arg_names_from_import() -> set[str]:
+    """``engine_arg_names`` by importing vLLM and lm-eval's vllm model (seconds: what the source read avoids)."""
+    import dataclasses
+    import inspect
+
     compat.apply()
     from lm_eval.models.vllm_causallms import VLLM  # heavy: lm_eval; optional: vllm (only a cell with args)
     from vllm import LLM  # optional: vllm
@@ -271,6 +275,8 @@ def engine_arg_names_from_source() -> set[str] | None:
     engine = cls(tree("vllm", "engine", "arg_utils.py"), "EngineArgs")
     if engine is None or engine.bases or [ast.unparse(d) for d in engine.decorator_list] != ["dataclass"]:
         return None
+    if any(isinstance(n, (ast.If, ast.Try, ast.With, ast.For, ast.While, ast.Match)) for n in engine.body):
+        return None  # fields defined under a condition: which ones exist is the import's to say
     fields = [n for n in engine.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
     if not fields or any(w in ast.unparse(n.annotation) for n in fields for w in ("ClassVar", "InitVar")):
         return None
@@ -299,7 +305,11 @@ def check_arg_names(keys: list[str], where: str) -> None:
 
 
 def check_cell(cell: CellSpec) -> None:
-    """``base.Backend``'s optional check before any cell starts: the cell's engine arguments' names."""
+    """``base.Backend``'s optional check before any cell starts: the cell's engine arguments' names. Not for
+    a ``python=`` cell: its vLLM is another interpreter's, whose names this one's may lack (a misspelt key
+    there fails the cell at its load)."""
+    if cell.python:
+        return
     check_arg_names([k for k, _ in cell.args], f"cell {cell.name}")
 
 

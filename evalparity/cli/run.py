@@ -191,6 +191,7 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             dev = resolve_device(cells.device)
             cell_specs = plan_cells(run_dir, dev, cells, args.batch_size, place, folder.single_cell, opts.reference)
             variants.check_interpreter_names(cell_specs, args.pythons)
+            timings.step("cells")  # the cells' own checks (a vLLM cell's argument names) included
             probes = probe_interpreters(args.pythons, cell_specs)  # their imports overlap the setup
             # per-machine caches the cells would each fill at once (vLLM's model info), while the setup goes on
             warm = warmup.start({c.backend for c in cell_specs}, dev,
