@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ahead  # noqa: E402
+import venvs  # noqa: E402
 from tiny import make_tasks, make_tiny_model  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -38,6 +39,13 @@ def tiny_run_args(model: Path, tasks: Path, out: Path) -> list[str]:
     return ["run", "--model", str(model), "--tasks", "tiny_mc,tiny_gen", "--include-path", str(tasks),
             "--dtypes", "fp32,bf16", "--limit", "10", "--max-length", "512", "--repeat", "hf:fp32:dp2",
             "--out", str(out)]
+
+
+@pytest.fixture(scope="session")
+def alt_venv(tmp_path_factory) -> Path:
+    """(The interpreter of) a second venv with another transformers (``venvs.make_alt_venv``); here, not in
+    test_cell_envs, because a job started ahead asks for it from the session's first test, wherever that is."""
+    return venvs.make_alt_venv(tmp_path_factory)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,55 +19,15 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ahead
 import pytest
 from conftest import cli, evalparity, one_line_error
+from venvs import ALT_TRANSFORMERS, venv_python
 
 from evalparity.errors import EvalParityError
-
-# One other release of a package every hf cell imports and records (cells.versions): the one before this
-# venv's, or the one after when this venv has that one.
-ALT_TRANSFORMERS = "5.18.0" if md.version("transformers") != "5.18.0" else "5.19.0"
-OFFLINE_SIGNS = ("from versions: none", "NewConnectionError", "Max retries exceeded", "Temporary failure in name")
-
-
-def _venv_python(root: Path) -> Path:
-    return root / "bin" / "python"
-
-
-def _site_packages(python: Path) -> Path:
-    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True)
-    return Path(out.stdout.strip())
-
-
-@pytest.fixture(scope="session")
-def alt_venv(tmp_path_factory) -> Path:
-    """(The interpreter of) a second venv: this venv's packages, but transformers ``ALT_TRANSFORMERS``.
-    About 10 s, once a session; skipped when the package index is unreachable and pip has no copy."""
-    root = tmp_path_factory.mktemp("alt-venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    python = _venv_python(root)
-    own = _site_packages(python)
-    ours = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    # A .pth line that starts with "import" is run: addsitedir appends this venv's site-packages after the
-    # new venv's own (so its transformers wins) and runs that folder's .pth files (the editable evalparity).
-    lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in sorted(ours))
-    (own / "zz_base_venv.pth").write_text(lines)
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--ignore-installed",
-                          "--retries", "1", "--timeout", "20", "--target", str(own),
-                          f"transformers=={ALT_TRANSFORMERS}"], capture_output=True, text=True)
-    if pip.returncode != 0:
-        said = pip.stdout + pip.stderr
-        if any(sign in said for sign in OFFLINE_SIGNS):
-            pytest.skip(f"the package index is unreachable: cannot install transformers=={ALT_TRANSFORMERS} "
-                        "into the second venv")
-        raise AssertionError(said[-2000:])
-    return python
 
 
 def _run_args(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
@@ -197,7 +157,7 @@ def test_interpreters_that_cannot_run_a_cell_are_refused_in_one_line(tiny_model,
     # a real Python without evalparity: a bare venv of the same base interpreter
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-    line = _refused_before_any_cell(tmp_path, tiny_model, tiny_tasks, *cell, "--python", f"alt={_venv_python(bare)}")
+    line = _refused_before_any_cell(tmp_path, tiny_model, tiny_tasks, *cell, "--python", f"alt={venv_python(bare)}")
     if not os.environ.get("PYTHONPATH"):  # else evalparity is found through it, and numpy is what is missing
         assert "cannot import evalparity" in line and "pip install -e" in line, line
     assert "cannot" in line and str(bare) in line, line
