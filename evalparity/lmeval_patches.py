@@ -85,16 +85,18 @@ def fast_samples(samples: dict[str, list[int]] | None) -> dict[str, list[int]] |
 
 def pick_docs() -> bool:
     """Make ``Task.doc_iterator`` read only the chosen docs of ``samples`` (module docstring). Returns whether
-    the patch is in place (False where lm-eval's ``Task`` no longer has ``doc_iterator``)."""
+    the patch is in place (False where lm-eval's ``Task`` has no ``doc_iterator``, or another one than the code
+    this reproduces: a ``python=`` cell's other lm-eval keeps its own)."""
     from lm_eval.api import task as task_mod  # heavy: lm_eval
 
     original = getattr(task_mod.Task, "doc_iterator", None)
     if original is None:
         return False
-    if not getattr(original, "evalparity_picked", False) and not _is_checked_selection(original):
-        return False  # another lm-eval (a python= cell's): its own code, whatever it numbers
-    if not getattr(original, "evalparity_picked", False):
-        task_mod.Task.doc_iterator = _picking_doc_iterator(original)  # in the cell's process only
+    if getattr(original, "evalparity_picked", False):
+        return True
+    if not _is_checked_selection(original):
+        return False
+    task_mod.Task.doc_iterator = _picking_doc_iterator(original)  # in the cell's process only
     return True
 
 

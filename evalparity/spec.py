@@ -249,17 +249,26 @@ def cell_gpus(cell: CellSpec, tensor_parallel: int) -> int:
     starts, the engine arguments and ``--reference-from``: a cell given GPUs by one rule and an engine sized by
     another would see fewer GPUs than it needs (vLLM: "World size (2) is larger than the number of available
     GPUs (1)")."""
+    given = _own_size(cell)
+    return tensor_parallel if given is None else parse_gpus(given, f"cell {cell.name}")
+
+
+def takes_own_gpus(backend: str) -> bool:
+    """Whether a cell of ``backend`` spreads its replica by its own ``tensor_parallel_size=`` (the backend's
+    ``cell_tensor_parallel``: vllm, and a server evalparity starts)."""
+    return getattr(registry.get(backend), "cell_tensor_parallel", False)
+
+
+def _own_size(cell: CellSpec) -> str | None:
+    """The cell's own ``tensor_parallel_size=`` as typed, where its backend takes it; else None."""
     given = dict(cell.args).get(TENSOR_PARALLEL_ARG)
-    if given is None or not getattr(registry.get(cell.backend), "cell_tensor_parallel", False):
-        return tensor_parallel
-    return parse_gpus(given, f"cell {cell.name}")
+    return given if given is not None and takes_own_gpus(cell.backend) else None
 
 
 def own_gpus(cells, tensor_parallel: int) -> dict[str, int]:
     """The cells whose own ``tensor_parallel_size=`` sets their GPUs (``cell_gpus``), by name, with those GPUs:
     what a refusal of too few GPUs names as the fix, rather than ``--tensor-parallel``."""
-    return {c.name: cell_gpus(c, tensor_parallel) for c in cells
-            if TENSOR_PARALLEL_ARG in dict(c.args) and getattr(registry.get(c.backend), "cell_tensor_parallel", False)}
+    return {c.name: cell_gpus(c, tensor_parallel) for c in cells if _own_size(c) is not None}
 
 
 def parse_gpus(value: str, where: str) -> int:

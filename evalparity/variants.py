@@ -27,7 +27,6 @@ import re
 import shutil
 from dataclasses import replace
 
-from evalparity.backends import registry
 from evalparity.errors import EvalParityError
 from evalparity.rundir.names import check_name
 from evalparity.spec import (
@@ -38,6 +37,7 @@ from evalparity.spec import (
     parse_batch_size,
     parse_dtype,
     parse_gpus,
+    takes_own_gpus,
 )
 
 ENV_PREFIX = "env."
@@ -106,7 +106,7 @@ def check_tensor_parallel(backend: str, value: str, flag: str) -> None:
     engine spreads a replica by it (``cell_tensor_parallel``: vllm, server); the placement then gives the cell
     N whole GPUs (``spec.cell_gpus``). An hf cell has no such engine argument: it splits its layers over the
     run's ``--tensor-parallel`` GPUs."""
-    if not getattr(registry.get(backend), "cell_tensor_parallel", False):
+    if not takes_own_gpus(backend):
         raise EvalParityError(f"{flag}: {TENSOR_PARALLEL_ARG} is not an argument of the {backend} backend: its "
                               "cells take the run's --tensor-parallel N (hf splits the layers over them); give "
                               f"{TENSOR_PARALLEL_ARG} to a vllm cell")

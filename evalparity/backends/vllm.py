@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -213,7 +214,8 @@ def versions() -> dict[str, str]:
     return {"vllm": f"{found[1]} ({found[0]})" if found else "not installed"}
 
 
-def engine_arg_names() -> set[str] | None:
+@functools.lru_cache(maxsize=1)  # one answer per process: every vLLM cell's check asks it
+def engine_arg_names() -> frozenset[str] | None:
     """The keyword arguments a vLLM cell's engine takes: vLLM's ``EngineArgs`` fields, ``LLM``'s own and
     lm-eval's ``vllm`` model's; None where vLLM is not installed (the cell's own checks say so). Read from
     their source (``engine_arg_names_from_source``) where it has the shape expected, else by importing them."""
@@ -222,7 +224,7 @@ def engine_arg_names() -> set[str] | None:
     if importlib.util.find_spec("vllm") is None:
         return None
     names = engine_arg_names_from_source()
-    return names if names is not None else engine_arg_names_from_import()
+    return frozenset(names if names is not None else engine_arg_names_from_import())
 
 
 def engine_arg_names_from_import() -> set[str]:
