@@ -171,7 +171,7 @@ def check_cell(cell: CellSpec) -> ServerCell:
                               "installed here: pip install 'lm-eval[api]'")
     if sc.started:  # its engine keys become vllm serve's flags: the same names as the vllm backend's
         vllm.check_arg_names([k for k, _ in sc.engine], f"cell {cell.name}")
-    if not sc.started:
+    else:
         check_url(sc)
     return sc
 
