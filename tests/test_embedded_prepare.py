@@ -145,3 +145,38 @@ def test_a_weight_without_a_tensor_or_a_tensor_without_a_weight_is_an_error(prep
             model = AutoModelForCausalLM.from_config(type(ref)(**{**ref.to_dict(), "num_hidden_layers": layers}))
         with pytest.raises(EvalParityError, match=rf"^GGUF conversion lost weights \(.*{named}"):
             embedded._gguf_tensors(reader, model)
+
+
+def test_a_background_preparation_publishes_the_same_folder_and_a_stopped_one_leaves_nothing(prepared, tmp_path):
+    """``prepare_in_background`` (the run's setup checks the tasks meanwhile): stopped mid-way (the run ended
+    first), nothing is left under ``models/``, neither the folder nor its temporary one; run to its end, it
+    publishes the bytes ``model_path()`` publishes; once prepared, no process is started."""
+    import json
+    import time
+
+    from evalparity import procs
+
+    wheel = next((prepared[1].parent.parent / "wheels").iterdir())
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    os.symlink(wheel.resolve(), cache / "wheels" / wheel.name)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(config.CACHE_ENV, str(cache))
+        stopped = embedded.prepare_in_background()
+        assert stopped is not None
+        deadline = time.monotonic() + 60
+        while not any((cache / "models").glob("tmp*")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until it has begun writing
+        assert any((cache / "models").glob("tmp*")), (cache / "prepare.log").read_text()
+        assert embedded.stop_preparing(stopped, grace_s=20.0) == 143, (cache / "prepare.log").read_text()
+        assert list((cache / "models").iterdir()) == []
+
+        whole = embedded.prepare_in_background()
+        assert whole is not None and whole.wait(timeout=300) == 0, (cache / "prepare.log").read_text()
+        procs.ended(whole)
+        final = cache / "models" / embedded.MODEL_NAME
+        assert embedded.model_path(prepare=False) == final
+        manifest = json.loads((prepared[1] / "MANIFEST.json").read_text())
+        assert json.loads((final / "MANIFEST.json").read_text()) == manifest
+        assert sorted(p.name for p in (cache / "models").iterdir()) == [embedded.MODEL_NAME]
+        assert embedded.prepare_in_background() is None

@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from evalparity import backends, config, failures, memplan, rundir, signoff, variants, warmup
+from evalparity import backends, config, failures, memplan, procs, rundir, signoff, variants, warmup
 from evalparity import tasks as tasks_mod
 from evalparity.cli.finish import finish
 from evalparity.cli.options import (
@@ -182,7 +182,7 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
     run_dir = folder.out or default_out(what.model)
     outputs.check(run_dir)
     lock = rundir.acquire(run_dir)  # a directory this run created is removed again if it fails before writing
-    head = warm = None
+    head = warm = prep = None
     with timestamped_log():  # piped, every line of the run's log starts with the time
         try:
             check_resumed_spec(run_dir)
@@ -198,7 +198,10 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
                                 Path(what.model).expanduser() if what.model else None)
             timings.step("warmup_start")
             offline = go_offline_without_hub()
-            model_id, model_path, max_len, fingerprint = identify_model(what.model, align.max_length)
+            prep = prepare_embedded_model(what.model)  # a first run's model preparation, beside the task check
+            task_list, task_aliases, plan = preflight(args, what)
+            timings.step("tasks_and_data")
+            model_id, model_path, max_len, fingerprint = identify_model(what.model, align.max_length, prep)
             cell_specs = identify_cell_models(cell_specs, (model_path, fingerprint), max_len, run_dir, folder.force)
             check_chat_template(align.apply_chat_template, align.fewshot_as_multiturn, model_path)
             timings.step("model")
@@ -207,8 +210,6 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             placement = Placement(ray=place.ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan
                                   else place.cells_per_gpu or 1)
             timings.step("memory_plan")
-            task_list, task_aliases, plan = preflight(args, what)
-            timings.step("tasks_and_data")
             task_limits = args.task_limits if args.fraction is None else \
                 fraction_limits(args.fraction, plan.leaves, args.task_limits)  # each task's share, recorded
             staging = plan_staging(staged, task_list, plan, args.limit, task_limits, cell_specs, opts, align.seed)
@@ -241,6 +242,8 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
         finally:
             if warm is not None:
                 warm.close()
+            if prep is not None:  # the run ended before it needed the model: its preparation stops too
+                embedded.stop_preparing(prep)
             timings.write()  # <run>/run.json, where this invocation's time went, once it owns a run directory
             if head is not None:
                 head.close()  # its log goes into the run, if the run got as far as Ray (safe to call twice)
@@ -370,10 +373,26 @@ def go_offline_without_hub() -> bool:
     return offline
 
 
-def identify_model(model: str | None, max_length: int):
-    """(model id for the report, path both backends load, context length capped at the model's, fingerprint):
-    the fingerprint (the files' hashes) is what keeps a run directory to one model's cells."""
+def prepare_embedded_model(model: str | None):
+    """The embedded model's first preparation, started in the background when the run uses it and it is not
+    prepared yet (``embedded.prepare_in_background`` says why); None otherwise."""
+    if model is not None:
+        return None
+    prep = embedded.prepare_in_background()
+    if prep is not None:
+        log(f"preparing the embedded model {embedded.MODEL_NAME} (once; about 15 s), while the tasks are checked ...")
+    return prep
 
+
+def identify_model(model: str | None, max_length: int, prep=None):
+    """(model id for the report, path both backends load, context length capped at the model's, fingerprint):
+    the fingerprint (the files' hashes) is what keeps a run directory to one model's cells. ``prep``: the
+    embedded model's background preparation, waited for first (``model_path`` then finds its folder, or
+    prepares it here and says why it could not)."""
+
+    if prep is not None:
+        prep.wait()
+        procs.ended(prep)
     model_id, model_path, max_len = resolve_model(model, max_length)
     return model_id, model_path, max_len, rundir.model_fingerprint(model_path, model_id)
 
