@@ -10,6 +10,8 @@
 #   profile  the staged command with every cell under cProfile (EVALPARITY_PROFILE=1) and the run's own
 #            process too (setup.pstats): where a cold start goes, function by function (cProfile slows
 #            Python-heavy code: not a timing run)
+#   sharded  --full --limit $LIMIT (default 4000) --shards $SHARDS (default 2): every cell as replicas side by
+#            side on the GPU, against the staged rounds' per-cell rates (are the vLLM cells CPU-bound per process?)
 #   big      the 14B-shaped random-weight model, --full --limit $LIMIT (default 200): each cell's load and
 #            rate on one H200, to price a sign-off at the stopping n
 set -uo pipefail
@@ -32,26 +34,35 @@ case $MODE in
     export TRITON_CACHE_DIR=$F/triton VLLM_CACHE_ROOT=$F/vllm TORCHINDUCTOR_CACHE_DIR=$F/inductor \
       XDG_CACHE_HOME=$F/xdg ;;
   full) EXTRA=(--full) ;;
+  sharded) EXTRA=(--full --limit "${LIMIT:-4000}" --shards "${SHARDS:-2}") ;;
   pocock) EXTRA=(--spending pocock) ;;
   big)
     [[ -f /tmp/m14b/config.json ]] || python3 scripts/gpu/make_model.py /tmp/m14b --shape qwen2.5-14b
     EXTRA=(--full --limit "${LIMIT:-200}" --model /tmp/m14b) ;;
 esac
+VLLM_PY=evalparity/backends/vllm.py
+if [[ -n ${VLLM_MP:-} ]]; then  # an experiment: vLLM's engine core in a process of its own (the product sets 0)
+  cp "$VLLM_PY" /tmp/vllm.py.orig
+  sed -i "s/env\[\"VLLM_ENABLE_V1_MULTIPROCESSING\"\] = \"0\"/env[\"VLLM_ENABLE_V1_MULTIPROCESSING\"] = \"$VLLM_MP\"/" "$VLLM_PY"
+  grep -n 'VLLM_ENABLE_V1_MULTIPROCESSING"\] =' "$VLLM_PY"
+fi
 rm -rf "$RUN"
 T0=$(date +%s.%N)
 timeout "$BUDGET" "${PY[@]}" -m evalparity.cli run --device cuda --tasks hellaswag --num-fewshot 0 \
   --datasets-dir .gpudata --out "$RUN" --no-fail-on-inconclusive "${EXTRA[@]}" 2>&1 | tail -40
-echo "run $LABEL: exit ${PIPESTATUS[0]} after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
+status=${PIPESTATUS[0]}
+[[ -n ${VLLM_MP:-} ]] && cp /tmp/vllm.py.orig "$VLLM_PY"  # this call's later runs get the product's code
+echo "run $LABEL: exit $status after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 if [[ -n ${OUT:-} && -d $RUN ]]; then
   mkdir -p "$RUN/logs"
-  for f in "$RUN"/stages/.tmp-*/cell.log "$RUN"/cells/*/cell.log; do
+  for f in "$RUN"/stages/.tmp-*/cell.log "$RUN"/cells/*/cell.log "$RUN"/shards/*/cell.log; do
     [[ -f $f ]] || continue
     n=$(basename "$(dirname "$f")"); grep -E "took|Loading|loading|init engine|compil|Triton|--- |warmup|KV cache" "$f" \
       | head -80 > "$RUN/logs/$n.txt"
   done
   cp /tmp/setup-$LABEL.pstats "$RUN/" 2>/dev/null || true
-  (cd "$RUN" && tar czf "$OUT/$LABEL.tgz" spec.json run.json stats/verdicts.json cells/*/cell.json \
+  (cd "$RUN" && tar czf "$OUT/$LABEL.tgz" spec.json run.json stats/verdicts.json cells/*/cell.json shards/*/cell.json \
      stages/round-*.json stages/*/cell.json logs report/report.md warmup.log setup-*.pstats \
      stages/*/profile.txt stages/*/profile.pstats stages/.tmp-*/profile.txt stages/.tmp-*/profile.pstats 2>/dev/null)
   ls -la "$OUT"
