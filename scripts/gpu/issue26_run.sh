@@ -46,12 +46,22 @@ if [[ -n ${VLLM_MP:-} ]]; then  # an experiment: vLLM's engine core in a process
   sed -i "s/env\[\"VLLM_ENABLE_V1_MULTIPROCESSING\"\] = \"0\"/env[\"VLLM_ENABLE_V1_MULTIPROCESSING\"] = \"$VLLM_MP\"/" "$VLLM_PY"
   grep -n 'VLLM_ENABLE_V1_MULTIPROCESSING"\] =' "$VLLM_PY"
 fi
+if [[ -n ${MPS:-} ]]; then  # an experiment: the cells' CUDA contexts through a private MPS server (concurrent kernels)
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-$LABEL/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-$LABEL/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  command -v nvidia-cuda-mps-control || ls /usr/bin/nvidia-cuda-mps* /usr/local/nvidia/bin 2>&1 | head -5
+  nvidia-cuda-mps-control -d && echo "MPS control daemon started in $CUDA_MPS_PIPE_DIRECTORY"
+fi
 rm -rf "$RUN"
 T0=$(date +%s.%N)
 timeout "$BUDGET" "${PY[@]}" -m evalparity.cli run --device cuda --tasks hellaswag --num-fewshot 0 \
   --datasets-dir .gpudata --out "$RUN" --no-fail-on-inconclusive "${EXTRA[@]}" 2>&1 | tail -40
 status=${PIPESTATUS[0]}
 [[ -n ${VLLM_MP:-} ]] && cp /tmp/vllm.py.orig "$VLLM_PY"  # this call's later runs get the product's code
+if [[ -n ${MPS:-} ]]; then
+  tail -5 "$CUDA_MPS_LOG_DIRECTORY"/control.log "$CUDA_MPS_LOG_DIRECTORY"/server.log 2>/dev/null
+  echo quit | nvidia-cuda-mps-control; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
 echo "run $LABEL: exit $status after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 if [[ -n ${OUT:-} && -d $RUN ]]; then
