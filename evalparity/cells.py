@@ -88,6 +88,7 @@ def placement_meta(spec: RunSpec, cell: CellSpec) -> dict:
     # torch uses every core). Recorded to explain timings.
     out["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
     out["cpus_visible"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    out["mps"] = bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))  # through an MPS server (the run's: ``mps``)
     return out
 
 

@@ -191,6 +191,8 @@ class Placement:
 
     ray: str | None = None     # None: decide here (Ray over this host's GPUs when several are free)
     cells_per_gpu: int = 1     # >1 lets small models share a GPU (each then takes 1/N of it)
+    mps: str = "off"           # --mps, as asked (``mps.decide``)
+    cell_env: tuple[tuple[str, str], ...] = ()  # for every cell's process: the run's MPS server (``mps.Server.env``)
 
 
 def local_ray_wanted(device: str, tensor_parallel: int, placement: Placement, n_jobs: int, gpus: int) -> bool:
@@ -259,8 +261,10 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
     return pl.LocalExecutor(str(run_dir), model_path)
 
 
-def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1, offline: bool = False):
-    """What is done already (outcomes), what to run (jobs) and which sharded cells only need merging."""
+def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1, offline: bool = False,
+              extra_env: dict[str, str] | None = None):
+    """What is done already (outcomes), what to run (jobs) and which sharded cells only need merging.
+    ``extra_env``: for every job's process on top of its cell's (``Placement.cell_env``)."""
     done: dict[str, CellOutcome] = {}
     jobs: list = []
     merge_only: list = []
@@ -269,7 +273,8 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
             meta = units.read_cell_json(layout.cell_dir(run_dir, cell.name)) or {}
             done[cell.name] = CellOutcome(cell.name, "skipped", 0.0, meta)
             continue
-        env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline, cell)
+        env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline, cell) \
+            | dict(extra_env or {})
         todo = shards.pending_shards(run_dir, cell, force, spec.identity()) if cell.shards > 1 else [0]
         if cell.shards > 1 and not todo:
             merge_only.append(cell)
@@ -298,7 +303,8 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
         return _run_staged(spec, run_dir, model_path, offline, console, placement, log, ray_head, opts, reused)
     if reused is not None:
         _reuse_cell(run_dir, spec, reused)
-    outcomes, jobs, merge_only = plan_jobs(spec, run_dir, force, placement.cells_per_gpu, offline)
+    outcomes, jobs, merge_only = plan_jobs(spec, run_dir, force, placement.cells_per_gpu, offline,
+                                           dict(placement.cell_env))
     if reused is not None:
         outcomes[reused.target].status = "reused"
     skipped = [n for n, o in outcomes.items() if o.status == "skipped"]
@@ -368,7 +374,7 @@ def _run_staged(spec: RunSpec, run_dir: Path, model_path: str, offline: bool, co
     cells would get."""
     gpus = {c.name: job_gpus(spec, c, placement.cells_per_gpu) for c in spec.cells}
     envs = {c.name: cell_environment(spec, backends.get(c.backend).environment(spec, c), offline, c)
-            for c in spec.cells}
+            | dict(placement.cell_env) for c in spec.cells}
     ports = {c.name: job_port_base(str(run_dir.resolve()), i) for i, c in enumerate(spec.cells)}
 
     def make_job(name: str, mode: str) -> Job:

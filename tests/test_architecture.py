@@ -38,6 +38,7 @@ STAGES: list[tuple[str, ...]] = [
      "evalparity.printable",  # user text shown, not obeyed: control characters written out
      "evalparity.hostenv",  # what a cell ran on (stdlib only; torch only if the cell imported it)
      "evalparity.procs",  # child processes that die with their parent (stdlib only)
+     "evalparity.mps",  # the run's own CUDA MPS server for cells that share a GPU (procs only)
      "evalparity.shapes",  # what the memory plan and the backends share: model shapes, dtype sizes
      "evalparity.backends.registry",  # backend names only: spec checks them; the modules load when picked
      "evalparity.backends.base"),  # the contract the registry checks: a Protocol, typing only at run time
@@ -60,7 +61,7 @@ STAGES: list[tuple[str, ...]] = [
 # Leaf modules: what the whole package shares, importing nothing of it but these.
 LEAVES = {"evalparity.errors": set(), "evalparity.config": set(), "evalparity.quiet": set(),
           "evalparity.hostenv": set(),
-          "evalparity.printable": set(), "evalparity.procs": set(),
+          "evalparity.printable": set(), "evalparity.procs": set(), "evalparity.mps": {"evalparity.procs"},
           "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set()}
 # What `import evalparity.cli` must not load (seconds of start-up each; the verbs load them when they run).
 HEAVY = ("torch", "lm_eval", "vllm", "pandas", "scipy", "numpy", "transformers", "datasets", "pyarrow",

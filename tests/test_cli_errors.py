@@ -28,6 +28,8 @@ def run_args(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
     (["--direction", "up"], "--direction 'up' is unknown"),
     (["--shards", "0"], "--shards 0 must be at least 1"),
     (["--tensor-parallel", "2"], "--tensor-parallel needs GPUs"),
+    (["--mps", "sometimes"], "--mps 'sometimes' is not one of auto, on, off"),
+    (["--mps", "on"], "--mps on: the cells run on the CPU: run with --mps auto or off"),
 ])
 def test_bad_options_fail_before_anything_runs(tiny_model, tiny_tasks, tmp_path, extra, needle):
     out = tmp_path / "run"

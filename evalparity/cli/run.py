@@ -22,7 +22,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from evalparity import backends, config, failures, memplan, procs, rundir, signoff, variants, warmup
+from evalparity import backends, config, failures, memplan, mps, procs, rundir, signoff, variants, warmup
 from evalparity import tasks as tasks_mod
 from evalparity.cli.finish import finish
 from evalparity.cli.options import (
@@ -145,6 +145,7 @@ class PlacementOptions:
     shards: Annotated[int, typer.Option(rich_help_panel=PLACE, help="Split every cell's documents over this many replicas (processes, each with its own GPUs), merged into one table.")] = 1
     tensor_parallel: Annotated[int, typer.Option(rich_help_panel=PLACE, help="GPUs per replica: vLLM tensor parallelism; HF splits the layers over them.")] = 1
     cells_per_gpu: Annotated[int | None, typer.Option(rich_help_panel=PLACE, help="Cells that share one GPU at a time (each takes 1/N of its free memory). Default: as many as the memory plan and the CPU cores allow.")] = None
+    mps: Annotated[str, typer.Option(rich_help_panel=PLACE, help="Cells that share a GPU run through a CUDA MPS server of the run's own, their kernels side by side instead of taking turns: auto (when cells share a GPU and nvidia-cuda-mps-control is found), on or off.")] = "auto"
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             memory_plan = plan_memory(dev, place.ray, model_path, cell_specs, max_len, place.tensor_parallel,
                                       place.cells_per_gpu)
             placement = Placement(ray=place.ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan
-                                  else place.cells_per_gpu or 1)
+                                  else place.cells_per_gpu or 1, mps=place.mps)
             timings.step("memory_plan")
             task_limits = args.task_limits if args.fraction is None else \
                 fraction_limits(args.fraction, plan.leaves, args.task_limits)  # each task's share, recorded
@@ -225,10 +226,11 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
             # --reference-from: the earlier run's reference verified and matched, before any cell starts
             spec, reused = reference_from(folder.reference_from, spec, opts.reference, run_dir)
+            sharing = mps.decide(place.mps, dev, shares_a_gpu(spec, placement, reused), place.ray not in (None, "local"))
             timings.step("reference_and_checks")
             timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
             outcomes = run_cells(spec, run_dir, model_path, folder.force, offline, placement, timings, head, opts,
-                                 reused)
+                                 reused, sharing)
 
             failed = report_outcomes(run_dir, outcomes)
             check_enough_cells(outcomes, opts, folder.single_cell)
@@ -282,6 +284,7 @@ def check_arguments(what: ModelAndTasks, align: AlignmentOptions, cells: CellOpt
     at_least("--max-length", align.max_length, 1, "tokens of context")
     at_least("--drift", folder.drift, 0, "prompts; 0 is off")
     at_least("--shards", place.shards, 1)
+    mps.check_choice(place.mps)
     check_seed("--seed", align.seed)
     if folder.reference_from is not None:
         reuse.check_folder(folder.reference_from)
@@ -329,6 +332,8 @@ def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: Placement
     bs = bs if bs is not None else (8 if dev == "cpu" else "auto")
     if place.tensor_parallel > 1 and dev == "cpu":
         raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
+    if place.mps == "on":
+        mps.decide("on", dev, True, False)  # only what the device says (the CPU), before the model and the data
     kinds, dtypes = cells.matrix()
     repeats = [r for r in cells.repeat or [] if not variants.is_named_repeat(r)]
     named_repeats = [r for r in cells.repeat or [] if variants.is_named_repeat(r)]
@@ -605,15 +610,53 @@ def report_documents(spec, plan, limit: int | None) -> None:
 
 
 # ------------------------------------------------------------------ the matrix and after
+def shares_a_gpu(spec, placement, reused) -> bool:
+    """Whether the memory plan packs more than one of the run's jobs (cells, or their shards; a reused
+    reference is none) on a GPU at a time: what an MPS server is for."""
+    jobs = sum(c.shards for c in spec.cells) - (reused is not None)
+    return placement.cells_per_gpu > 1 and jobs > 1
+
+
+def start_mps(choice: str, sharing: tuple[bool, str], timings: RunLog):
+    """The run's MPS server (``mps``) when ``sharing`` says to start one, else None; ``run.json`` records
+    whether the cells used one and why (``mps``), and how long its start took (``mps_start``). A server that
+    cannot serve a client stops the run under ``--mps on`` (one line) and is done without under ``auto``."""
+    wanted, why = sharing
+    if not wanted:
+        timings.facts["mps"] = why
+        return None
+    try:
+        with timings.stage("mps_start"):
+            server = mps.start()
+    except mps.Unavailable as err:
+        if choice == "on":
+            raise EvalParityError(f"--mps on: {err}: run with --mps auto or off") from None
+        timings.facts["mps"] = f"off: {err}"
+        log(f"[yellow]MPS: not used, {safe(str(err))} (the cells take turns on their GPU; --mps off skips the "
+            "try)[/yellow]", soft_wrap=True, highlight=False)
+        return None
+    timings.facts["mps"] = why
+    log("MPS: the cells that share a GPU run through a server of this run's own (--mps off: without)")
+    return server
+
+
 def run_cells(spec, run_dir: Path, model_path, force: bool, offline: bool, placement, timings: RunLog, head,
-              opts=None, reused=None):
+              opts=None, reused=None, sharing: tuple[bool, str] = (False, "off")):
     """Every cell not yet done, each in its own process (``matrix``), with progress on the console; the
     outcomes, one per cell, and their summary table. A staged run decides between its rounds with ``opts``;
-    ``reused``: the reference taken from an earlier run (``--reference-from``), published, never run."""
+    ``reused``: the reference taken from an earlier run (``--reference-from``), published, never run;
+    ``sharing``: ``mps.decide``'s answer, whether the cells share their GPUs through an MPS server."""
     from evalparity.matrix import run_matrix, scores_table, summary_table  # heavy: pandas (-> cells -> samples)
 
-    outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
-                          placement=placement, log=timings, ray_head=head, opts=opts, reused=reused)
+    server = start_mps(placement.mps, sharing, timings)
+    try:
+        if server is not None:
+            placement = dataclasses.replace(placement, cell_env=tuple(server.env().items()))
+        outcomes = run_matrix(spec, run_dir, str(model_path), force=force, offline=offline, console=console,
+                              placement=placement, log=timings, ray_head=head, opts=opts, reused=reused)
+    finally:
+        if server is not None:
+            server.close(log_to=run_dir / "mps.log")
     console.print(summary_table(outcomes))
     scores = scores_table(outcomes)
     if scores is not None:

@@ -52,6 +52,8 @@ if [[ -n ${MPS:-} ]]; then  # an experiment: the cells' CUDA contexts through a 
   command -v nvidia-cuda-mps-control || ls /usr/bin/nvidia-cuda-mps* /usr/local/nvidia/bin 2>&1 | head -5
   nvidia-cuda-mps-control -d && echo "MPS control daemon started in $CUDA_MPS_PIPE_DIRECTORY"
 fi
+read -r -a MORE <<< "${ARGS:-}"  # extra arguments for the run, e.g. ARGS="--mps off"
+EXTRA+=("${MORE[@]}")
 rm -rf "$RUN"
 T0=$(date +%s.%N)
 timeout "$BUDGET" "${PY[@]}" -m evalparity.cli run --device cuda --tasks hellaswag --num-fewshot 0 \
@@ -72,7 +74,7 @@ if [[ -n ${OUT:-} && -d $RUN ]]; then
       | head -80 > "$RUN/logs/$n.txt"
   done
   cp /tmp/setup-$LABEL.pstats "$RUN/" 2>/dev/null || true
-  (cd "$RUN" && tar czf "$OUT/$LABEL.tgz" spec.json run.json stats/verdicts.json cells/*/cell.json shards/*/cell.json \
+  (cd "$RUN" && tar czf "$OUT/$LABEL.tgz" spec.json run.json stats/verdicts.json cells/*/cell.json shards/*/cell.json mps.log \
      stages/round-*.json stages/*/cell.json logs report/report.md warmup.log setup-*.pstats \
      stages/*/profile.txt stages/*/profile.pstats stages/.tmp-*/profile.txt stages/.tmp-*/profile.pstats 2>/dev/null)
   ls -la "$OUT"

@@ -1,0 +1,110 @@
+"""The run's own MPS server (``evalparity.mps``): when it is started, that the cells get it, that it is stopped
+and leaves nothing behind, and that a server no client can use is refused or done without. No GPU here: a fake
+``nvidia-cuda-mps-control`` stands in for the daemon (what it was given, in its log) and the client's probe is
+replaced by one that checks the environment a cell would get."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from evalparity import cells, matrix, mps
+from evalparity.errors import EvalParityError
+from evalparity.spec import RunSpec, build_cells
+
+# In the foreground (-f): log its arguments and environment, open the pipe, wait for "quit". Otherwise, as a
+# control client: read a command and pass "quit" on.
+FAKE = """#!/bin/bash
+if [ "$1" = "-f" ]; then
+  echo "daemon $* pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+  touch "$CUDA_MPS_PIPE_DIRECTORY/control"
+  while [ ! -f "$CUDA_MPS_PIPE_DIRECTORY/quit" ]; do sleep 0.05; done
+  echo "quit" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+  exit 0
+fi
+read cmd
+[ "$cmd" = quit ] && touch "$CUDA_MPS_PIPE_DIRECTORY/quit"
+"""
+# A client's check, as a cell would be one: the pipe the environment names is the daemon's.
+PROBE_OK = "import os, sys; sys.exit(0 if os.path.exists(os.environ['CUDA_MPS_PIPE_DIRECTORY'] + '/control') else 3)"
+PROBE_REFUSED = "print('cuDevicePrimaryCtxRetain returned CUDA error 805'); raise SystemExit(1)"
+
+
+@pytest.fixture
+def fake_control(tmp_path, monkeypatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    control = bin_dir / mps.CONTROL
+    control.write_text(FAKE)
+    control.chmod(control.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv(mps.PIPE_ENV, raising=False)
+    return control
+
+
+def test_a_server_serves_the_cells_and_is_gone_after(fake_control, tmp_path):
+    server = mps.start(probe=PROBE_OK)
+    env = server.env()
+    root = server.root
+    assert Path(env[mps.PIPE_ENV]).parent == root and (root / "pipe" / "control").exists()
+    assert len(str(root / "pipe" / "control")) < 108  # a socket path
+    assert server.proc.poll() is None
+    server.close(log_to=tmp_path / "mps.log")
+    assert server.proc.poll() == 0  # it quit when told (not killed)
+    assert not root.exists()
+    log = (tmp_path / "mps.log").read_text()
+    assert f"daemon -f pipe={root / 'pipe'}" in log and "quit" in log
+    server.close()  # twice is harmless
+
+
+@pytest.mark.parametrize("probe,control_text,needle", [
+    (PROBE_REFUSED, FAKE, "a client could not connect (cuDevicePrimaryCtxRetain returned CUDA error 805)"),
+    (PROBE_OK, "#!/bin/bash\nexit 7\n", "exited with status 7 at its start"),
+])
+def test_a_server_no_client_can_use_is_stopped_and_removed(fake_control, tmp_path, probe, control_text, needle):
+    fake_control.write_text(control_text)
+    before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("evalparity-mps-*"))
+    with pytest.raises(mps.Unavailable) as err:
+        mps.start(probe=probe)
+    assert needle in str(err.value)
+    assert set(Path(os.environ.get("TMPDIR", "/tmp")).glob("evalparity-mps-*")) == before
+
+
+def test_when_a_server_is_wanted(fake_control, monkeypatch, tmp_path):
+    assert mps.decide("auto", "cuda", True, False) == (True, "on: cells share a GPU")
+    assert mps.decide("off", "cuda", True, False) == (False, "off (--mps off)")
+    cases = {  # (device, shared, remote Ray) -> why not
+        ("cpu", True, False): "the cells run on the CPU",
+        ("cuda", False, False): "no two cells share a GPU",
+        ("cuda", True, True): "the cells run on a Ray cluster's hosts",
+    }
+    for (device, shared, remote), why in cases.items():
+        wanted, said = mps.decide("auto", device, shared, remote)
+        assert not wanted and why in said
+        with pytest.raises(EvalParityError, match=f"--mps on: {why}"):
+            mps.decide("on", device, shared, remote)
+    monkeypatch.setenv(mps.PIPE_ENV, str(tmp_path))  # the user's own server: the cells use that one
+    assert mps.decide("auto", "cuda", True, False) == (False, f"off: {mps.PIPE_ENV} names an MPS server already, "
+                                                              "which the cells use")
+    monkeypatch.delenv(mps.PIPE_ENV)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert "is not on PATH" in mps.decide("auto", "cuda", True, False)[1]
+    with pytest.raises(EvalParityError, match="--mps on: nvidia-cuda-mps-control is not on PATH"):
+        mps.decide("on", "cuda", True, False)
+
+
+def test_every_job_gets_the_servers_environment_and_records_it(tmp_path, monkeypatch):
+    tiny_spec = RunSpec(model="m", tasks=("t",), cells=build_cells(["hf", "vllm"], ["fp32", "bf16"], 8, []),
+                        device="cuda", leaf_docs=(("t", 9),))
+    extra = {mps.PIPE_ENV: "/tmp/evalparity-mps-x/pipe", mps.LOG_ENV: "/tmp/evalparity-mps-x/log"}
+    _, jobs, _ = matrix.plan_jobs(tiny_spec, tmp_path, False, 2, False, extra)
+    assert jobs and all(j.env[k] == v for j in jobs for k, v in extra.items())
+    _, plain, _ = matrix.plan_jobs(tiny_spec, tmp_path, False, 2, False)
+    assert all(mps.PIPE_ENV not in j.env for j in plain)
+    monkeypatch.setenv(mps.PIPE_ENV, extra[mps.PIPE_ENV])
+    assert cells.placement_meta(tiny_spec, tiny_spec.cells[0])["mps"] is True
+    monkeypatch.delenv(mps.PIPE_ENV)
+    assert cells.placement_meta(tiny_spec, tiny_spec.cells[0])["mps"] is False
