@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
+import multiprocessing
+import os
 import pickle
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from evalparity import config
@@ -63,7 +68,8 @@ def cached() -> Iterator[None]:
             return pickle.loads(path.read_bytes())
         except Exception:  # noqa: BLE001 - absent, partial or from another version: rebuild
             pass
-        index = original([root], resolve_includes=resolve_includes)
+        index = parallel_build(index_cls, own_root, resolve_includes) or original([root],
+                                                                             resolve_includes=resolve_includes)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, pickle.dumps(index, protocol=pickle.HIGHEST_PROTOCOL))
@@ -85,3 +91,47 @@ def cached() -> Iterator[None]:
         yield
     finally:
         index_cls.build = staticmethod(original)
+
+
+MAX_WORKERS = 16
+
+
+def _load(job: tuple[Path, bool]) -> tuple[dict | None, bool]:
+    """One YAML as lm-eval's index reads it (``load_yaml``, functions unresolved): (its config, whether it
+    loaded). lm-eval skips a file that does not load; so does ``parallel_build``."""
+    from lm_eval.tasks import _index  # heavy: lm_eval (imported by the forking process already)
+
+    path, resolve_includes = job
+    try:
+        return _index.load_yaml(path, resolve_func=False, recursive=resolve_includes), True
+    except Exception:  # noqa: BLE001 - lm-eval's own build skips such a file the same way
+        return None, False
+
+
+def parallel_build(index_cls, root: Path, resolve_includes: bool) -> dict | None:
+    """lm-eval's ``TaskIndex.build([root])`` with the YAML files read in parallel, or None where that is not
+    safe here (fewer than 2 cores, or a process that already runs threads, which ``fork`` would not copy).
+
+    Why: parsing lm-eval's ~14,000 task YAMLs is a fresh machine's first task check, on the critical path of
+    its first run: 12.8-15.2 s of the setup on three fresh H200 machines (``tasks_and_data`` in
+    results/staged-h200, session 17), serial in one process while 15 cores idle. Only the reading is spread
+    over processes; the entries are then made in this process by lm-eval's own ``process_cfg``, in lm-eval's
+    file order, so that its rules (the first of two same-named tasks wins, tags gather their tasks) give the
+    same index. ``tests/test_task_index.py`` holds the two equal on the installed lm-eval."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = min(cores, MAX_WORKERS)
+    if workers < 2 or threading.active_count() > 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    files = list(index_cls._iter_yaml_files(root))
+    jobs = [(f, resolve_includes) for f in files]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        loaded = list(pool.map(_load, jobs, chunksize=max(1, math.ceil(len(jobs) / (workers * 4)))))
+    index: dict = {}
+    for path, (cfg, ok) in zip(files, loaded):
+        if not ok:
+            continue
+        try:
+            index_cls.process_cfg(cfg, path, index)
+        except Exception:  # noqa: BLE001 - as lm-eval's build: a file it cannot index is skipped
+            continue
+    return index

@@ -71,3 +71,32 @@ def test_key_follows_every_file(tmp_path):
     g = root / "a" / "u.yaml"
     g.write_text("task: u\n")
     assert task_index._key(root, [f, g], "0.4.13") != task_index._key(root, files, "0.4.13")  # added
+
+
+PARALLEL_EQUALS_SERIAL = """
+from pathlib import Path
+from lm_eval.tasks import _index
+from evalparity import task_index
+root = Path(_index.__file__).resolve().parent
+par = task_index.parallel_build(_index.TaskIndex, root, True)
+assert par is not None, "the parallel build did not run (one core, or threads in this process)"
+ser = _index.TaskIndex.build([root], resolve_includes=True)
+entries = lambda ix: {k: (e.kind, e.yaml_path, e.cfg, e.tags) for k, e in ix.items()}
+a, b = entries(par), entries(ser)
+assert a == b, sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))[:5]
+print(len(par))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the parallel build needs 2 cores")
+def test_the_parallel_build_is_lm_evals_own_index():
+    """``parallel_build`` (the YAMLs read by several processes) against lm-eval's serial ``TaskIndex.build`` on
+    the installed lm-eval's whole task tree: every entry's kind, file, config and tags. In a process of its
+    own: the parallel build forks, which it does only where no other thread runs (this suite runs some)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PARALLEL_EQUALS_SERIAL], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) > 10_000
