@@ -2,11 +2,11 @@
 
 Cells packed on one GPU (the memory plan) are separate processes, each with its own CUDA context, and the GPU
 runs one context's kernels at a time. Through an MPS server their kernels run side by side. Measured on one
-H200 (``results/staged-h200``, session 17), the default staged HellaSwag run, six cells packed: the vLLM cells'
-scoring over the four rounds took 49.1-51.2 s with MPS against 66.6-68.6 s without, the same 10 verdicts;
-as twelve replicas (``--shards 2``), 20.9-22.4 s per vLLM shard against 35.6-38.9 s. vLLM's engine in a process
-of its own (``VLLM_ENABLE_V1_MULTIPROCESSING=1``) changed nothing there, so the cells were waiting on the GPU's
-turns, not on their own Python.
+H200 (``results/staged-h200``, session 17), the default staged HellaSwag run, six cells packed: the vLLM
+cells' scoring over the four rounds took 49.1-51.8 s with MPS against 66.6-72.8 s without (two runs each), the
+same 10 verdicts and every table bit-identical; as twelve replicas (``--shards 2``), 20.9-22.4 s per vLLM shard
+against 35.6-38.9 s. vLLM's engine in a process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING=1``) changed
+nothing there, so the cells were waiting on the GPU's turns, not on their own Python.
 
 The server is private to the run: ``nvidia-cuda-mps-control -f`` (in the foreground: a child that dies with
 the run, ``procs``) with its pipe and log directories in a temporary directory of its own. Only processes
