@@ -5,6 +5,7 @@ with a variant cell."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -234,8 +235,61 @@ def test_a_misspelt_engine_argument_is_refused_before_any_cell_starts():
         vllm.check_cell(variants.parse_cell("x=vllm:bf16:quantisation=fp8", 8, 1, NO_ARGS))
     # a python= cell's vLLM is another interpreter's: its names are not this one's to judge
     vllm.check_cell(variants.parse_cell("x=vllm:bf16:python=venv2,quantisation=fp8", 8, 1, NO_ARGS))
-    with pytest.raises(EvalParityError, match=r"kv_cache_dtpe is not an argument .*did you mean kv_cache_dtype\?"):
+    with pytest.raises(EvalParityError, match=r"kv_cache_dtpe is not a flag of vllm serve .*kv_cache_dtype\?"):
         server.check_cell(variants.parse_cell("s=server:bf16:kv_cache_dtpe=fp8", 8, 1, NO_ARGS))
+
+
+def test_a_started_servers_keys_are_vllm_serves_flags():
+    """A server evalparity starts takes ``vllm serve``'s flags (read from its own ``--help=all``), not the
+    in-process engine's arguments: lm-eval's vllm-model options are refused before any cell starts (they failed
+    the server's start), the server's own flags pass (they were refused), and host/port are evalparity's."""
+    from evalparity.backends import server
+
+    def check(keys: str) -> None:
+        server.check_cell(variants.parse_cell(f"s=server:bf16:{keys}", 8, 1, NO_ARGS))
+
+    check("quantization=fp8,kv_cache_dtype=fp8,enforce_eager=false,enable_log_requests=true,max_num_seqs=7")
+    for key, needle in (("max_gen_toks=64", "max_gen_toks is not a flag of vllm serve"),
+                        ("max_batch_size=4", "max_batch_size is not a flag of vllm serve"),
+                        ("quantisation=fp8", "did you mean quantization?"),
+                        ("port=8000", "port= is evalparity's to choose"),
+                        ("host=0.0.0.0", "host= is evalparity's to choose")):
+        with pytest.raises(EvalParityError, match=re.escape(needle)):
+            check(key)
+    check("python=venv2,max_gen_toks=64")  # another interpreter's vLLM: not this one's to judge
+    # the user's server takes no engine keys at all (server_cell), whatever their names
+    with pytest.raises(EvalParityError, match="cannot be applied to the server at"):
+        server.server_cell(variants.parse_cell("u=server:bf16:url=http://127.0.0.1:9/v1,quantization=fp8", 8, 1,
+                                               NO_ARGS))
+
+
+def test_vllm_serves_flag_names_are_parsed_once_and_kept(tmp_path, monkeypatch):
+    """The help's option lines as Python names; the answer kept in the cache directory per vLLM version, so
+    that a later process does not run ``vllm serve --help=all`` again (12-15 s on 2 cores)."""
+    import subprocess
+
+    from evalparity.backends import server
+
+    text = ("options:\n  -h, --help            show this help\n  --kv-cache-dtype {auto,fp8}\n"
+            "  -q QUANTIZATION, --quantization QUANTIZATION\n  --enforce-eager, --no-enforce-eager\n"
+            "                        --port instead of the HTTP server (a description, not a flag)\n")
+    assert server.parse_flag_names(text) == {"help", "kv_cache_dtype", "quantization", "enforce_eager"}
+    assert server.parse_flag_names("  -q QUANTIZATION, --quantization Q\n") == {"quantization"}
+    monkeypatch.setenv("EVALPARITY_CACHE", str(tmp_path))
+    server.serve_flag_names.cache_clear()
+    try:
+        first = server.serve_flag_names()
+        assert first is not None and {"quantization", "kv_cache_dtype", "api_key", "port"} <= first
+        assert "max_gen_toks" not in first and len(list(tmp_path.glob("vllm-serve-flags-*.json"))) == 1
+        server.serve_flag_names.cache_clear()
+
+        def no_run(*a, **k):
+            raise AssertionError("vllm serve --help=all run again")
+
+        monkeypatch.setattr(subprocess, "run", no_run)
+        assert server.serve_flag_names() == first
+    finally:
+        server.serve_flag_names.cache_clear()
 
 
 def test_engine_argument_names_read_from_source_are_the_imported_ones(tmp_path, monkeypatch):

