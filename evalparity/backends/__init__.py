@@ -27,3 +27,15 @@ def parse_extra_args(text: str) -> dict:
         return simple_parse_args_string(text)
     except Exception as err:  # noqa: BLE001 - any parse failure is the user's input
         raise EvalParityError(f"cannot parse backend args {text!r} ({err}): write key=value,key=value") from err
+
+
+def check_names(keys, known, where: str, what: str, listed: str) -> None:
+    """Each key one of ``known``, else one line: the key, what it is not, the closest spelling and where the
+    names are listed (a vLLM cell's engine arguments, a started server's flags)."""
+    import difflib
+
+    for key in keys:
+        if key not in known:
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise EvalParityError(f"{where}: {key} is not {what}{hint}: check its spelling ({listed})")

@@ -32,7 +32,7 @@ import sys
 from importlib.util import find_spec
 
 from evalparity import config
-from evalparity.backends import compat, parse_extra_args, server_process, vllm
+from evalparity.backends import check_names, compat, parse_extra_args, server_process, vllm
 from evalparity.backends.server_process import Endpoint, ServerError
 from evalparity.errors import EvalParityError
 from evalparity.files import read_json, write_json
@@ -192,8 +192,6 @@ HELP_TIMEOUT_S = 180
 def check_serve_flags(keys: list[str], where: str) -> None:
     """Each key a flag of ``vllm serve`` (``serve_flag_names``), else one line naming it and the closest
     spelling; where those names cannot be had, the in-process engine's (``vllm.check_arg_names``)."""
-    import difflib
-
     own = [k for k in keys if k in OWN_FLAGS]
     if own:
         raise EvalParityError(f"{where}: {own[0]}= is evalparity's to choose for a server it starts (127.0.0.1, a "
@@ -202,12 +200,7 @@ def check_serve_flags(keys: list[str], where: str) -> None:
     if known is None:
         vllm.check_arg_names(keys, where)
         return
-    for key in keys:
-        if key not in known:
-            near = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f" (did you mean {near[0]}?)" if near else ""
-            raise EvalParityError(f"{where}: {key} is not a flag of vllm serve{hint}: check its spelling "
-                                  "(vllm serve --help=all lists them)")
+    check_names(keys, known, where, "a flag of vllm serve", "vllm serve --help=all lists them")
 
 
 @functools.lru_cache(maxsize=1)  # one answer per process

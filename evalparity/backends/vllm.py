@@ -8,10 +8,9 @@ import os
 from pathlib import Path
 
 from evalparity import devices
-from evalparity.backends import compat, parse_extra_args, precision
+from evalparity.backends import check_names, compat, parse_extra_args, precision
 from evalparity.backends.pretokenize import BatchedEncoding
 from evalparity.config import PORT_BASE_ENV
-from evalparity.errors import EvalParityError
 from evalparity.shapes import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import TENSOR_PARALLEL_ARG, CellSpec, RunSpec
 
@@ -293,17 +292,10 @@ def check_arg_names(keys: list[str], where: str) -> None:
     """Each key an argument vLLM's engine (or lm-eval's vllm model) takes, else one line naming it and the
     closest spelling: a misspelt key failed the cell at its load (``EngineArgs`` refuses unknown keywords),
     after the engine's import, and with it a staged run's whole round."""
-    import difflib
-
     known = engine_arg_names() if keys else None
-    if known is None:
-        return
-    for key in keys:
-        if key not in known:
-            near = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f" (did you mean {near[0]}?)" if near else ""
-            raise EvalParityError(f"{where}: {key} is not an argument of vLLM's engine or lm-eval's vllm "
-                                  f"model{hint}: check its spelling (vllm serve --help lists them)")
+    if known is not None:
+        check_names(keys, known, where, "an argument of vLLM's engine or lm-eval's vllm model",
+                    "vllm serve --help lists them")
 
 
 def check_cell(cell: CellSpec) -> None:
