@@ -108,3 +108,36 @@ def test_every_job_gets_the_servers_environment_and_records_it(tmp_path, monkeyp
     assert cells.placement_meta(tiny_spec, tiny_spec.cells[0])["mps"] is True
     monkeypatch.delenv(mps.PIPE_ENV)
     assert cells.placement_meta(tiny_spec, tiny_spec.cells[0])["mps"] is False
+
+
+def test_drift_probes_cells_together_through_a_server_and_alone_without(fake_control, tmp_path, monkeypatch):
+    """``evalparity drift`` (and ``run --drift``): cells probed together (the run packed them) get the
+    server's environment, which is stopped after; cells probed one after another get none, and ``--mps on``
+    for them is refused in one line. drift.json says which (``mps``)."""
+    import json
+
+    from evalparity import drift
+    from evalparity.rundir import layout
+
+    seen: dict = {}
+
+    def fake_probe_all(launch, prompts, out, reference, todo, together, dump, console, shown, shared_env):
+        seen["env"] = dict(shared_env)
+        return {}
+
+    monkeypatch.setattr(drift, "_probe_all", fake_probe_all)
+    real_start = mps.start
+    started: list = []
+    monkeypatch.setattr(mps, "start", lambda: started.append(real_start(probe=PROBE_OK)) or started[-1])
+    launch = {n: {"env": {}} for n in ("hf-fp32", "vllm-bf16", "hf-bf16")}
+    drift.run_drift(launch, ["p"], tmp_path / "a", together=True)
+    assert set(seen["env"]) == {mps.PIPE_ENV, mps.LOG_ENV} and not started[0].root.exists()
+    assert started[0].proc.poll() == 0 and (tmp_path / "a" / "mps.log").exists()
+    assert json.loads(layout.drift_spec(tmp_path / "a").read_text())["mps"] == "on: cells share a GPU"
+    drift.run_drift(launch, ["p"], tmp_path / "b", together=False)
+    assert seen["env"] == {} and len(started) == 1
+    assert json.loads(layout.drift_spec(tmp_path / "b").read_text())["mps"] == "off: no two cells probed together"
+    with pytest.raises(EvalParityError, match="--mps on: drift probes these cells one after another"):
+        drift.run_drift(launch, ["p"], tmp_path / "c", together=False, mps_choice="on")
+    drift.run_drift(launch, ["p"], tmp_path / "d", together=True, mps_choice="off")
+    assert seen["env"] == {} and len(started) == 1

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from evalparity import config, rundir
+from evalparity import mps as mps_mod
 from evalparity.cli.options import Device, at_least, parse_layers, positive_finite
 from evalparity.cli.output import console, safe
 from evalparity.config import DRIFT, REPORT
@@ -36,11 +37,13 @@ def drift(
     layers: Annotated[str, typer.Option(help="Hidden-state entries to compare, comma-separated (0: embeddings; -1: the final norm's output), or all.")] = "all",
     positions: Annotated[str, typer.Option(help="Compare hidden states at every token (all) or only each prompt's last token (last).")] = "all",
     dump: Annotated[bool, typer.Option(help="Also keep both sides' hidden states, chunk by chunk as safetensors (large).")] = False,
+    mps: Annotated[str, typer.Option(help="Cells probed together share their GPU through a CUDA MPS server of this command's own: auto, on or off (as evalparity run --mps).")] = "auto",
 ) -> None:
     """Localise drift: per-token prompt logprobs, hidden states layer by layer, greedy-generation divergence."""
     from evalparity import drift as probe_drift  # heavy: torch, pandas
 
     check_arguments(run_dir, prompts, n_prompts, gen_tokens=gen_tokens, threshold=threshold, max_length=max_length)
+    mps_mod.check_choice(mps)
     entries = parse_layers(layers)
     if positions not in ("all", "last"):
         raise EvalParityError(f"--positions {positions!r} is not all or last")
@@ -74,7 +77,8 @@ def drift(
         def probe(folder: Path, shown: Path) -> dict[str, dict]:
             return probe_drift.run_drift(launch, texts, folder, reference=reference, max_len=max_len,
                                          gen_tokens=gen_tokens, threshold=threshold, layers=entries, pooling=positions,
-                                         dump=dump, together=together, console=console, shown=shown)
+                                         dump=dump, together=together, console=console, shown=shown,
+                                         mps_choice=mps)
 
         results, html = into_run(run_dir, probe) if into else (probe(dest, dest), None)
     console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {safe(dest)}")

@@ -235,7 +235,7 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             failed = report_outcomes(run_dir, outcomes)
             check_enough_cells(outcomes, opts, folder.single_cell)
             if folder.drift:
-                localise_drift(run_dir, model_path, folder.drift, cell_specs, opts, dev, max_len, timings)
+                localise_drift(run_dir, model_path, folder.drift, cell_specs, opts, dev, max_len, timings, place.mps)
             code = finish(run_dir, opts, outputs, timings)
             if head is not None:
                 with timings.stage("ray_head_stop"):  # what is left of its stop, begun before the statistics
@@ -692,7 +692,7 @@ def check_enough_cells(outcomes, opts, single_cell: bool) -> None:
 
 
 def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, dev: str, max_len: int,
-                   timings: RunLog) -> None:
+                   timings: RunLog, mps_choice: str = "auto") -> None:
     """--drift N: the drift of every main cell against the reference on N prompts of the run's own tasks,
     into RUN_DIR/drift, before the report so that the report shows it; each cell probed as the run
     configured it (``drift.launch_plan``)."""
@@ -722,4 +722,4 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
     with timings.stage("drift"), rundir.staged_outputs(run_dir, (DRIFT,)) as stage:  # drift/ published whole
         run_drift(launch, prompts_from_run(run_dir, n_prompts), layout.drift_dir(stage), reference=opts.reference,
                   max_len=max_len, together=together_ok(run_spec, [c for c in launch if c != opts.reference]),
-                  console=console, shown=layout.drift_dir(run_dir))
+                  console=console, shown=layout.drift_dir(run_dir), mps_choice=mps_choice)

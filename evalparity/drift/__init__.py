@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from evalparity import backends, procs, progress
+from evalparity import backends, mps, procs, progress
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.matrix import cell_environment
@@ -124,22 +124,51 @@ def together_ok(run_spec: RunSpec | None, cells: list[str]) -> bool:
 def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, reference: str = "hf-fp32",
               max_len: int = 2048, gen_tokens: int = 32, threshold: float = 1e-3, layers: list[int] | None = None,
               pooling: str = "all", dump: bool = False, together: bool = False, console: Console | None = None,
-              shown: Path | None = None) -> dict[str, dict]:
+              shown: Path | None = None, mps_choice: str = "auto") -> dict[str, dict]:
     """The reference, then every other side of ``launch`` (``launch_plan``) against it, one worker process
     each (``procs.popen``: it dies with this process, its engine subprocesses with it), into ``out``.
     ``together``: the cells all at once (``together_ok``), else one after another.
     ``shown``: where ``out`` will be once published (``out`` a staging folder), for the paths that messages
-    name. The reference's chunks are removed at the end unless ``dump``."""
+    name. The reference's chunks are removed at the end unless ``dump``. ``mps_choice``: ``--mps``; cells
+    probed together share their GPU through an MPS server of this command's own (``mps``), as a run's do."""
     console = console or Console(stderr=True)
     shown = shown or out
     if not prompts:
         raise EvalParityError("no prompts to probe: pass --prompts FILE or a run directory with samples")
     todo = [c for c in launch if c != reference]
+    if together and len(todo) > 1:  # on their GPUs together, as the run packed them
+        sharing = mps.decide(mps_choice, "cuda", True, False)
+    elif mps_choice == "on":
+        raise EvalParityError("--mps on: drift probes these cells one after another, none sharing a GPU: run with "
+                              "--mps auto or off")
+    else:
+        sharing = (False, "off: no two cells probed together")
     out.mkdir(parents=True, exist_ok=True)
+    server = None
+    if sharing[0]:
+        try:
+            server = mps.start()
+        except mps.Unavailable as err:
+            if mps_choice == "on":
+                raise EvalParityError(f"--mps on: {err}: run with --mps auto or off") from None
+            sharing = (False, f"off: {err}")
+            console.print(f"MPS: not used, {err} (the cells take turns on their GPU)", highlight=False)
     write_json(layout.drift_spec(out), {"reference": reference, "cells": todo, "max_len": max_len,
                                        "gen_tokens": gen_tokens, "threshold": threshold, "n_prompts": len(prompts),
                                        "dump": dump, "layers": layers, "pooling": pooling, "together": together,
-                                       "launch": launch})
+                                       "mps": sharing[1], "launch": launch})
+    try:
+        return _probe_all(launch, prompts, out, reference, todo, together, dump, console, shown,
+                          server.env() if server is not None else {})
+    finally:
+        if server is not None:
+            server.close(log_to=out / "mps.log")
+
+
+def _probe_all(launch: dict[str, dict], prompts: list[str], out: Path, reference: str, todo: list[str],
+               together: bool, dump: bool, console: Console, shown: Path, shared_env: dict[str, str]):
+    """``run_drift``'s probing: the reference alone, then the cells (together, through ``shared_env``'s MPS
+    server when there is one, or one after another)."""
     write_json(layout.drift_prompts(out), {"prompts": prompts})
     results: dict[str, dict] = {}
     # live bars on a terminal, timestamped lines when piped (a CI log), as ``run`` and ``hidden`` show theirs
@@ -148,7 +177,7 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
         if not _workers(out, [reference], launch, bar, units, console, shown):
             return results
         for group in ([todo] if together else [[c] for c in todo]):
-            for c in _workers(out, group, launch, bar, units, console, shown):
+            for c in _workers(out, group, launch, bar, units, console, shown, shared_env):
                 results[c] = json.loads(layout.drift_summary(out, c).read_text())
     if not dump:
         shutil.rmtree(layout.drift_reference(out), ignore_errors=True)
@@ -156,9 +185,9 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
 
 
 def _workers(out: Path, names: list[str], launch: dict[str, dict], bar: progress.Display, units: dict[str, str],
-             console: Console, shown: Path) -> list[str]:
+             console: Console, shown: Path, extra_env: dict[str, str] | None = None) -> list[str]:
     """These sides' workers, at once, their progress on ``bar`` (``units``: each side's line); the names of
-    those that finished (a line naming its log for each that failed)."""
+    those that finished (a line naming its log for each that failed). ``extra_env``: on top of each side's."""
     t0 = time.perf_counter()
 
     def tick() -> None:
@@ -166,8 +195,8 @@ def _workers(out: Path, names: list[str], launch: dict[str, dict], bar: progress
             bar.watch(units[n], layout.drift_progress(out, n))
 
     argv = {n: [launch[n].get("python") or sys.executable, "-m", "evalparity.drift.worker", str(out), n] for n in names}
-    ended = procs.run_logged_all([(argv[n], launch[n]["env"], layout.drift_log(out, n)) for n in names], tick,
-                                 every=0.5)
+    ended = procs.run_logged_all([(argv[n], launch[n]["env"] | (extra_env or {}), layout.drift_log(out, n))
+                                  for n in names], tick, every=0.5)
     done = []
     for n, (code, said, last) in zip(names, ended):
         if code != 0:
