@@ -77,6 +77,27 @@ def _child_setup() -> None:
     _die_with_parent(signal.SIGKILL)
 
 
+def prepare_fork() -> None:
+    """Before forking workers that will call ``forked_worker_setup``: libc's prctl looked up here, in the
+    parent (``_load_prctl`` says why)."""
+    _load_prctl()
+
+
+def forked_worker_setup(parent: int) -> None:
+    """First thing in a worker forked from this process (a process pool's ``initializer``): it dies with the
+    parent (SIGKILL, even when the parent is SIGKILLed), and the parent's children are not its own: the table
+    of children emptied and SIGTERM/SIGHUP back to their defaults (the parent's handler, inherited, would
+    kill the parent's other children when the pool stops this worker). ``parent``: the forking process's pid;
+    a worker whose parent is gone already exits."""
+    with _lock:
+        _children.clear()
+    for sig in EXIT_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    _die_with_parent(signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the parent-death signal was set
+        os._exit(1)
+
+
 def _guard_setup(group: int) -> Callable[[], None]:
     def setup() -> None:
         os.setpgid(0, group)  # into the child's group (the same session: hence setpgid, not setsid, above)

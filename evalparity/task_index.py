@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from evalparity import config
+from evalparity import config, procs
 from evalparity.files import write_atomic
 
 FILE_PREFIX = "lm-eval-tasks-"
@@ -110,22 +110,30 @@ def _load(job: tuple[Path, bool]) -> tuple[dict | None, bool]:
 
 def parallel_build(index_cls, root: Path, resolve_includes: bool) -> dict | None:
     """lm-eval's ``TaskIndex.build([root])`` with the YAML files read in parallel, or None where that is not
-    safe here (fewer than 2 cores, or a process that already runs threads, which ``fork`` would not copy).
+    done (fewer than 2 cores, a process running other Python threads, which ``fork`` would not copy, or a
+    worker lost on the way): the caller builds serially, as lm-eval does.
 
     Why: parsing lm-eval's ~14,000 task YAMLs is a fresh machine's first task check, on the critical path of
-    its first run: 12.8-15.2 s of the setup on three fresh H200 machines (``tasks_and_data`` in
-    results/staged-h200, session 17), serial in one process while 15 cores idle. Only the reading is spread
-    over processes; the entries are then made in this process by lm-eval's own ``process_cfg``, in lm-eval's
-    file order, so that its rules (the first of two same-named tasks wins, tags gather their tasks) give the
-    same index. ``tests/test_task_index.py`` holds the two equal on the installed lm-eval."""
+    its first run, serial in one process: 6.4 s of a 6.7 s build on 2 cores; on fresh H200 machines the
+    whole task-and-data step took 8.4 s alone (``cold16``) and 12.8-15.2 s beside the embedded model's
+    preparation (session 17, results/staged-h200), the parse's share there not measured. Only the reading is
+    spread over processes (forked, dying with this one: ``procs.forked_worker_setup``); the entries are then
+    made in this process by lm-eval's own ``process_cfg``, in lm-eval's file order, so that its rules (the
+    first of two same-named tasks wins, tags gather their tasks) give the same index.
+    ``tests/test_task_index.py`` holds the two equal on the installed lm-eval."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = min(cores, MAX_WORKERS)
     if workers < 2 or threading.active_count() > 1 or "fork" not in multiprocessing.get_all_start_methods():
         return None
     files = list(index_cls._iter_yaml_files(root))
     jobs = [(f, resolve_includes) for f in files]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        loaded = list(pool.map(_load, jobs, chunksize=max(1, math.ceil(len(jobs) / (workers * 4)))))
+    procs.prepare_fork()
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                 initializer=procs.forked_worker_setup, initargs=(os.getpid(),)) as pool:
+            loaded = list(pool.map(_load, jobs, chunksize=max(1, math.ceil(len(jobs) / (workers * 4)))))
+    except Exception:  # noqa: BLE001 - a worker lost (killed, out of memory): lm-eval's serial build instead
+        return None
     index: dict = {}
     for path, (cfg, ok) in zip(files, loaded):
         if not ok:

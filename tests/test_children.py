@@ -139,3 +139,75 @@ def test_a_killed_run_leaves_no_cell(tiny_model, tiny_tasks, tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+# A parent with a procs child (as the run's embedded-model preparation) and a fork pool set up as
+# task_index.parallel_build sets up its workers; it prints the pids, then one worker kills itself (a pool
+# worker lost) while the others sleep.
+POOL_PARENT = """
+import os, signal, subprocess, sys, time
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+from evalparity import procs
+child = procs.popen(["sleep", "300"])
+procs.prepare_fork()
+def nap(i):
+    print("worker", os.getpid(), flush=True)
+    if i == 0 and "{lose}" == "lose":
+        time.sleep(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(300)
+pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"), initializer=procs.forked_worker_setup,
+                           initargs=(os.getpid(),))
+print("child", child.pid, flush=True)
+futures = [pool.submit(nap, i) for i in range(2)]
+try:
+    futures[0].result()
+except Exception as err:
+    print("lost", type(err).__name__, flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("case", ["parent SIGKILL", "a worker lost"])
+def test_forked_pool_workers_die_with_the_parent_and_spare_its_children(case):
+    """``procs.forked_worker_setup`` (the task index's parallel build): a SIGKILLed parent leaves no pool worker
+    behind, and a pool that loses a worker (the executor then stops the others with SIGTERM) does not take the
+    parent's other children with it, as the handler the workers inherited from the parent would."""
+    lose = "lose" if case == "a worker lost" else "keep"
+    proc = subprocess.Popen([sys.executable, "-c", POOL_PARENT.replace("{lose}", lose)], stdout=subprocess.PIPE,
+                            text=True, cwd=ROOT)
+    try:
+        child = workers = None
+        seen: list[int] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline().split()
+            if line[:1] == ["child"]:
+                child = int(line[1])
+            elif line[:1] == ["worker"]:
+                seen.append(int(line[1]))
+            elif line[:1] == ["lost"]:
+                break
+            if lose == "keep" and child and len(seen) == 2:
+                break
+        assert child and seen, "the parent did not start its child and workers"
+        if lose == "keep":
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            workers = seen
+        else:
+            time.sleep(2)  # the executor has stopped the other worker
+            assert psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE, \
+                "the parent's child was killed with the pool"
+            workers = seen
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        end = time.monotonic() + 10
+        while time.monotonic() < end and any(psutil.pid_exists(w) and psutil.Process(w).status() != psutil.STATUS_ZOMBIE
+                                             for w in workers):
+            time.sleep(0.1)
+        assert not [w for w in workers if psutil.pid_exists(w) and psutil.Process(w).status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
