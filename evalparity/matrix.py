@@ -245,6 +245,18 @@ def early_ray_head(device: str, tensor_parallel: int, placement: Placement, n_jo
     return pl.LocalRayHead()
 
 
+def shares_gpus(spec: RunSpec, placement: Placement, n_jobs: int) -> bool:
+    """Whether ``n_jobs`` jobs of this run would hold one GPU at the same time: packed by the memory plan
+    (``cells_per_gpu`` > 1), and run side by side on this host (its own Ray, as ``choose_executor`` picks it;
+    not one at a time, and not on a cluster's hosts). What an MPS server is for (``mps``)."""
+    if spec.device == "cpu" or placement.cells_per_gpu <= 1 or n_jobs <= 1:
+        return False
+    if placement.ray and placement.ray != "local":
+        return False
+    ray_here = placement.ray == "local" or importlib.util.find_spec("ray") is not None
+    return ray_here and local_ray_wanted(spec.device, narrowest(spec), placement, n_jobs, pl.gpu_count())
+
+
 def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: Path, model_path: str,
                     head=None):
     """Ray when asked, or when this host has room for more than one job at a time; else one at a time.

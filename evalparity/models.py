@@ -14,6 +14,20 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith(("/", ".", "~")) or model.count("/") != 1 or Path(model).exists()
 
 
+def check_local_model(model: str | None) -> Path | None:
+    """A local model folder (a ``--model`` that looks like a path) that exists and has a config.json, else one
+    line; None for the embedded model or a hub id. Cheap: the run asks it before checking the tasks' data."""
+    if model is None or not _looks_like_path(model):
+        return None
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise EvalParityError(f"model path {model} does not exist: give a local model folder or a hub id "
+                              "(org/name)")
+    if not (path / "config.json").exists():
+        raise EvalParityError(f"{model} has no config.json: give a Hugging Face model folder")
+    return path
+
+
 def resolve_model(model: str | None, max_length: int) -> tuple[str, Path | str, int]:
     """(model id for the report, path or hub id to load, max length capped at the model's)."""
     if model is None:
@@ -21,12 +35,7 @@ def resolve_model(model: str | None, max_length: int) -> tuple[str, Path | str, 
         model_id = f"{embedded.MODEL_NAME} (embedded, from {embedded.MODEL_PIN})"
         return model_id, path, _cap(path, max_length)
     if _looks_like_path(model):
-        path = Path(model).expanduser()
-        if not path.exists():
-            raise EvalParityError(f"model path {model} does not exist: give a local model folder or a hub id "
-                                  "(org/name)")
-        if not (path / "config.json").exists():
-            raise EvalParityError(f"{model} has no config.json: give a Hugging Face model folder")
+        path = check_local_model(model)
         # the resolved path is the model's name: ./m from two folders is two models, ./m and /abs/m one
         return str(path.resolve()), path.resolve(), _cap(path, max_length)
     # A hub id: it must be reachable or already in the local HF cache.

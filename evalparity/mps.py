@@ -31,6 +31,7 @@ from pathlib import Path
 
 from evalparity import procs
 from evalparity.errors import EvalParityError
+from evalparity.files import write_atomic
 
 CHOICES = ("auto", "on", "off")
 CONTROL = "nvidia-cuda-mps-control"
@@ -93,7 +94,6 @@ class Server:
     proc: subprocess.Popen
     root: Path
     control: str
-    started_s: float = 0.0
 
     def env(self) -> dict[str, str]:
         """What a cell needs to be the server's client."""
@@ -112,20 +112,23 @@ class Server:
         if log_to is not None and self.root.exists():
             with contextlib.suppress(OSError):
                 logs = sorted((self.root / "log").glob("*.log"))
-                log_to.write_text("".join(f"== {p.name}\n{p.read_text(errors='replace')}" for p in logs))
+                write_atomic(log_to, "".join(f"== {p.name}\n{p.read_text(errors='replace')}" for p in logs))
         shutil.rmtree(self.root, ignore_errors=True)
 
 
 def start(control: str = CONTROL, probe: str = PROBE) -> Server:
     """The daemon started and a client connected through it; ``Unavailable`` (with the reason) otherwise, with
     everything it started stopped and removed."""
-    t0 = time.perf_counter()
     root = Path(tempfile.mkdtemp(prefix="evalparity-mps-"))  # short: the pipe is a socket path (108 bytes)
     (root / "pipe").mkdir()
     (root / "log").mkdir()
+    # Not under the user's CUDA_VISIBLE_DEVICES: a daemon started so renumbers the GPUs it sees, and the cells,
+    # given host GPU numbers by the placement, would then name others (NVIDIA's MPS documentation).
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     try:
-        proc = procs.popen([control, "-f"], env=os.environ | {PIPE_ENV: str(root / "pipe"), LOG_ENV: str(root / "log")},
-                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(root / "log" / "control-output.log", "wb") as out:  # in the foreground it writes here
+            proc = procs.popen([control, "-f"], env=env | {PIPE_ENV: str(root / "pipe"), LOG_ENV: str(root / "log")},
+                               stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     except OSError as err:
         shutil.rmtree(root, ignore_errors=True)
         raise Unavailable(f"{control} could not be started ({err.strerror or err})") from None
@@ -149,5 +152,4 @@ def start(control: str = CONTROL, probe: str = PROBE) -> Server:
     except BaseException:
         server.close()
         raise
-    server.started_s = time.perf_counter() - t0
     return server

@@ -61,7 +61,8 @@ STAGES: list[tuple[str, ...]] = [
 # Leaf modules: what the whole package shares, importing nothing of it but these.
 LEAVES = {"evalparity.errors": set(), "evalparity.config": set(), "evalparity.quiet": set(),
           "evalparity.hostenv": set(),
-          "evalparity.printable": set(), "evalparity.procs": set(), "evalparity.mps": {"evalparity.procs"},
+          "evalparity.printable": set(), "evalparity.procs": set(),
+          "evalparity.mps": {"evalparity.procs", "evalparity.files", "evalparity.config"},
           "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set()}
 # What `import evalparity.cli` must not load (seconds of start-up each; the verbs load them when they run).
 HEAVY = ("torch", "lm_eval", "vllm", "pandas", "scipy", "numpy", "transformers", "datasets", "pyarrow",

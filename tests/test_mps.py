@@ -19,10 +19,10 @@ from evalparity.spec import RunSpec, build_cells
 # control client: read a command and pass "quit" on.
 FAKE = """#!/bin/bash
 if [ "$1" = "-f" ]; then
-  echo "daemon $* pipe=$CUDA_MPS_PIPE_DIRECTORY" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+  echo "daemon $* pipe=$CUDA_MPS_PIPE_DIRECTORY visible=${CUDA_VISIBLE_DEVICES-unset}"
   touch "$CUDA_MPS_PIPE_DIRECTORY/control"
   while [ ! -f "$CUDA_MPS_PIPE_DIRECTORY/quit" ]; do sleep 0.05; done
-  echo "quit" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"
+  echo "quit"
   exit 0
 fi
 read cmd
@@ -45,7 +45,8 @@ def fake_control(tmp_path, monkeypatch) -> Path:
     return control
 
 
-def test_a_server_serves_the_cells_and_is_gone_after(fake_control, tmp_path):
+def test_a_server_serves_the_cells_and_is_gone_after(fake_control, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the user's: not the daemon's (it would renumber the GPUs)
     server = mps.start(probe=PROBE_OK)
     env = server.env()
     root = server.root
@@ -56,7 +57,7 @@ def test_a_server_serves_the_cells_and_is_gone_after(fake_control, tmp_path):
     assert server.proc.poll() == 0  # it quit when told (not killed)
     assert not root.exists()
     log = (tmp_path / "mps.log").read_text()
-    assert f"daemon -f pipe={root / 'pipe'}" in log and "quit" in log
+    assert f"daemon -f pipe={root / 'pipe'} visible=unset" in log and "quit" in log  # its output, kept
     server.close()  # twice is harmless
 
 
@@ -137,7 +138,49 @@ def test_drift_probes_cells_together_through_a_server_and_alone_without(fake_con
     drift.run_drift(launch, ["p"], tmp_path / "b", together=False)
     assert seen["env"] == {} and len(started) == 1
     assert json.loads(layout.drift_spec(tmp_path / "b").read_text())["mps"] == "off: no two cells probed together"
-    with pytest.raises(EvalParityError, match="--mps on: drift probes these cells one after another"):
+    with pytest.raises(EvalParityError, match="--mps on: no two cells are probed together here"):
         drift.run_drift(launch, ["p"], tmp_path / "c", together=False, mps_choice="on")
     drift.run_drift(launch, ["p"], tmp_path / "d", together=True, mps_choice="off")
     assert seen["env"] == {} and len(started) == 1
+
+
+def test_a_server_only_where_jobs_hold_a_gpu_at_once(monkeypatch):
+    """``matrix.shares_gpus``: packed, more than one job, side by side on this host's own Ray; not on CPU, not
+    one at a time (one job, one per GPU, Ray absent), not on a cluster's hosts."""
+    from evalparity import placement as pl
+
+    spec = RunSpec(model="m", tasks=("t",), cells=build_cells(["hf", "vllm"], ["fp32", "bf16"], 8, []),
+                   device="cuda", leaf_docs=(("t", 9),))
+    monkeypatch.setattr(pl, "gpu_count", lambda: 1)
+    packed = matrix.Placement(cells_per_gpu=4)
+    assert matrix.shares_gpus(spec, packed, 4)
+    assert matrix.shares_gpus(spec, matrix.Placement(ray="local", cells_per_gpu=4), 4)
+    assert not matrix.shares_gpus(spec, packed, 1)  # one job left (a resume)
+    assert not matrix.shares_gpus(spec, matrix.Placement(cells_per_gpu=1), 4)  # one cell per GPU
+    assert not matrix.shares_gpus(spec, matrix.Placement(ray="10.0.0.1:6379", cells_per_gpu=4), 4)
+    assert not matrix.shares_gpus(RunSpec(model="m", tasks=("t",), cells=spec.cells, device="cpu",
+                                          leaf_docs=(("t", 9),)), packed, 4)
+    real = matrix.importlib.util.find_spec
+    monkeypatch.setattr(matrix.importlib.util, "find_spec", lambda n, *a: None if n == "ray" else real(n, *a))
+    assert not matrix.shares_gpus(spec, packed, 4)  # without Ray the cells run one at a time
+
+
+def test_a_staged_runs_jobs_get_the_servers_environment(monkeypatch, tmp_path):
+    """The default (staged) path builds its jobs apart from ``plan_jobs``: they get ``Placement.cell_env``
+    too (the path the H200 measurement ran)."""
+    from evalparity import stager
+
+    spec = RunSpec(model="m", tasks=("t",), cells=build_cells(["hf", "vllm"], ["fp32", "bf16"], 8, []),
+                   device="cpu", leaf_docs=(("t", 9),))
+    made = {}
+
+    def fake_run(spec_, run_dir, opts, executor, make_job, *rest):
+        for c in spec_.cells:
+            made[c.name] = make_job(c.name, "resident")
+        return {c.name: {"status": "ok", "wall_s": 0.0, "meta": {}} for c in spec_.cells}
+
+    monkeypatch.setattr(stager, "run", fake_run)
+    env = {mps.PIPE_ENV: "/tmp/evalparity-mps-x/pipe"}
+    matrix._run_staged(spec, tmp_path, "m", False, matrix.Console(file=open(os.devnull, "w")),
+                       matrix.Placement(cell_env=tuple(env.items())), matrix.RunLog(), None, None)
+    assert made and all(j.env[mps.PIPE_ENV] == env[mps.PIPE_ENV] for j in made.values())

