@@ -151,20 +151,22 @@ import multiprocessing
 from evalparity import procs
 child = procs.popen(["sleep", "300"])
 procs.prepare_fork()
+def say(*words):  # one write per line: two workers' lines on one pipe must not interleave
+    os.write(1, (" ".join(map(str, words)) + "\\n").encode())
 def nap(i):
-    print("worker", os.getpid(), flush=True)
+    say("worker", os.getpid())
     if i == 0 and "{lose}" == "lose":
         time.sleep(1)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(300)
 pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"), initializer=procs.forked_worker_setup,
                            initargs=(os.getpid(),))
-print("child", child.pid, flush=True)
+say("child", child.pid)
 futures = [pool.submit(nap, i) for i in range(2)]
 try:
     futures[0].result()
 except Exception as err:
-    print("lost", type(err).__name__, flush=True)
+    say("lost", type(err).__name__)
 time.sleep(300)
 """
 
