@@ -253,8 +253,12 @@ def shares_gpus(spec: RunSpec, placement: Placement, n_jobs: int) -> bool:
         return False
     if placement.ray and placement.ray != "local":
         return False
-    ray_here = placement.ray == "local" or importlib.util.find_spec("ray") is not None
-    return ray_here and local_ray_wanted(spec.device, narrowest(spec), placement, n_jobs, pl.gpu_count())
+    return ray_here(placement) and local_ray_wanted(spec.device, narrowest(spec), placement, n_jobs, pl.gpu_count())
+
+
+def ray_here(placement: Placement) -> bool:
+    """Whether a Ray instance of this run's own can start here: asked for (``--ray local``), or Ray installed."""
+    return placement.ray == "local" or importlib.util.find_spec("ray") is not None
 
 
 def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: Path, model_path: str,
@@ -265,7 +269,7 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
     if placement.ray and placement.ray != "local":
         return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
     if local_ray_wanted(spec.device, narrowest(spec), placement, n_jobs, pl.gpu_count()):
-        if placement.ray is None and importlib.util.find_spec("ray") is None:  # not imported: see RayExecutor
+        if not ray_here(placement):  # not imported: see RayExecutor
             logger.warning(f"{pl.gpu_count()} GPUs visible but Ray is not installed: running one cell at a time "
                            "(pip install 'ray>=2.40' to use them all)")
             return pl.LocalExecutor(str(run_dir), model_path)

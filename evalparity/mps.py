@@ -97,7 +97,7 @@ class Server:
 
     def env(self) -> dict[str, str]:
         """What a cell needs to be the server's client."""
-        return {PIPE_ENV: str(self.root / "pipe"), LOG_ENV: str(self.root / "log")}
+        return _paths(self.root)
 
     def close(self, log_to: Path | None = None) -> None:
         """Stop the daemon (``quit``, then ``procs.stop``), keep its logs in ``log_to`` (the run's ``mps.log``)
@@ -116,6 +116,26 @@ class Server:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def _paths(root: Path) -> dict[str, str]:
+    """The pipe and log directories under ``root``, as the daemon and its clients find them."""
+    return {PIPE_ENV: str(root / "pipe"), LOG_ENV: str(root / "log")}
+
+
+def serve(choice: str, sharing: tuple[bool, str]) -> tuple[Server | None, str]:
+    """(the server, or None; why) for ``decide``'s answer ``sharing``: started where it says so. A server no
+    client can use stops the command under ``--mps on`` (one line) and is done without under ``auto`` (the
+    why then says so, for the caller to show and record)."""
+    wanted, why = sharing
+    if not wanted:
+        return None, why
+    try:
+        return start(), why
+    except Unavailable as err:
+        if choice == "on":
+            raise EvalParityError(f"--mps on: {err}: run with --mps auto or off") from None
+        return None, f"off: {err}"
+
+
 def start(control: str = CONTROL, probe: str = PROBE) -> Server:
     """The daemon started and a client connected through it; ``Unavailable`` (with the reason) otherwise, with
     everything it started stopped and removed."""
@@ -127,7 +147,7 @@ def start(control: str = CONTROL, probe: str = PROBE) -> Server:
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     try:
         with open(root / "log" / "control-output.log", "wb") as out:  # in the foreground it writes here
-            proc = procs.popen([control, "-f"], env=env | {PIPE_ENV: str(root / "pipe"), LOG_ENV: str(root / "log")},
+            proc = procs.popen([control, "-f"], env=env | _paths(root),
                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     except OSError as err:
         shutil.rmtree(root, ignore_errors=True)

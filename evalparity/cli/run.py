@@ -629,22 +629,17 @@ def start_mps(choice: str, sharing: tuple[bool, str], timings: RunLog):
     """The run's MPS server (``mps``) when ``sharing`` says to start one, else None; ``run.json`` records
     whether the cells used one and why (``mps``), and how long its start took (``mps_start``). A server that
     cannot serve a client stops the run under ``--mps on`` (one line) and is done without under ``auto``."""
-    wanted, why = sharing
-    if not wanted:
-        timings.facts["mps"] = why
+    if not sharing[0]:
+        timings.facts["mps"] = sharing[1]
         return None
-    try:
-        with timings.stage("mps_start"):
-            server = mps.start()
-    except mps.Unavailable as err:
-        if choice == "on":
-            raise EvalParityError(f"--mps on: {err}: run with --mps auto or off") from None
-        timings.facts["mps"] = f"off: {err}"
-        log(f"[yellow]MPS: not used, {safe(str(err))} (the cells take turns on their GPU; --mps off skips the "
-            "try)[/yellow]", soft_wrap=True, highlight=False)
-        return None
+    with timings.stage("mps_start"):
+        server, why = mps.serve(choice, sharing)
     timings.facts["mps"] = why
-    log("MPS: the cells that share a GPU run through a server of this run's own (--mps off: without)")
+    if server is None:
+        log(f"[yellow]MPS: not used, {safe(why.removeprefix('off: '))} (the cells take turns on their GPU; --mps off "
+            "skips the try)[/yellow]", soft_wrap=True, highlight=False)
+    else:
+        log("MPS: the cells that share a GPU run through a server of this run's own (--mps off: without)")
     return server
 
 

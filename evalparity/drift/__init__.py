@@ -145,20 +145,14 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
     else:
         sharing = (False, "off: no two cells probed together")
     out.mkdir(parents=True, exist_ok=True)
-    server = None
-    if sharing[0]:
-        try:
-            server = mps.start()
-        except mps.Unavailable as err:
-            if mps_choice == "on":
-                raise EvalParityError(f"--mps on: {err}: run with --mps auto or off") from None
-            sharing = (False, f"off: {err}")
-            console.print(f"MPS: not used, {visible(str(err))} (the cells take turns on their GPU)", highlight=False,
-                          markup=False)
+    server, why = mps.serve(mps_choice, sharing)
+    if sharing[0] and server is None:
+        console.print(f"MPS: not used, {visible(why.removeprefix('off: '))} (the cells take turns on their GPU)",
+                      highlight=False, markup=False)
     write_json(layout.drift_spec(out), {"reference": reference, "cells": todo, "max_len": max_len,
                                        "gen_tokens": gen_tokens, "threshold": threshold, "n_prompts": len(prompts),
                                        "dump": dump, "layers": layers, "pooling": pooling, "together": together,
-                                       "mps": sharing[1], "launch": launch})
+                                       "mps": why, "launch": launch})
     try:
         return _probe_all(launch, prompts, out, reference, todo, together, dump, console, shown,
                           server.env() if server is not None else {})
