@@ -108,6 +108,7 @@ class ProgressFile:
     def update(self, force: bool = False, **kw) -> None:
         if kw.get("phase", self.state["phase"]) != self.state["phase"]:
             self.state.update(desc="", n=0, total=0)
+            log_phase(kw["phase"])
         self.state.update(kw)
         now = time.monotonic()
         done = "n" in kw and bool(self.state["total"]) and self.state["n"] >= self.state["total"]
@@ -137,6 +138,26 @@ class ProgressFile:
             return out
 
         tqdm.std.tqdm.update = update
+
+
+def process_age() -> float | None:
+    """Seconds since this process was started (exec'd), from /proc; None where that cannot be read. The
+    phase lines in cell.log carry it, so that a process's start (imports included) is on its timeline."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
+                    if x.startswith("btime "))
+        return max(0.0, time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK")))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def log_phase(phase: str) -> None:
+    """One line in the cell's log when its phase changes: when, and how long after the process started
+    (where a cell's start goes: imports, task manager, engine, first round)."""
+    age = process_age()
+    since = f" ({age:.1f} s after the process started)" if age is not None else ""
+    print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {phase}{since}", flush=True)
 
 
 # ---------------------------------------------------------------- generated token ids
@@ -427,11 +448,13 @@ def load_model(spec: RunSpec, cell: CellSpec, backend, args: dict, meta: dict, p
     if cell.dtype == "float32":
         precision.apply(spec.alignment.true_fp32 and not cell.tf32)
     mirrors.activate(mirrors.mirror_roots(spec.datasets_dir))
+    progress.update(force=True, phase="reading the task index")
     tm = tasks.task_manager(spec.include_paths)
     progress.update(force=True, phase="loading model")
     t0 = time.perf_counter()
     lm = backend.create_lm(args)
     meta["load_s"] = time.perf_counter() - t0
+    log_phase(f"model loaded in {meta['load_s']:.1f} s")
     meta["precision"] = precision.probe() | {"attention_backend": backend.attention_backend(lm)}
     meta["environment"] = hostenv.collect()  # after the load: torch and CUDA are up
     meta["settings"]["bos_added"] = _bos_added(lm)
@@ -717,8 +740,7 @@ def _main_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, 
     sys.stderr.flush()
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} pid {os.getpid()}: staged cell {cell.name}, "
-          f"{'resident' if resident else 'one round'}", flush=True)
+    log_phase(f"pid {os.getpid()}: staged cell {cell.name}, {'resident' if resident else 'one round'}")
     progress = ProgressFile(layout.progress_file(home))
     progress.hook_tqdm()
     try:
