@@ -579,33 +579,41 @@ def run_cell(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, prog
 
 # ---------------------------------------------------------------- a staged cell: one look after another
 def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, progress: ProgressFile,
-               resident: bool) -> int:
+               resident: bool, shard: tuple[int, int] = (0, 1)) -> int:
     """A cell of a staged run: the rounds the run asks for (``stages/round-<r>.json``), each scored on the
     model loaded once and published as ``stages/<cell>.r<r>/`` (``staging``'s parts); the parent merges the
     parts into ``cells/<cell>`` when the run has decided. ``resident``: keep the model and wait for the next
     round (the parent writes it after the statistics of this one); else score one round and exit (an
     executor that cannot hold every cell at once restarts it for the next). Rounds already published are
-    never scored again, so a killed run resumes at its last finished round. Returns the rounds scored."""
+    never scored again, so a killed run resumes at its last finished round. Returns the rounds scored.
+
+    ``shard`` (k, n): this process is replica k of the cell's n (``--shards``): it scores its share of every
+    round (``RoundRequest.replica_share``) and publishes it as ``stages/<cell>.r<r>.<k>of<n>``; the run merges
+    the n shares into the cell's part (``stager.merge_replicas``)."""
     model_path = cell_model_path(spec, cell, model_path)
     backend = backends.get(cell.backend)
     args = backend.model_args(spec, cell, model_path)
     lm = tm = loaded = None
     scored, r = 0, 0
     while True:
-        unit = rounds.part_name(cell.name, r)
-        if units.is_done(run_dir, unit, STAGES, identity=spec.identity()):
-            r += 1
+        unit = rounds.replica_part_name(cell.name, r, *shard)
+        if units.is_done(run_dir, unit, STAGES, identity=spec.identity()) or \
+                units.is_done(run_dir, rounds.part_name(cell.name, r), STAGES, identity=spec.identity()):
+            r += 1  # its share, or the cell's whole part (merged from the shares), is in
             continue
         progress.update(force=True, phase=f"waiting for round {r + 1}" if lm is not None else "starting")
         request = rounds.wait_for_round(run_dir, r, progress)
         if request is None:  # the run has decided: no round r
             return scored
+        request = request.replica_share(*shard)
         if lm is None:
             loaded = cell_meta(spec, cell, model_path, backend, args)
             lm, tm = load_model(spec, cell, backend, args, loaded, progress)
         # every round's record carries what the load found (precision, attention backend, environment, BOS)
         meta = copy.deepcopy(loaded) | {"round": r, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                         "load_s": loaded["load_s"] if not scored else 0.0}
+        if shard[1] > 1:
+            meta["shard"] = {"index": shard[0], "of": shard[1]}
         out = units.tmp_dir(run_dir, unit, STAGES)
         if out.exists():
             shutil.rmtree(out)
@@ -684,14 +692,15 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, name, model_path = Path(argv[0]), argv[1], argv[2]
+    flags = dict(zip(argv[3::2], argv[4::2]))  # --shard K/N, --staged resident|round (placement.Job.argv)
     shard = (0, 1)
-    if len(argv) > 4 and argv[3] == "--shard":
-        k, n = argv[4].split("/")
+    if "--shard" in flags:
+        k, n = flags["--shard"].split("/")
         shard = (int(k), int(n))
     spec = records.read_spec(run_dir)
     cell = next(c for c in spec.cells if c.name == name)
-    if len(argv) > 4 and argv[3] == "--staged":
-        return _main_staged(run_dir, spec, cell, model_path, resident=argv[4] == "resident")
+    if "--staged" in flags:
+        return _main_staged(run_dir, spec, cell, model_path, flags["--staged"] == "resident", shard)
     folder, unit = unit_location(name, *shard)
     out = units.tmp_dir(run_dir, unit, folder)
     if out.exists():
@@ -730,21 +739,24 @@ def _main(argv: list[str] | None) -> int:
     return 0 if meta["status"] == STATUS_OK else 1
 
 
-def _main_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, resident: bool) -> int:
-    """A staged cell's process (``run_staged``): its log and progress in ``stages/.tmp-<cell>/``, kept across
-    its rounds and restarts (appended to); a failure goes to the parent, which records it for the cell."""
-    home = units.tmp_dir(run_dir, cell.name, STAGES)
+def _main_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, resident: bool,
+                 shard: tuple[int, int] = (0, 1)) -> int:
+    """A staged cell's process (``run_staged``), or one replica's of it: its log and progress in
+    ``stages/.tmp-<cell>/`` (``.tmp-<cell>.<k>of<n>/``), kept across its rounds and restarts (appended to); a
+    failure goes to the parent, which records it for the cell."""
+    home = units.tmp_dir(run_dir, rounds.replica_name(cell.name, *shard), STAGES)
     home.mkdir(parents=True, exist_ok=True)
     log = open(layout.log_file(home), "a", buffering=1)
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
-    log_phase(f"pid {os.getpid()}: staged cell {cell.name}, {'resident' if resident else 'one round'}")
+    replica = f", replica {shard[0] + 1} of {shard[1]}" if shard[1] > 1 else ""
+    log_phase(f"pid {os.getpid()}: staged cell {cell.name}{replica}, {'resident' if resident else 'one round'}")
     progress = ProgressFile(layout.progress_file(home))
     progress.hook_tqdm()
     try:
-        profiled(run_staged, home, run_dir, spec, cell, model_path, progress, resident)
+        profiled(run_staged, home, run_dir, spec, cell, model_path, progress, resident, shard)
     except BaseException as err:  # noqa: BLE001 - the parent records it for this cell
         with contextlib.suppress(OSError):
             traceback.print_exc()

@@ -386,17 +386,20 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
 
 def _run_staged(spec: RunSpec, run_dir: Path, model_path: str, offline: bool, console: Console, placement: Placement,
                 log: RunLog, ray_head, opts, reused: reuse.Source | None = None) -> list[CellOutcome]:
-    """A staged spec: its rounds (``stager``), each cell one job (but a reused reference), on the executor the
-    cells would get."""
+    """A staged spec: its rounds (``stager``), each cell one job, or one per replica (``--shards``), but a reused
+    reference, on the executor the cells would get."""
     gpus = {c.name: job_gpus(spec, c, placement.cells_per_gpu) for c in spec.cells}
     envs = {c.name: cell_environment(spec, backends.get(c.backend).environment(spec, c), offline, c)
             | dict(placement.cell_env) for c in spec.cells}
-    ports = {c.name: job_port_base(str(run_dir.resolve()), i) for i, c in enumerate(spec.cells)}
+    replicas = [(c.name, k) for c in spec.cells for k in range(c.shards)]  # each its own port range
+    ports = {rep: job_port_base(str(run_dir.resolve()), i) for i, rep in enumerate(replicas)}
+    shards_of = {c.name: c.shards for c in spec.cells}
 
-    def make_job(name: str, mode: str) -> Job:
-        return Job(name, gpus=gpus[name], cpus=1.0, env=envs[name] | {PORT_BASE_ENV: str(ports[name])}, staged=mode)
+    def make_job(name: str, mode: str, k: int = 0) -> Job:
+        return Job(name, k, shards_of[name], gpus=gpus[name], cpus=1.0,
+                   env=envs[name] | {PORT_BASE_ENV: str(ports[name, k])}, staged=mode)
 
-    n_jobs = len(spec.cells) - (reused is not None)
+    n_jobs = sum(c.shards for c in spec.cells if reused is None or c.name != reused.target)
     with log.stage("executor_start"):
         executor = choose_executor(spec, placement, n_jobs, run_dir, model_path, ray_head)
     log.facts.update(executor=executor.name, jobs=n_jobs, staged=True)

@@ -46,7 +46,7 @@ from pathlib import Path
 from evalparity import procs
 from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, STAGES, unit_location
 from evalparity.errors import EvalParityError
-from evalparity.rundir import records
+from evalparity.rundir import records, rounds
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,9 @@ class Job:
     def location(self) -> tuple[str, str]:
         """(folder, name) the job publishes under (``config.unit_location``); a staged cell's process lives
         in ``stages/.tmp-<cell>`` and publishes its parts beside it."""
-        return (STAGES, self.cell) if self.staged else unit_location(self.cell, self.shard, self.shards)
+        if self.staged:  # its home: stages/.tmp-<cell>, or stages/.tmp-<cell>.<k>of<n> for a replica
+            return STAGES, rounds.replica_name(self.cell, self.shard, self.shards)
+        return unit_location(self.cell, self.shard, self.shards)
 
     @property
     def unit(self) -> str:
@@ -73,8 +75,7 @@ class Job:
 
     def argv(self, run_dir: str, model_path: str, python: str) -> list[str]:
         cmd = [python, "-m", "evalparity.cells", run_dir, self.cell, model_path]
-        if self.staged:
-            return cmd + ["--staged", self.staged]
+        cmd += ["--staged", self.staged] if self.staged else []
         return cmd + (["--shard", f"{self.shard}/{self.shards}"] if self.shards > 1 else [])
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from evalparity import samples
-from evalparity.config import unit_location
+from evalparity.config import CELLS, unit_location
 from evalparity.files import write_json
 from evalparity.rundir import layout, records, units
 from evalparity.rundir.records import STATUS_OK
@@ -52,12 +52,13 @@ def merge_tables(tables: list[pd.DataFrame], parts: str = "shards") -> pd.DataFr
     return df
 
 
-def stage_merged(run_dir: Path, cell: str, dirs: list[Path], parts: str = "shards"):
-    """The merged table of the unit folders ``dirs`` written into ``cell``'s temp folder and sealed, ready for
-    its record and publish: (folder, table, seal, the parts' records). Shards and staged rounds merge alike."""
+def stage_merged(run_dir: Path, cell: str, dirs: list[Path], parts: str = "shards", folder: str = CELLS):
+    """The merged table of the unit folders ``dirs`` written into the temp folder of the unit ``cell`` (in
+    ``folder``) and sealed, ready for its record and publish: (temp folder, table, seal, the parts' records).
+    Shards, staged rounds and a staged round's replicas merge alike."""
     metas = [units.read_cell_json(d) or {} for d in dirs]
     table = merge_tables([samples.read_table(layout.table(d)) for d in dirs], parts)
-    out = units.tmp_dir(run_dir, cell)
+    out = units.tmp_dir(run_dir, cell, folder)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)

@@ -116,14 +116,68 @@ def has_part(run_dir: Path, spec: RunSpec, cell: str, r: int) -> bool:
     return units.is_done(run_dir, rounds.part_name(cell, r), STAGES, identity=spec.identity())
 
 
+def has_share(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, k: int) -> bool:
+    """Whether replica k's share of the cell's round r is in (or the part merged from the shares)."""
+    return has_part(run_dir, spec, cell.name, r) or units.is_done(
+        run_dir, rounds.replica_part_name(cell.name, r, k, cell.shards), STAGES, identity=spec.identity())
+
+
+def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int) -> bool:
+    """The cell's part of round r from its replicas' shares (``cells.run_staged`` with a shard), once every
+    share is in: each verified as a part is (of this cell, round, spec and model, its table the one it
+    sealed, and the replica it says), merged into one table (``shards.stage_merged``: a doc in two shares is
+    refused), recorded like an unsharded part (timings: the slowest replica's, as they ran side by side) and
+    published with one rename. Whether the cell's part is in (a cell with one replica publishes it itself)."""
+    if has_part(run_dir, spec, cell.name, r):
+        return True
+    if cell.shards == 1:
+        return False
+    n = cell.shards
+    dirs = [rounds.replica_part_dir(run_dir, cell.name, r, k, n) for k in range(n)]
+    fingerprint = (spec.model_fingerprint or {}).get("digest")
+    for k, folder in enumerate(dirs):
+        rec = verify_part(folder, spec.identity(), cell.name, r, fingerprint)
+        if rec is None:
+            return False
+        if rec.extra.get("shard") != {"index": k, "of": n}:
+            raise EvalParityError(f"{folder}: it is not replica {k + 1} of {n}'s share of {cell.name} round {r + 1}"
+                                  f": remove {folder} and rerun the same command to score it again")
+    name = rounds.part_name(cell.name, r)
+    try:
+        out, table, seal, metas = stage_merged(run_dir, name, dirs, "replicas", STAGES)
+    except ValueError as err:
+        raise EvalParityError(f"round {r + 1} of {cell.name}: {err}: remove the run's stages/ folder and "
+                              "rerun") from None
+    meta = {k: v for k, v in metas[0].items() if k not in ("shard", "placement", "pid", "aggregate", "n_rows")}
+    slowest = {key: max(m.get(key) or 0.0 for m in metas) for key in ("load_s", "eval_s", "write_s", "wall_s")}
+    meta |= slowest | {
+        "status": STATUS_OK, "table": seal.to_json(), "n_rows": int(len(table)), "aggregate": aggregate(table),
+        "replicas": [{"index": k, "n_rows": m.get("n_rows"), "load_s": m.get("load_s"), "eval_s": m.get("eval_s"),
+                      "wall_s": m.get("wall_s"), "pid": m.get("pid"), "placement": m.get("placement")}
+                     for k, m in enumerate(metas)],
+        "placement": [m.get("placement") for m in metas], "pid": [m.get("pid") for m in metas],
+        "peak_rss_gib": max(m.get("peak_rss_gib") or 0.0 for m in metas),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    gpu = [m["peak_gpu_gib"] for m in metas if m.get("peak_gpu_gib") is not None]
+    if gpu:
+        meta["peak_gpu_gib"] = max(gpu)
+    records.write_cell(out, meta)
+    units.publish(run_dir, name, STATUS_OK, STAGES)
+    return True
+
+
 def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) -> dict:
     """Write and publish ``cells/<cell>`` from its parts of rounds 0..n_rounds−1: one table sorted like an
     unstaged cell's, a record whose timings are the parts' (load once, evaluation summed)."""
     dirs = [rounds.part_dir(run_dir, cell.name, r) for r in range(n_rounds)]
     out, table, seal, metas = stage_merged(run_dir, cell.name, dirs, "rounds")
-    home_log = layout.log_file(units.tmp_dir(run_dir, cell.name, STAGES))
-    if home_log.exists():
-        shutil.copyfile(home_log, layout.log_file(out))
+    homes = [layout.log_file(units.tmp_dir(run_dir, rounds.replica_name(cell.name, k, cell.shards), STAGES))
+             for k in range(cell.shards)]
+    if cell.shards == 1 and homes[0].exists():
+        shutil.copyfile(homes[0], layout.log_file(out))
+    elif cell.shards > 1:  # one log per replica's process: named, as a sharded cell's are (shards.merge)
+        layout.log_file(out).write_text("".join(f"replica {k + 1}: {h.relative_to(run_dir)}\n"
+                                                for k, h in enumerate(homes)))
     first = metas[0]
     keep = ("cell", "backend", "dtype", "batch_size", "tag", "tf32", "base_cell", "variant", "model", "model_path",
             "spec_identity", "model_fingerprint", "device", "device_name", "versions", "settings", "precision",
@@ -179,14 +233,16 @@ def reuse_round(run_dir: Path, spec: RunSpec, source: Source, request: rounds.Ro
                    where=f"in round {r + 1}", round=r)
 
 
-def record_failure(run_dir: Path, cell, why: str, wall: float, placement: dict | None = None) -> dict:
-    """A staged cell whose process failed: its record in ``cells/`` (kept beside a finished one), with its
-    process's log, so that the run's summary and ``attempts/`` show it like any failed cell."""
+def record_failure(run_dir: Path, cell, why: str, wall: float, placement: dict | None = None,
+                   home: str | None = None) -> dict:
+    """A staged cell whose process (``home``: the replica's, when it has several) failed: its record in
+    ``cells/`` (kept beside a finished one), with that process's log, so that the run's summary and
+    ``attempts/`` show it like any failed cell."""
     tmp = units.tmp_dir(run_dir, cell.name)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    home_log = layout.log_file(units.tmp_dir(run_dir, cell.name, STAGES))
+    home_log = layout.log_file(units.tmp_dir(run_dir, home or cell.name, STAGES))
     if home_log.exists():
         shutil.copyfile(home_log, layout.log_file(tmp))
     meta = cells.failed_meta(cell, why, wall_s=wall, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -216,12 +272,13 @@ def can_hold_all(executor, spec: RunSpec, cells_per_gpu: int, scored: list[CellS
     restarted every round reloaded its model each time, 137 s on an H200 against 82 s for the same candidate
     beside a scored reference on Ray); on Ray, when its GPUs (or, on CPU, its CPUs) have room for all of them:
     each tensor-parallel replica's GPUs whole, the others ``cells_per_gpu`` to a GPU (``memplan.gpus_to_hold``)."""
+    n_jobs = sum(c.shards for c in scored)
     if executor.name != "ray":
-        return len(scored) == 1
+        return n_jobs == 1
     res = executor.resources()
     if spec.device == "cpu":
-        return res.get("CPU", 0) >= len(scored)
-    sizes = [spec.cell_gpus(c) for c in scored]
+        return res.get("CPU", 0) >= n_jobs
+    sizes = [spec.cell_gpus(c) for c in scored for _ in range(c.shards)]  # every replica's
     need = memplan.gpus_to_hold(sizes, cells_per_gpu)
     # a replica's GPUs are one host's: with a replica over several GPUs, the cluster's total can hold them all
     # while the cells Ray spread over its hosts leave no host with room for it, and the loaded cells would
@@ -254,11 +311,11 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     logger.info(f"staged: {len(plan.units)} task(s), up to {plan.rounds} round(s); cells "
                 + ("stay loaded across rounds" if mode == "resident" else "are started once per round (the "
                    "executor runs one at a time)"))
-    live: dict[str, object] = {}
+    live: dict[str, object] = {}  # the jobs running, by unit (a cell, or one of its replicas)
     t0 = {c.name: time.perf_counter() for c in spec.cells}
     failed: dict[str, dict] = {}
     r = 0
-    with progress.display(console, [c.name for c in spec.cells], "round 1") as shown:
+    with progress.display(console, _rows(spec, reused), "round 1") as shown:
         try:
             while True:
                 request = rounds.read_round(run_dir, r, identity)
@@ -311,34 +368,50 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     return out
 
 
+def _rows(spec: RunSpec, reused: Source | None) -> list[str]:
+    """The progress display's rows: a cell's (a reused reference's: no process), or one per replica of a
+    cell with several."""
+    return [rounds.replica_name(c.name, k, c.shards) if reused is None or c.name != reused.target else c.name
+            for c in spec.cells for k in range(c.shards if reused is None or c.name != reused.target else 1)]
+
+
 def _score_round(run_dir, spec, r, executor, make_job, mode, live, shown: progress.Display, by_name, t0) -> dict:
-    """Every cell's part of round r: start the cells that lack it and are not running, wait for all parts.
-    A cell that fails stops the round (and the run): its failure is recorded, the others are stopped, and
-    the outcomes of all cells are returned; {} when every part is in."""
-    lacking = [c.name for c in spec.cells if not has_part(run_dir, spec, c.name, r)]
-    jobs = [make_job(name, mode) for name in lacking if name not in live]
+    """Every cell's part of round r: start the cells (or their replicas) that lack it and are not running,
+    wait for all parts (a cell's replicas' shares merged into its part as soon as all are in). A cell that
+    fails stops the round (and the run): its failure is recorded, the others are stopped, and the outcomes
+    of all cells are returned; {} when every part is in."""
+    lacking = [c.name for c in spec.cells if not merge_replicas(run_dir, spec, c, r)]
+    jobs = [make_job(name, mode, k) for name in lacking for k in range(by_name[name].shards)
+            if rounds.replica_name(name, k, by_name[name].shards) not in live
+            and not has_share(run_dir, spec, by_name[name], r, k)]
     for job in jobs:
-        live[job.cell] = job
+        live[job.unit] = job
     if jobs:
         executor.submit(jobs)
     reported: set[str] = set()
     while True:
-        missing = [n for n in lacking if not has_part(run_dir, spec, n, r)]
-        for name in lacking:  # each cell's round as soon as its part is in (one at a time: long before the last)
-            if name not in missing and name not in reported:
-                shown.finished(name, f"round {r + 1} done", count=r + 1)
-                reported.add(name)
+        missing = [n for n in lacking if not merge_replicas(run_dir, spec, by_name[n], r)]
+        for name in lacking:  # each unit's round as soon as its share is in (one at a time: long before the last)
+            cell = by_name[name]
+            for k in range(cell.shards):
+                row = rounds.replica_name(name, k, cell.shards)
+                if row not in reported and has_share(run_dir, spec, cell, r, k):
+                    shown.finished(row, f"round {r + 1} done", count=r + 1)
+                    reported.add(row)
         for end in executor.poll():
             name = end.job.cell
-            live.pop(name, None)
-            if end.returncode != 0 or (name in missing and not has_part(run_dir, spec, name, r)):
+            live.pop(end.job.unit, None)
+            if end.returncode != 0 or (name in missing and not has_share(run_dir, spec, by_name[name], r,
+                                                                         end.job.shard)):
                 why = end.error or (f"the cell process exited with code {end.returncode}" if end.returncode
                                     else f"its process ended without scoring round {r + 1}")
                 executor.stop()
                 live.clear()
                 wall = time.perf_counter() - t0[name]
-                meta = record_failure(run_dir, by_name[name], f"round {r + 1}: {why}", wall, end.placement)
-                shown.finished(name, f"failed in round {r + 1}")
+                replica = f" (replica {end.job.shard + 1} of {end.job.shards})" if end.job.shards > 1 else ""
+                meta = record_failure(run_dir, by_name[name], f"round {r + 1}{replica}: {why}", wall, end.placement,
+                                      home=end.job.unit)
+                shown.finished(end.job.unit, f"failed in round {r + 1}")
                 out = {name: {"status": "failed", "wall_s": wall, "meta": meta}}
                 for other in spec.cells:
                     if other.name != name:
@@ -346,9 +419,10 @@ def _score_round(run_dir, spec, r, executor, make_job, mode, live, shown: progre
                             "status": "failed", "error": f"stopped in round {r + 1}, when {name} failed: rerun the "
                                                           "same command to resume at that round"}}
                 return out
-        for name in live:
-            if name in missing:  # not once its part is in: what it does next belongs to the next round
-                shown.watch(name, layout.progress_file(units.tmp_dir(run_dir, name, STAGES)))
+        for unit, job in live.items():
+            if job.cell in missing and not has_share(run_dir, spec, by_name[job.cell], r, job.shard):
+                # not once its share is in: what it does next belongs to the next round
+                shown.watch(unit, layout.progress_file(units.tmp_dir(run_dir, unit, STAGES)))
         if not missing:
             if mode == "round":  # each process ends after its round: collect them before the next round
                 _drain(executor, live)
@@ -361,7 +435,7 @@ def _drain(executor, live: dict, timeout: float = 120.0) -> None:
     end = time.monotonic() + timeout
     while executor.busy() and time.monotonic() < end:
         for e in executor.poll():
-            live.pop(e.job.cell, None)
+            live.pop(e.job.unit, None)
         time.sleep(0.1)
     if executor.busy():
         executor.stop()

@@ -162,3 +162,95 @@ def test_one_scored_cell_stays_loaded_on_the_one_at_a_time_executor(staged_run, 
     mine, theirs = (check_verdicts(d / "stats" / "verdicts.json") for d in (out, src))
     key = lambda v: sorted((c["task"], c["metric"], c["verdict"], c["n"]) for c in v["comparisons"] if c["gating"])  # noqa: E731
     assert key(mine) == key(theirs)
+
+
+# ---------------------------------------------------------------- replicas (--shards) in a staged run
+@pytest.fixture(scope="module")
+def replica_run(staged_run, tiny_model, tmp_path_factory):
+    """hfcopy-fp32 staged as two replicas against the staged run's hf-fp32 (``--reference-from``, so that
+    only the replicas score): killed while replica 2 publishes its share of round 2 (no Ray: one process a
+    round), then resumed on a local Ray instance, where both replicas stay loaded across rounds."""
+    src = staged_run[0]
+    tasks = src.parent / "tasks"
+    out = tmp_path_factory.mktemp("replicas") / "run"
+    cmd = [*args(tiny_model, tasks, out), "--reference-from", f"{src}:hf-fp32", "--shards", "2"]
+    killed = evalparity(*cmd, env=ENV | {"EVALPARITY_TEST_KILL_AT": "publish-cell:hfcopy-fp32.r1.1of2"})
+    before = {p.name: (p / "cell.json").stat().st_mtime_ns for p in (out / "stages").iterdir()
+              if p.is_dir() and not p.name.startswith(".")}
+    token = out.parent / "ray_auth_token"
+    token.write_text(secrets.token_hex(32))
+    resumed = evalparity(*cmd, "--ray", "local", env=ENV | {"RAY_AUTH_TOKEN_PATH": str(token)})
+    return src, out, killed, before, resumed
+
+
+def test_replicas_resume_at_the_missing_share(replica_run):
+    _, out, killed, before, resumed = replica_run
+    assert killed.returncode == 5, killed.stdout[-2000:] + killed.stderr[-2000:]
+    # round 1: both shares and the part merged from them; round 2: the first replica's share only (and the
+    # reused reference's parts, published before the replicas score)
+    assert set(before) == {"hf-fp32.r0", "hfcopy-fp32.r0.0of2", "hfcopy-fp32.r0.1of2", "hfcopy-fp32.r0",
+                           "hf-fp32.r1", "hfcopy-fp32.r1.0of2"}, before
+    assert resumed.returncode in (0, 4), resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    for name, mtime in before.items():  # no share or part was scored again
+        assert (out / "stages" / name / "cell.json").stat().st_mtime_ns == mtime, name
+
+
+def test_replica_shares_split_each_round_exactly(replica_run):
+    """Every round's docs are scored once: the two shares are disjoint, together the round's docs, and the
+    part merged from them holds exactly those rows; the cell's merged table holds exactly the looks."""
+    _, out, _, _, _ = replica_run
+    n_rounds = len(list((out / "stages").glob("round-*.json")))
+    assert n_rounds == 4
+    for r in range(n_rounds):
+        want = {(task, d) for task, ids in json.loads((out / "stages" / f"round-{r}.json").read_text())["docs"].items()
+                for d in ids}
+        shares = [pd.read_parquet(out / "stages" / f"hfcopy-fp32.r{r}.{k}of2" / "samples.parquet") for k in (0, 1)]
+        keys = [set(zip(s["task"], s["doc_id"])) for s in shares]
+        assert keys[0] and keys[1] and not keys[0] & keys[1], r
+        assert keys[0] | keys[1] == want, r
+        part = pd.read_parquet(out / "stages" / f"hfcopy-fp32.r{r}" / "samples.parquet")
+        assert set(zip(part["task"], part["doc_id"])) == want
+        rec = json.loads((out / "stages" / f"hfcopy-fp32.r{r}" / "cell.json").read_text())
+        assert rec["round"] == r and [x["index"] for x in rec["replicas"]] == [0, 1]
+    t = pd.read_parquet(out / "cells" / "hfcopy-fp32" / "samples.parquet")
+    assert t.drop_duplicates(["task", "doc_id"]).groupby("task").size().to_dict() == {"st_same": 100, "st_plant": 400}
+
+
+def test_resident_replicas_load_once_and_sign_off_as_one_cell(replica_run):
+    src, out, _, _, _ = replica_run
+    for k in (0, 1):  # the resumed run scored rounds 3 and 4 in one loaded process per replica
+        recs = [json.loads((out / "stages" / f"hfcopy-fp32.r{r}.{k}of2" / "cell.json").read_text()) for r in (2, 3)]
+        assert recs[0]["pid"] == recs[1]["pid"] and recs[0]["shard"] == {"index": k, "of": 2}
+        assert recs[1]["load_s"] == 0
+    # replica 2 resumed at round 2 (its share was killed), replica 1 at round 3: each loaded once there
+    loads = {k: [json.loads((out / "stages" / f"hfcopy-fp32.r{r}.{k}of2" / "cell.json").read_text())["load_s"] > 0
+                 for r in (1, 2, 3)] for k in (0, 1)}
+    assert loads == {0: [True, True, False], 1: [True, False, False]}, loads
+    mine, theirs = (check_verdicts(d / "stats" / "verdicts.json") for d in (out, src))
+    key = lambda v: sorted((c["task"], c["metric"], c["verdict"], c["n"]) for c in v["comparisons"] if c["gating"])  # noqa: E731
+    assert key(mine) == key(theirs)
+
+
+def test_replica_shares_of_generated_rounds():
+    """``RoundRequest.replica_share`` on generated rounds (leaves with many, few or no new docs, padding
+    leaves, 1-5 replicas): the shares' new docs are disjoint and together the round's; every share names
+    every leaf of the round (lm-eval would score all docs of a leaf it does not name); what a share pads is
+    dropped, and is a doc of its leaf."""
+    from evalparity.rundir.rounds import RoundRequest
+
+    rng = random.Random(26)
+    for _ in range(300):
+        docs = {f"leaf{i}": sorted(rng.sample(range(1000), rng.randint(1, 9))) for i in range(rng.randint(1, 5))}
+        padding = {f"pad{i}": [rng.randrange(50)] for i in range(rng.randint(0, 2))}
+        req = RoundRequest(rng.randrange(5), "id", ("t",), docs, padding)
+        n = rng.randint(1, 5)
+        shares = [req.replica_share(k, n) for k in range(n)]
+        new = [{(leaf, d) for leaf, ids in s.docs.items() for d in ids} for s in shares]
+        assert sum(len(x) for x in new) == sum(len(v) for v in docs.values())
+        assert set().union(*new) == {(leaf, d) for leaf, ids in docs.items() for d in ids}
+        for s in shares:
+            assert set(s.samples()) == set(docs) | set(padding)
+            dropped = s.placeholders()
+            assert not dropped & {(leaf, d) for leaf, ids in s.docs.items() for d in ids}
+            assert all(d in docs.get(leaf, []) or d in padding.get(leaf, []) for leaf, d in dropped)
+            assert (s.round, s.identity, s.tasks) == (req.round, req.identity, req.tasks)

@@ -581,8 +581,8 @@ def plan_staging(staged: StagingOptions, task_list: list[str], plan, limit: int 
     if staged.full:
         return None
     off = None
-    if any(c.shards > 1 for c in cell_specs):
-        off = "sharded cells (--shards, --repeat …:dpN) score every document"
+    if len({c.shards for c in cell_specs}) > 1:  # replicas split each round alike only where all have as many
+        off = "cells with other numbers of replicas (--repeat …:dpN) score every document"
     elif opts.gate_logprobs:
         off = "--gate-logprobs gates on loglikelihoods, which the staged rule does not cover"
     if off:

@@ -31,6 +31,23 @@ def part_dir(run_dir: Path, cell: str, r: int) -> Path:
     return layout.unit_dir(run_dir, part_name(cell, r), STAGES)
 
 
+def replica_name(cell: str, k: int, n: int) -> str:
+    """A replica's name (``<cell>.<k>of<n>``): its process's home ``stages/.tmp-<cell>.<k>of<n>`` (log and
+    progress), and the stem of its parts; the cell's own name when it has one replica."""
+    return cell if n == 1 else check_name(f"{cell}.{int(k)}of{int(n)}")
+
+
+def replica_part_name(cell: str, r: int, k: int, n: int) -> str:
+    """The unit name of replica k of n's share of a cell's round r (``stages/<cell>.r<r>.<k>of<n>``), which
+    the run merges into the cell's part ``stages/<cell>.r<r>`` once every replica's share is in; the part
+    itself when the cell has one replica."""
+    return part_name(cell, r) if n == 1 else check_name(f"{part_name(cell, r)}.{int(k)}of{int(n)}")
+
+
+def replica_part_dir(run_dir: Path, cell: str, r: int, k: int, n: int) -> Path:
+    return layout.unit_dir(run_dir, replica_part_name(cell, r, k, n), STAGES)
+
+
 @dataclass(frozen=True)
 class RoundRequest:
     """Round r: the tasks it scores (the staged tasks still open), the new docs of each of their leaves
@@ -50,6 +67,21 @@ class RoundRequest:
         for leaf, ids in self.padding.items():
             out[leaf] = sorted(set(out.get(leaf, [])) | set(ids))
         return {k: v for k, v in out.items() if v}
+
+    def replica_share(self, k: int, n: int) -> RoundRequest:
+        """What replica k of n scores of this round: every n-th new doc of each leaf from the k-th (as
+        ``RunSpec.shard_samples`` splits an unstaged cell), so that the n shares are the round's docs,
+        each once. A leaf whose new docs leave this replica none gets one of them as padding (scored and
+        dropped): lm-eval scores every doc of a leaf its ``samples`` do not name."""
+        if n == 1:
+            return self
+        docs, padding = {}, {leaf: list(ids) for leaf, ids in self.padding.items()}
+        for leaf, ids in self.docs.items():
+            if ids[k::n]:
+                docs[leaf] = ids[k::n]
+            else:
+                padding[leaf] = sorted(set(padding.get(leaf, [])) | {ids[0]})
+        return RoundRequest(self.round, self.identity, self.tasks, docs, padding, self.groups)
 
     def placeholders(self) -> set[tuple[str, int]]:
         return {(leaf, int(d)) for leaf, ids in self.padding.items() for d in ids}

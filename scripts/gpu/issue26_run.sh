@@ -76,7 +76,7 @@ if [[ -n ${OUT:-} && -d $RUN ]]; then
       | head -80 > "$RUN/logs/$n.txt"
   done
   cp /tmp/setup-$LABEL.pstats "$RUN/" 2>/dev/null || true
-  { # what the run's first engines compiled into the per-machine caches (CACHES=1)
+  ( # what the run's first engines compiled into the per-machine caches (CACHES=1)
     [[ -n ${CACHES:-} ]] || exit 0
     for d in "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" "${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}" \
              "$HOME/.cache" "$HOME/.nv/ComputeCache" "${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$USER}"; do
@@ -84,7 +84,7 @@ if [[ -n ${OUT:-} && -d $RUN ]]; then
     done
     ls -la --time-style=+%T "$HOME/.cache" 2>/dev/null
     find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name "*.json" ! -name "__grp__*" -printf "%TT %f\n" 2>/dev/null | sort
-  } > "$RUN/logs/caches.txt" 2>&1
+  ) > "$RUN/logs/caches.txt" 2>&1
   (cd "$RUN" && tar czf "$OUT/$LABEL.tgz" spec.json run.json stats/verdicts.json cells/*/cell.json shards/*/cell.json mps.log \
      stages/round-*.json stages/*/cell.json logs report/report.md warmup.log setup-*.pstats \
      stages/*/profile.txt stages/*/profile.pstats stages/.tmp-*/profile.txt stages/.tmp-*/profile.pstats 2>/dev/null)
