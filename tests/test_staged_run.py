@@ -254,3 +254,16 @@ def test_replica_shares_of_generated_rounds():
             assert not dropped & {(leaf, d) for leaf, ids in s.docs.items() for d in ids}
             assert all(d in docs.get(leaf, []) or d in padding.get(leaf, []) for leaf, d in dropped)
             assert (s.round, s.identity, s.tasks) == (req.round, req.identity, req.tasks)
+
+
+def test_a_cells_log_has_its_phases_on_its_process_clock(staged_run):
+    """cell.log says when each phase began and how long after its process started (where a start goes)."""
+    import re
+
+    log = (staged_run[0] / "stages" / ".tmp-hfcopy-fp32" / "cell.log").read_text()
+    ages = {}
+    for phase in ("reading the task index", "loading model", "model loaded in", "round 4", "writing"):
+        m = re.search(rf"^--- \S+ {re.escape(phase)}.* \((\d+\.\d) s after the process started\)$", log, re.M)
+        assert m, (phase, log[-2000:])
+        ages[phase] = float(m.group(1))
+    assert ages["reading the task index"] <= ages["loading model"] <= ages["model loaded in"]
