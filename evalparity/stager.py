@@ -122,39 +122,57 @@ def has_share(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, k: int) -> b
         run_dir, rounds.replica_part_name(cell.name, r, k, cell.shards), STAGES, identity=spec.identity())
 
 
-def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int) -> bool:
+SAME_IN_REPLICAS = ("device_name", "versions", "precision", "interpreter")  # a replica that differs is another cell
+
+
+def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, side_by_side: bool = True) -> bool:
     """The cell's part of round r from its replicas' shares (``cells.run_staged`` with a shard), once every
     share is in: each verified as a part is (of this cell, round, spec and model, its table the one it
-    sealed, and the replica it says), merged into one table (``shards.stage_merged``: a doc in two shares is
-    refused), recorded like an unsharded part (timings: the slowest replica's, as they ran side by side) and
+    sealed, the replica it says) and to hold exactly its share of the round's docs
+    (``RoundRequest.replica_share``); the replicas must agree on what makes a cell's numbers
+    (``SAME_IN_REPLICAS``: device, versions, precision, interpreter). Merged into one table, recorded like an
+    unsharded part (timings: the slowest replica's when they ran ``side_by_side``, else their sum) and
     published with one rename. Whether the cell's part is in (a cell with one replica publishes it itself)."""
     if has_part(run_dir, spec, cell.name, r):
         return True
-    if cell.shards == 1:
-        return False
     n = cell.shards
+    if n == 1 or not all(has_share(run_dir, spec, cell, r, k) for k in range(n)):
+        return False
+    request = rounds.read_round(run_dir, r, spec.identity())
+    if request is None:
+        return False
     dirs = [rounds.replica_part_dir(run_dir, cell.name, r, k, n) for k in range(n)]
     fingerprint = (spec.model_fingerprint or {}).get("digest")
     for k, folder in enumerate(dirs):
+        fix = f"remove {folder} and rerun the same command to score that share again"
         rec = verify_part(folder, spec.identity(), cell.name, r, fingerprint)
         if rec is None:
             return False
         if rec.extra.get("shard") != {"index": k, "of": n}:
-            raise EvalParityError(f"{folder}: it is not replica {k + 1} of {n}'s share of {cell.name} round {r + 1}"
-                                  f": remove {folder} and rerun the same command to score it again")
+            raise EvalParityError(f"{folder}: it is not replica {k + 1} of {n}'s share of {cell.name} round "
+                                  f"{r + 1}: {fix}")
+        rows = samples.read_table(layout.table(folder))
+        have = set(zip(rows["task"], rows["doc_id"].astype(int)))
+        want = {(leaf, d) for leaf, ids in request.replica_share(k, n).docs.items() for d in ids}
+        if have != want:
+            raise EvalParityError(f"{folder}: it holds {len(have - want)} doc(s) outside replica {k + 1} of {n}'s "
+                                  f"share of round {r + 1} and lacks {len(want - have)} of it: {fix}")
     name = rounds.part_name(cell.name, r)
-    try:
-        out, table, seal, metas = stage_merged(run_dir, name, dirs, "replicas", STAGES)
-    except ValueError as err:
-        raise EvalParityError(f"round {r + 1} of {cell.name}: {err}: remove the run's stages/ folder and "
-                              "rerun") from None
+    out, table, seal, metas = stage_merged(run_dir, name, dirs, "replicas", STAGES)  # shares disjoint: checked
+    for key in SAME_IN_REPLICAS:
+        if any(m.get(key) != metas[0].get(key) for m in metas):
+            shutil.rmtree(out, ignore_errors=True)
+            raise EvalParityError(f"the replicas of {cell.name} ran with different {key} in round {r + 1}: they "
+                                  "are not one cell; run them on like GPUs and installs, then rerun")
     meta = {k: v for k, v in metas[0].items() if k not in ("shard", "placement", "pid", "aggregate", "n_rows")}
-    slowest = {key: max(m.get(key) or 0.0 for m in metas) for key in ("load_s", "eval_s", "write_s", "wall_s")}
-    meta |= slowest | {
+    timing = max if side_by_side else sum
+    meta |= {key: timing(m.get(key) or 0.0 for m in metas) for key in ("load_s", "eval_s", "write_s", "wall_s")}
+    meta |= {
         "status": STATUS_OK, "table": seal.to_json(), "n_rows": int(len(table)), "aggregate": aggregate(table),
         "replicas": [{"index": k, "n_rows": m.get("n_rows"), "load_s": m.get("load_s"), "eval_s": m.get("eval_s"),
-                      "wall_s": m.get("wall_s"), "pid": m.get("pid"), "placement": m.get("placement")}
-                     for k, m in enumerate(metas)],
+                      "wall_s": m.get("wall_s"), "pid": m.get("pid"), "host": m.get("host"),
+                      "placement": m.get("placement")} for k, m in enumerate(metas)],
+        "replicas_side_by_side": side_by_side,
         "placement": [m.get("placement") for m in metas], "pid": [m.get("pid") for m in metas],
         "peak_rss_gib": max(m.get("peak_rss_gib") or 0.0 for m in metas),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -166,6 +184,33 @@ def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int) -> bool
     return True
 
 
+def check_replica_counts(run_dir: Path, spec: RunSpec, reused: Source | None) -> None:
+    """A staged run keeps its cells' replica counts from its first part to its last: a resume with another
+    ``--shards`` would split later rounds otherwise (with few-shot tasks, into other prompts, which the
+    alignment check would refuse at the end, after the GPU time). Refused in one line, before any cell
+    starts, naming the count the run's parts were scored with."""
+    for cell in spec.cells:
+        if reused is not None and cell.name == reused.target:
+            continue
+        r = 0
+        while True:
+            folder = rounds.part_dir(run_dir, cell.name, r)
+            rec = records.read_cell(folder) if folder.is_dir() and not folder.is_symlink() else None
+            if rec is None or not rec.ok:
+                break
+            n = len(rec.extra.get("replicas") or []) or 1
+            if n != cell.shards:
+                raise EvalParityError(f"{folder} was scored by {n} replica(s) per cell and this run asks for "
+                                      f"{cell.shards}: rerun with --shards {n}, or remove the run's stages/ and "
+                                      "cells/ folders to score it again")
+            r += 1
+        for share in sorted((run_dir / STAGES).glob(f"{cell.name}.r*.*of*")):
+            if share.name.endswith(f"of{cell.shards}") or not share.is_dir():
+                continue
+            raise EvalParityError(f"{share} is a share of another number of replicas than this run's "
+                                  f"{cell.shards}: rerun with the --shards it was scored with, or remove it")
+
+
 def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) -> dict:
     """Write and publish ``cells/<cell>`` from its parts of rounds 0..n_rounds−1: one table sorted like an
     unstaged cell's, a record whose timings are the parts' (load once, evaluation summed)."""
@@ -175,9 +220,9 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
              for k in range(cell.shards)]
     if cell.shards == 1 and homes[0].exists():
         shutil.copyfile(homes[0], layout.log_file(out))
-    elif cell.shards > 1:  # one log per replica's process: named, as a sharded cell's are (shards.merge)
+    elif any(h.exists() for h in homes):  # one log per replica's process, named (as shards.merge does)
         layout.log_file(out).write_text("".join(f"replica {k + 1}: {h.relative_to(run_dir)}\n"
-                                                for k, h in enumerate(homes)))
+                                                for k, h in enumerate(homes) if h.exists()))
     first = metas[0]
     keep = ("cell", "backend", "dtype", "batch_size", "tag", "tf32", "base_cell", "variant", "model", "model_path",
             "spec_identity", "model_fingerprint", "device", "device_name", "versions", "settings", "precision",
@@ -307,7 +352,11 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
         raise EvalParityError(f"{layout.round_file(run_dir, 0)} asks for other docs than the run's staging plan: "
                               "remove the run's stages/ and cells/ folders and rerun")
     scored = [c for c in spec.cells if reused is None or c.name != reused.target]
+    check_replica_counts(run_dir, spec, reused)
     mode = "resident" if can_hold_all(executor, spec, cells_per_gpu, scored) else "round"
+    if mode == "round" and any(c.shards > 1 for c in scored):
+        logger.warning("staged: the executor runs one process at a time, so a cell's replicas (--shards) run one "
+                       "after another and each loads the model every round: --shards 1 is faster here")
     logger.info(f"staged: {len(plan.units)} task(s), up to {plan.rounds} round(s); cells "
                 + ("stay loaded across rounds" if mode == "resident" else "are started once per round (the "
                    "executor runs one at a time)"))
@@ -380,7 +429,8 @@ def _score_round(run_dir, spec, r, executor, make_job, mode, live, shown: progre
     wait for all parts (a cell's replicas' shares merged into its part as soon as all are in). A cell that
     fails stops the round (and the run): its failure is recorded, the others are stopped, and the outcomes
     of all cells are returned; {} when every part is in."""
-    lacking = [c.name for c in spec.cells if not merge_replicas(run_dir, spec, c, r)]
+    side = mode == "resident"  # replicas ran side by side (their part's timings: the slowest's, not the sum)
+    lacking = [c.name for c in spec.cells if not merge_replicas(run_dir, spec, c, r, side)]
     jobs = [make_job(name, mode, k) for name in lacking for k in range(by_name[name].shards)
             if rounds.replica_name(name, k, by_name[name].shards) not in live
             and not has_share(run_dir, spec, by_name[name], r, k)]
@@ -390,7 +440,7 @@ def _score_round(run_dir, spec, r, executor, make_job, mode, live, shown: progre
         executor.submit(jobs)
     reported: set[str] = set()
     while True:
-        missing = [n for n in lacking if not merge_replicas(run_dir, spec, by_name[n], r)]
+        missing = [n for n in lacking if not merge_replicas(run_dir, spec, by_name[n], r, side)]
         for name in lacking:  # each unit's round as soon as its share is in (one at a time: long before the last)
             cell = by_name[name]
             for k in range(cell.shards):

@@ -71,6 +71,7 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # cell's value would be recorded but not be what ran.
 OWN_ENV = ("PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "TQDM_MININTERVAL", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
            "CUDA_VISIBLE_DEVICES")
+RESERVED_SUFFIX = re.compile(r"\.(r\d+|\d+of\d+)$")  # the suffixes of a staged run's parts and replicas
 FORM = "NAME=BACKEND:DTYPE[:key=value,...], e.g. vllm-fp8=vllm:bf16:quantization=fp8"
 
 
@@ -122,6 +123,9 @@ def parse_cell(text: str, batch_size: int | str, shards: int, backend_args: dict
     if not eq or not name or not rest.strip():
         raise EvalParityError(f"bad --cell {text!r}: write {FORM}")
     check_name(name, "--cell name")
+    if RESERVED_SUFFIX.search(name):  # a staged run's parts are <cell>.r<r> and <cell>.r<r>.<k>of<n>
+        raise EvalParityError(f"--cell name {name!r} ends like a staged run's part or replica (.r<N>, .<K>of<N>), "
+                              f"which would share its folders: choose another name")
     parts = rest.split(":", 2)  # values may hold ':' (a URL): only the first two separate
     if len(parts) < 2 or not parts[0].strip() or not parts[1].strip():
         raise EvalParityError(f"bad --cell {text!r}: write {FORM}")

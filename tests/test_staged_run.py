@@ -267,3 +267,46 @@ def test_a_cells_log_has_its_phases_on_its_process_clock(staged_run):
         assert m, (phase, log[-2000:])
         ages[phase] = float(m.group(1))
     assert ages["reading the task index"] <= ages["loading model"] <= ages["model loaded in"]
+
+
+def _resumable_copy(src: Path, dest: Path) -> Path:
+    """A copy of a finished staged run that a rerun resumes (its merged cells and its finish record gone)."""
+    import shutil
+
+    shutil.copytree(src, dest)
+    shutil.rmtree(dest / "cells")
+    (dest / "stages" / "finish.json").unlink()
+    return dest
+
+
+def test_a_resume_with_another_replica_count_is_refused(replica_run, tiny_model, tmp_path):
+    src, out, _, _, _ = replica_run
+    copy = _resumable_copy(out, tmp_path / "copy")
+    proc = evalparity(*args(tiny_model, src.parent / "tasks", copy), "--reference-from", f"{src}:hf-fp32",
+                      "--shards", "1", env=ENV)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "was scored by 2 replica(s) per cell" in said and "--shards 2" in said, said[-2000:]
+
+
+def test_a_share_holding_another_replicas_docs_is_refused(replica_run, tiny_model, tmp_path):
+    """Replica 1's round-1 share replaced by replica 2's table, resealed (its record made to match): the
+    shares are still disjoint and sealed, but replica 1's holds docs that are not its share."""
+    import shutil
+
+    from evalparity.rundir import records
+
+    src, out, _, _, _ = replica_run
+    copy = _resumable_copy(out, tmp_path / "copy")
+    stages = copy / "stages"
+    shutil.rmtree(stages / "hfcopy-fp32.r0")  # merged again on the resume
+    mine, other = stages / "hfcopy-fp32.r0.0of2", stages / "hfcopy-fp32.r0.1of2"
+    shutil.copyfile(other / "samples.parquet", mine / "samples.parquet")
+    rec = json.loads((mine / "cell.json").read_text())
+    rec["n_rows"] = len(pd.read_parquet(mine / "samples.parquet"))
+    rec["table"] = records.seal_table(mine, rec["n_rows"]).to_json()
+    (mine / "cell.json").write_text(json.dumps(rec))
+    proc = evalparity(*args(tiny_model, src.parent / "tasks", copy), "--reference-from", f"{src}:hf-fp32",
+                      "--shards", "2", env=ENV)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "outside replica 1 of 2's share of round 1" in said, said[-2000:]
+    assert "hfcopy-fp32.r0.0of2" in said

@@ -41,6 +41,8 @@ def test_a_variant_holds_its_engine_args_env_and_own_keys():
     ("x=vllm", "write NAME=BACKEND:DTYPE"),
     ("=vllm:bf16", "write NAME=BACKEND:DTYPE"),
     ("../x=vllm:bf16", "not a safe name"),
+    ("x.r0=vllm:bf16", "ends like a staged run's part"),
+    ("x.1of2=vllm:bf16", "ends like a staged run's part"),
     ("x=tgi:bf16", "unknown backend"),
     ("x=vllm:int4", "unknown dtype"),
     ("x=vllm:bf16:quantization", "is not key=value"),
