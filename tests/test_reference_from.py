@@ -450,7 +450,7 @@ def run_staged(run: Path, spec: RunSpec, source: Path, text: str | None = None):
     full = read_table(layout.table(layout.cell_dir(source, REF))).drop(columns=["cell", "m:acc"])
     executor = RoundsExecutor(run, spec, {NEW: scored(full, NEW, 0.3, 3)})
     got = stager.run(spec, run, StatsOptions(reference=REF), executor,
-                     lambda name, mode: Job(name, staged=mode), Console(file=open(os.devnull, "w")),
+                     lambda name, mode, k=0: Job(name, k, staged=mode), Console(file=open(os.devnull, "w")),
                      reused=src)
     return spec, executor, got
 
