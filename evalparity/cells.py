@@ -597,8 +597,8 @@ def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, pr
     scored, r = 0, 0
     while True:
         unit = rounds.replica_part_name(cell.name, r, *shard)
-        if units.is_done(run_dir, unit, STAGES, identity=spec.identity()) or \
-                units.is_done(run_dir, rounds.part_name(cell.name, r), STAGES, identity=spec.identity()):
+        if any(units.is_done(run_dir, u, STAGES, identity=spec.identity())
+               for u in {unit, rounds.part_name(cell.name, r)}):
             r += 1  # its share, or the cell's whole part (merged from the shares), is in
             continue
         progress.update(force=True, phase=f"waiting for round {r + 1}" if lm is not None else "starting")

@@ -143,11 +143,13 @@ def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, side_by
         return False
     dirs = [rounds.replica_part_dir(run_dir, cell.name, r, k, n) for k in range(n)]
     fingerprint = (spec.model_fingerprint or {}).get("digest")
+    metas = []
     for k, folder in enumerate(dirs):
         fix = f"remove {folder} and rerun the same command to score that share again"
         rec = verify_part(folder, spec.identity(), cell.name, r, fingerprint)
         if rec is None:
             return False
+        metas.append(units.read_cell_json(folder) or {})
         if rec.extra.get("shard") != {"index": k, "of": n}:
             raise EvalParityError(f"{folder}: it is not replica {k + 1} of {n}'s share of {cell.name} round "
                                   f"{r + 1}: {fix}")
@@ -157,13 +159,12 @@ def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, side_by
         if have != want:
             raise EvalParityError(f"{folder}: it holds {len(have - want)} doc(s) outside replica {k + 1} of {n}'s "
                                   f"share of round {r + 1} and lacks {len(want - have)} of it: {fix}")
-    name = rounds.part_name(cell.name, r)
-    out, table, seal, metas = stage_merged(run_dir, name, dirs, "replicas", STAGES)  # shares disjoint: checked
-    for key in SAME_IN_REPLICAS:
+    for key in SAME_IN_REPLICAS:  # before anything is written
         if any(m.get(key) != metas[0].get(key) for m in metas):
-            shutil.rmtree(out, ignore_errors=True)
             raise EvalParityError(f"the replicas of {cell.name} ran with different {key} in round {r + 1}: they "
                                   "are not one cell; run them on like GPUs and installs, then rerun")
+    name = rounds.part_name(cell.name, r)
+    out, table, seal, _ = stage_merged(run_dir, name, dirs, "replicas", STAGES)  # shares disjoint: checked
     meta = {k: v for k, v in metas[0].items() if k not in ("shard", "placement", "pid", "aggregate", "n_rows")}
     timing = max if side_by_side else sum
     meta |= {key: timing(m.get(key) or 0.0 for m in metas) for key in ("load_s", "eval_s", "write_s", "wall_s")}
@@ -420,8 +421,11 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
 def _rows(spec: RunSpec, reused: Source | None) -> list[str]:
     """The progress display's rows: a cell's (a reused reference's: no process), or one per replica of a
     cell with several."""
-    return [rounds.replica_name(c.name, k, c.shards) if reused is None or c.name != reused.target else c.name
-            for c in spec.cells for k in range(c.shards if reused is None or c.name != reused.target else 1)]
+    rows = []
+    for c in spec.cells:
+        n = 1 if reused is not None and c.name == reused.target else c.shards
+        rows += [rounds.replica_name(c.name, k, n) for k in range(n)]
+    return rows
 
 
 def _score_round(run_dir, spec, r, executor, make_job, mode, live, shown: progress.Display, by_name, t0) -> dict:

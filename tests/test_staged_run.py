@@ -310,3 +310,23 @@ def test_a_share_holding_another_replicas_docs_is_refused(replica_run, tiny_mode
     said = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "outside replica 1 of 2's share of round 1" in said, said[-2000:]
     assert "hfcopy-fp32.r0.0of2" in said
+
+
+def test_replicas_that_ran_on_another_device_are_not_merged(replica_run, tiny_model, tmp_path):
+    """A share whose record says another device (or versions, precision, interpreter) is not the same cell:
+    refused in one line before anything of the merged part is written."""
+    import shutil
+
+    src, out, _, _, _ = replica_run
+    copy = _resumable_copy(out, tmp_path / "copy")
+    stages = copy / "stages"
+    shutil.rmtree(stages / "hfcopy-fp32.r0")
+    share = stages / "hfcopy-fp32.r0.1of2" / "cell.json"
+    rec = json.loads(share.read_text())
+    rec["device_name"] = "another GPU"
+    share.write_text(json.dumps(rec))
+    proc = evalparity(*args(tiny_model, src.parent / "tasks", copy), "--reference-from", f"{src}:hf-fp32",
+                      "--shards", "2", env=ENV)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "ran with different device_name in round 1" in said, said[-2000:]
+    assert not (stages / "hfcopy-fp32.r0").exists() and not (stages / ".tmp-hfcopy-fp32.r0").exists()
