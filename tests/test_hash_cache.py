@@ -1,0 +1,122 @@
+"""The cache of files' hashes (``files.HashCache``) saves reading a model on every run, and never lets a
+changed file pass as the one that was hashed.
+
+The embedded model's folder is published with its hashes cached (``embedded._publish``), so that the run's
+check of it (``embedded._verified``) and the model's fingerprint read none of its bytes again; any change to
+a file's bytes after that, generated here as random edits (rewritten in place with the same size, the mtime
+set back, appended, truncated, replaced by a rename, removed, a file added), is caught by both.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from evalparity import config, files, rundir
+from evalparity.data import embedded
+
+
+@pytest.fixture
+def published(tmp_path, monkeypatch) -> Path:
+    """A model-like folder published as the embedded model's is, in an empty cache."""
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
+    work = tmp_path / "models" / "tmpwork"
+    work.mkdir(parents=True)
+    rng = random.Random(5)
+    (work / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (work / "tokenizer.json").write_text("{}")
+    (work / "model.safetensors").write_bytes(rng.randbytes(1 << 20))
+    time.sleep(files.RACY_NS / 1e9 + 0.05)  # not racy when published: as a real conversion's weights
+    final = tmp_path / "models" / "m"
+    embedded._publish(work, final)
+    return final
+
+
+def counting(monkeypatch) -> list[Path]:
+    """The files whose bytes are read from now on, by either reader."""
+    read: list[Path] = []
+    real = files.sha256
+
+    def sha256(path):
+        read.append(Path(path))
+        return real(path)
+
+    monkeypatch.setattr(files, "sha256", sha256)
+    monkeypatch.setattr(rundir.fingerprint, "sha256", sha256)
+    return read
+
+
+def test_a_published_folder_is_checked_and_fingerprinted_without_reading_it_again(published, monkeypatch):
+    read = counting(monkeypatch)
+    assert embedded._verified(published)
+    stats = rundir.HashStats()
+    fp = rundir.model_fingerprint(published, "m", stats=stats)
+    assert read == [] and stats.hashed_bytes == 0 and stats.cached_bytes == sum(
+        p.stat().st_size for p in published.iterdir() if p.name != "MANIFEST.json")
+    assert fp["files"]["model.safetensors"]["sha256"] == files.sha256(published / "model.safetensors")
+
+
+KINDS = ("same size", "same size, mtime set back", "appended", "truncated", "renamed over", "removed", "added")
+
+
+def _edit(rng: random.Random, folder: Path, kind: str) -> str:
+    """A change of ``kind`` to a random file's bytes (a random byte of it, for the same-size ones); what it
+    was, for the failure message."""
+    target = folder / rng.choice(["config.json", "tokenizer.json", "model.safetensors"])
+    data = target.read_bytes()
+    st = target.stat()
+    if kind.startswith("same size"):
+        i = rng.randrange(len(data))
+        target.write_bytes(data[:i] + bytes([data[i] ^ (1 + rng.randrange(255))]) + data[i + 1:])
+        if kind.endswith("set back"):
+            os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif kind == "appended":
+        with open(target, "ab") as f:
+            f.write(b" ")
+    elif kind == "truncated":
+        target.write_bytes(data[:-1])
+    elif kind == "renamed over":
+        other = folder / ".new"
+        other.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+        os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+        os.replace(other, target)
+    elif kind == "removed":
+        target.unlink()
+    else:
+        (folder / "extra.json").write_text("{}")
+    return f"{kind}: {target.name}"
+
+
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("kind", KINDS)
+def test_any_change_after_publishing_is_caught_by_the_check_and_the_fingerprint(published, kind, seed):
+    before = rundir.model_fingerprint(published, "m")
+    assert embedded._verified(published)
+    what = _edit(random.Random(seed), published, kind)
+    assert not embedded._verified(published), what
+    if what.startswith("added"):  # not a model file: the fingerprint leaves it out, the manifest does not
+        return
+    assert rundir.model_fingerprint(published, "m") != before, what
+
+
+def test_the_same_bytes_written_again_are_hashed_again_and_still_pass(published, monkeypatch):
+    target = published / "model.safetensors"
+    target.write_bytes(target.read_bytes())  # a new ctime: the cached hash is not trusted for it
+    read = counting(monkeypatch)
+    assert embedded._verified(published) and read == [target]
+
+
+def test_a_racy_file_is_not_cached(tmp_path, monkeypatch):
+    """A file changed within ``RACY_NS`` of its stamp: hashed, not remembered (its stamp may not change
+    with a second write in the same clock tick)."""
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"x" * 100)
+    cache = files.HashCache()
+    assert cache.sha256(f) == files.sha256(f) and not cache.changed
+    time.sleep(files.RACY_NS / 1e9 + 0.05)
+    assert cache.sha256(f) == files.sha256(f) and cache.changed
