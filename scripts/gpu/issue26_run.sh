@@ -76,6 +76,7 @@ if [[ -n ${OUT:-} && -d $RUN ]]; then
       | head -80 > "$RUN/logs/$n.txt"
   done
   cp /tmp/setup-$LABEL.pstats "$RUN/" 2>/dev/null || true
+  cp "$EVALPARITY_CACHE/prepare.log" "$RUN/logs/prepare.log" 2>/dev/null || true  # a first run's model preparation, by phase
   ( # what the run's first engines compiled into the per-machine caches (CACHES=1)
     [[ -n ${CACHES:-} ]] || exit 0
     for d in "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" "${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}" \
