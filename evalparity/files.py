@@ -54,16 +54,26 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, read in chunks (a model's weights, a cell's table, an input's samples)."""
+def _digest(f) -> str:
+    """The sha256 of an open binary file's bytes from where it stands, read in chunks: the one place that
+    reads a file to hash it."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 23), b""):
-            h.update(chunk)
+    for chunk in iter(lambda: f.read(1 << 23), b""):
+        h.update(chunk)
     return h.hexdigest()
 
 
-RACY_NS = 200_000_000  # a file changed this close before its stamp was read is not cached (below)
+def sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (a model's weights, a cell's table, an input's samples)."""
+    with open(path, "rb") as f:
+        return _digest(f)
+
+
+RACY_NS = 200_000_000  # a file changed this close before its stamp was read is not cached (HashCache)
+
+
+def _stamp_of(st: os.stat_result, now: int) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, now]
 
 
 def stamp(path: Path) -> list[int]:
@@ -71,23 +81,47 @@ def stamp(path: Path) -> list[int]:
     changes at least the ctime, which no user call sets back; a rename of the folder above changes none.
     Its last element is not the file's: the time it was read (ns), for ``HashCache.put``'s racy-file rule."""
     now = time.time_ns()
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, now]
+    return _stamp_of(os.stat(path), now)
+
+
+def stamped_sha256(path: Path) -> tuple[list[int], str]:
+    """(``stamp``, sha256) of one open file: the stamp read from the descriptor before its bytes, so that
+    both are of the same file even when ``path`` is a link someone changes meanwhile, and a write during
+    the read leaves a stamp that no longer matches."""
+    with open(Path(path).resolve(), "rb") as f:
+        now = time.time_ns()
+        st = _stamp_of(os.fstat(f.fileno()), now)
+        return st, _digest(f)
+
+
+def _trusted(path: Path) -> bool:
+    """Whether a cache file may be believed: this user's, and writable by no one else (a group-writable or
+    shared cache would let another user vouch for bytes they changed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 class HashCache:
     """Files' sha256, remembered by resolved path and ``stamp``, in the cache directory
     (``config.fingerprint_cache``), so that a 538 MB or 100 GB model is hashed once per file, not on every
     use by every reader (the model's fingerprint, the embedded model's manifest check). The cache only saves
-    time: an unreadable or odd one is ignored, and one that cannot be written is not an error.
+    time: an unreadable or odd one is ignored, one that is not this user's alone too (``_trusted``), and one
+    that cannot be written is not an error.
 
-    A racy file is never cached (git's rule for its index): one whose mtime or ctime is within ``RACY_NS`` of
-    the moment its stamp was read. The kernel keeps those times at a clock tick's resolution, so a second
-    write in the same tick as the last would leave the stamp unchanged while the bytes hashed may be the
-    first write's."""
+    A stamp that could stay the same while the bytes change is never cached:
+    - a racy file (git's rule for its index): its mtime or ctime within ``RACY_NS`` of the moment its stamp
+      was read. The kernel keeps those times at a clock tick's resolution, so a second write in the same
+      tick as the last would leave the stamp unchanged while the bytes hashed may be the first write's;
+    - whole-second times (mtime and ctime both): a file system that keeps seconds only (ext4 with small
+      inodes, squashfs, FAT) repeats a stamp for a whole second, and images built reproducibly repeat it
+      from one image to the next at the same mount point."""
 
     def __init__(self) -> None:
-        data = read_json(fingerprint_cache())
+        path = fingerprint_cache()
+        data = read_json(path) if _trusted(path) else None
         self.data: dict = data if data is not None else {}
         self.changed = False
 
@@ -99,22 +133,23 @@ class HashCache:
 
     def put(self, path: Path, st: list[int], digest: str) -> None:
         """Remember ``digest`` for ``path`` as stamped by ``st`` (read before the bytes were hashed), unless
-        the file was racy then."""
-        if st[4] - max(st[1], st[2]) < RACY_NS:
+        that stamp cannot be trusted to change with the bytes (the class's docstring)."""
+        size, mtime, ctime, _ino, read_at = st
+        if read_at - max(mtime, ctime) < RACY_NS or (mtime % 10**9 == 0 and ctime % 10**9 == 0):
             return
         self.data[str(Path(path).resolve())] = {"stamp": st[:4], "sha256": digest}
         self.changed = True
 
-    def sha256(self, path: Path) -> str:
-        """``path``'s sha256: the cached one while its stamp is unchanged, else hashed now (and cached). The
-        stamp is read before the bytes, so a file rewritten meanwhile is cached under its old stamp, which
-        no longer matches: hashed again next time."""
+    def sha256(self, path: Path) -> tuple[str, list[int], bool]:
+        """(``path``'s sha256, its stamp, whether it came from the cache): the cached one while the stamp
+        is unchanged, else hashed now (``stamped_sha256``) and cached."""
         st = stamp(path)
         digest = self.get(path, st)
-        if digest is None:
-            digest = sha256(path)
-            self.put(path, st, digest)
-        return digest
+        if digest is not None:
+            return digest, st, True
+        st, digest = stamped_sha256(path)
+        self.put(path, st, digest)
+        return digest, st, False
 
     def save(self) -> None:
         if not self.changed:
@@ -124,6 +159,7 @@ class HashCache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(self.data))
+            os.chmod(tmp, 0o600)
             os.replace(tmp, path)
             self.changed = False
         except OSError:  # a read-only home, a folder in the file's place: only time is lost

@@ -30,23 +30,22 @@ def published(tmp_path, monkeypatch) -> Path:
     (work / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     (work / "tokenizer.json").write_text("{}")
     (work / "model.safetensors").write_bytes(rng.randbytes(1 << 20))
-    time.sleep(files.RACY_NS / 1e9 + 0.05)  # not racy when published: as a real conversion's weights
-    final = tmp_path / "models" / "m"
+    final = tmp_path / "models" / "m"  # published at once, as a conversion publishes what it just wrote
     embedded._publish(work, final)
     return final
 
 
 def counting(monkeypatch) -> list[Path]:
-    """The files whose bytes are read from now on, by either reader."""
+    """The files whose bytes are read from now on, by any reader (``files._digest`` is the one place that
+    reads a file to hash it)."""
     read: list[Path] = []
-    real = files.sha256
+    real = files._digest
 
-    def sha256(path):
-        read.append(Path(path))
-        return real(path)
+    def digest(f):
+        read.append(Path(f.name))
+        return real(f)
 
-    monkeypatch.setattr(files, "sha256", sha256)
-    monkeypatch.setattr(rundir.fingerprint, "sha256", sha256)
+    monkeypatch.setattr(files, "_digest", digest)
     return read
 
 
@@ -110,13 +109,48 @@ def test_the_same_bytes_written_again_are_hashed_again_and_still_pass(published,
     assert embedded._verified(published) and read == [target]
 
 
-def test_a_racy_file_is_not_cached(tmp_path, monkeypatch):
-    """A file changed within ``RACY_NS`` of its stamp: hashed, not remembered (its stamp may not change
-    with a second write in the same clock tick)."""
+def test_a_file_changed_while_it_is_hashed_for_the_manifest_is_not_cached(tmp_path, monkeypatch):
+    """The stamp is read before the bytes: a write right after they were read (here, with the racy rule off)
+    leaves a stamp that no longer matches, so the check hashes the file again and refuses the folder."""
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "RACY_NS", 0)
+    monkeypatch.setattr(embedded, "RACY_NS", 0)
+    work = tmp_path / "models" / "tmpwork"
+    work.mkdir(parents=True)
+    (work / "model.safetensors").write_bytes(b"a" * 4096)
+    real = files._digest
+
+    def digest_then_write(f):
+        out = real(f)
+        if Path(f.name).name == "model.safetensors":
+            Path(f.name).write_bytes(b"b" * 4096)
+        return out
+
+    monkeypatch.setattr(files, "_digest", digest_then_write)
+    final = tmp_path / "models" / "m"
+    embedded._publish(work, final)
+    monkeypatch.setattr(files, "_digest", real)
+    assert not embedded._verified(final)
+
+
+def test_stamps_that_may_not_change_with_the_bytes_are_not_cached(tmp_path, monkeypatch):
+    """A ctime just before the stamp (even with the mtime set back), and whole-second times (file systems
+    that keep seconds only), are never cached; a cache file others may write is not believed."""
     monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
     f = tmp_path / "w.bin"
     f.write_bytes(b"x" * 100)
+    os.utime(f, ns=(0, time.time_ns() - 10 * files.RACY_NS))  # mtime old, ctime now
     cache = files.HashCache()
-    assert cache.sha256(f) == files.sha256(f) and not cache.changed
+    assert cache.sha256(f)[0] == files.sha256(f) and not cache.changed
     time.sleep(files.RACY_NS / 1e9 + 0.05)
-    assert cache.sha256(f) == files.sha256(f) and cache.changed
+    assert cache.sha256(f)[0] == files.sha256(f) and cache.changed and cache.get(f, files.stamp(f))
+    now = time.time_ns()
+    whole = [100, 10**18, 10**18 + 10**9, 5, now]
+    cache.put(tmp_path / "coarse", whole, "0" * 64)
+    assert cache.get(tmp_path / "coarse", whole) is None
+    cache.put(tmp_path / "fine", [100, 10**18 + 1, 10**18 + 10**9, 5, now], "0" * 64)
+    assert cache.get(tmp_path / "fine", [100, 10**18 + 1, 10**18 + 10**9, 5, now]) == "0" * 64
+    cache.save()
+    assert files.HashCache().data == cache.data
+    config.fingerprint_cache().chmod(0o664)  # group-writable: another user could vouch for bytes
+    assert files.HashCache().data == {}

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from evalparity import config, procs
 from evalparity.errors import EvalParityError
-from evalparity.files import HashCache, sha256, stamp
+from evalparity.files import RACY_NS, HashCache, sha256, stamped_sha256
 from evalparity.quiet import quiet
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def _files(folder: Path) -> list[Path]:
 
 def _verified(folder: Path) -> bool:
     """Whether ``folder`` holds exactly its MANIFEST.json's files and bytes. The hashes come through the
-    cache of files' hashes (``files.HashCache``: a file rewritten since it was hashed has another ctime and
+    cache of files' hashes (``files.HashCache``: a file changed since it was hashed has another stamp and
     is hashed again), so that a 538 MB model is not read on every run: 0.5 s of a warm run's setup on an
     H200 machine (results/staged-h200, ``setup_steps_s.model``)."""
     m = folder / "MANIFEST.json"
@@ -82,7 +82,7 @@ def _verified(folder: Path) -> bool:
         return False
     cache = HashCache()
     try:
-        ok = json.loads(m.read_text()) == {p.name: cache.sha256(p) for p in _files(folder)}
+        ok = json.loads(m.read_text()) == {p.name: cache.sha256(p)[0] for p in _files(folder)}
     except (OSError, json.JSONDecodeError):
         return False
     cache.save()
@@ -91,18 +91,22 @@ def _verified(folder: Path) -> bool:
 
 def _publish(tmp: Path, final: Path) -> None:
     """``tmp`` renamed to ``final`` with its MANIFEST.json; the hashes computed for the manifest are cached
-    under ``final``'s paths (a folder's rename changes no stamp of the files in it), so that neither the
-    run's check of the folder (``_verified``) nor the model's fingerprint reads it again."""
-    hashed = {p.name: (stamp(p), sha256(p)) for p in _files(tmp)}
+    under ``final``'s paths, with the stamps read before the bytes (a folder's rename changes no stamp of the
+    files in it), so that neither the run's check of the folder (``_verified``) nor the model's fingerprint
+    reads it again. The files are hashed once they are ``RACY_NS`` old: a younger file's hash would not be
+    cached (``HashCache``), and the next run would read the 538 MB again."""
+    import time
+
+    newest = max((max(p.stat().st_mtime_ns, p.stat().st_ctime_ns) for p in _files(tmp)), default=0)
+    time.sleep(max(0.0, (newest + RACY_NS - time.time_ns()) / 1e9 + 0.01))
+    hashed = {p.name: stamped_sha256(p) for p in _files(tmp)}
     (tmp / "MANIFEST.json").write_text(json.dumps({name: h for name, (_, h) in hashed.items()}, indent=1))
     if final.exists():
         shutil.rmtree(final)
     tmp.replace(final)
     cache = HashCache()
     for name, (st, digest) in hashed.items():
-        with contextlib.suppress(OSError):
-            if stamp(final / name)[:4] == st[:4]:  # unchanged since it was hashed
-                cache.put(final / name, st, digest)
+        cache.put(final / name, st, digest)  # a file changed since then has another stamp: never matched
     cache.save()
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalparity.files import HashCache, sha256, stamp
+from evalparity.files import HashCache, stamp, stamped_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,8 @@ def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | No
             logger.info(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size "
                         "and mtime) ...")
         t0 = time.perf_counter()
-        for p, st in todo:
-            digest = sha256(p)
+        for p, _ in todo:
+            st, digest = stamped_sha256(p)
             entries[p.name] = {"kind": _kind(p.name), "size": st[0], "sha256": digest}
             cache.put(p, st, digest)
             stats.hashed_bytes += st[0]
