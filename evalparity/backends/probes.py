@@ -170,31 +170,36 @@ class HFProbe:
         hidden: dict[int, list[torch.Tensor]] = {e: [] for e in entries}
         lps: list[torch.Tensor] = []
         for batch in self._batches(order, lengths):
-            width = max(lengths[i] for i in batch)
+            blens = [lengths[i] for i in batch]
+            width = max(blens)
             x = torch.zeros(len(batch), width, dtype=torch.long)
             mask = torch.zeros(len(batch), width, dtype=torch.long)
             for r, i in enumerate(batch):
                 x[r, :lengths[i]] = torch.as_tensor(prompts[i])
                 mask[r, :lengths[i]] = 1
-            x, mask = x.to(self.device), mask.to(self.device)
+            # The rows to keep, as flat indices into [rows x width] made here on the host, in the order a
+            # boolean mask of the valid positions takes them (row after row): indexing with a boolean mask
+            # on the GPU waits for the device to count its rows, once per entry and batch.
+            starts = [r * width for r in range(len(batch))]
+            valid = torch.as_tensor([s + t for s, n in zip(starts, blens) for t in range(n)], dtype=torch.long)
+            nxt = torch.as_tensor([s + t for s, n in zip(starts, blens) for t in range(n - 1)], dtype=torch.long)
+            targets = torch.as_tensor([tok for i in batch for tok in prompts[i][1:]], dtype=torch.long)
+            x, mask, valid = x.to(self.device), mask.to(self.device), valid.to(self.device)
             out = run(input_ids=x, attention_mask=mask, output_hidden_states=True)
-            valid = mask.bool()
-            blens = [lengths[i] for i in batch]
             for e in entries:
-                hidden[e].append(pool(out.hidden_states[e][valid].float(), blens, pooling))
+                hidden[e].append(pool(out.hidden_states[e].flatten(0, 1).index_select(0, valid).float(), blens,
+                                      pooling))
             if not logprobs:
                 del out
                 continue
-            # logprob of token t+1 given tokens 0..t, at the valid positions t < length - 1
-            nxt = valid.clone()
-            nxt[:, -1] = False
-            nxt[torch.arange(len(batch)), torch.as_tensor(blens, device=self.device) - 1] = False
-            logits = out.logits[nxt].float()
-            targets = x[:, 1:][nxt[:, :-1]]
-            lps.append((logits.gather(1, targets[:, None]).squeeze(1) - torch.logsumexp(logits, -1)).cpu())
+            # logprob of token t+1 given tokens 0..t, at the valid positions t < length - 1; kept on the
+            # device until the last batch (a copy to the host per batch waits for the device)
+            logits = out.logits.flatten(0, 1).index_select(0, nxt.to(self.device)).float()
+            targets = targets.to(self.device)
+            lps.append(logits.gather(1, targets[:, None]).squeeze(1) - torch.logsumexp(logits, -1))
             del out, logits
         rows = lengths if pooling == "all" else [1] * len(prompts)
-        lp = _order_back(lps, order, [n - 1 for n in lengths]) if logprobs else torch.zeros(0)
+        lp = _order_back(lps, order, [n - 1 for n in lengths]).cpu() if logprobs else torch.zeros(0)
         return HiddenBatch({e: _order_back(hidden[e], order, rows) for e in entries}, lengths, lp, pooling)
 
     @torch.no_grad()
