@@ -57,8 +57,8 @@ class HiddenBatch:
 
 def segments(lengths: list[int], device) -> torch.Tensor:
     """The prompt index of every token of prompts of these lengths laid one after another."""
-    return torch.repeat_interleave(torch.arange(len(lengths), device=device),
-                                   torch.as_tensor(lengths, device=device))
+    return torch.repeat_interleave(torch.arange(len(lengths), device=device),  # output_size: no wait for the GPU
+                                   torch.as_tensor(lengths, device=device), output_size=sum(lengths))
 
 
 def pool(h: torch.Tensor, lengths: list[int], how: str) -> torch.Tensor:

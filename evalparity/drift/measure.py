@@ -91,17 +91,20 @@ class DriftAccumulator:
         dev = some.device
         rows = ref.lengths if cell.pooling == "all" else [1] * n
         seg = segments(rows, dev)
-        # a row's position: its token's (all), the prompt's last (last) or, for the mean, the last too
-        pos = (torch.cat([torch.arange(m, device=dev) for m in ref.lengths]) if cell.pooling == "all"
-               else torch.as_tensor([m - 1 for m in ref.lengths], device=dev))
-        bucket = torch.as_tensor(bucket_of(pos.cpu().numpy()), device=dev)
+        # a row's position: its token's (all), the prompt's last (last) or, for the mean, the last too;
+        # made on the host, as everything the device needs here, so that nothing waits for it until the end
+        pos = (np.concatenate([np.arange(m) for m in ref.lengths]) if cell.pooling == "all"
+               else np.asarray([m - 1 for m in ref.lengths]))
+        bucket = torch.as_tensor(bucket_of(pos)).to(dev)
         per_prompt = torch.zeros(n, len(entries), 2, dtype=torch.float64, device=dev)
         totals = torch.zeros(len(entries), 5, dtype=torch.float64, device=dev)
+        totals[:, 3] = float(sum(rows))  # the rows each entry compares
         last_sums = None
         for j, e in enumerate(entries):
             sq, sq_a, cos, mx = token_reductions(ref.hidden[e].to(dev), cell.hidden[e])
-            totals[j] = torch.stack([sq.sum(), sq_a.sum(), cos.sum(), torch.tensor(float(sq.numel()), device=dev,
-                                     dtype=torch.float64), mx.max() if mx.numel() else mx.new_zeros(())])
+            totals[j, :3] = torch.stack([sq.sum(), sq_a.sum(), cos.sum()])
+            if mx.numel():
+                totals[j, 4] = mx.max()
             per_prompt[:, j, 0].index_add_(0, seg, sq)
             per_prompt[:, j, 1].index_add_(0, seg, sq_a)
             if j == len(entries) - 1:
