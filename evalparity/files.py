@@ -152,8 +152,12 @@ class HashCache:
         return digest, st, False
 
     def save(self) -> None:
+        """Write the cache, without the entries of files that are gone (a run on a copy of a model in a
+        temporary folder would otherwise leave its entries for ever: 1,275 of 1,318 on this machine's test
+        runs were such)."""
         if not self.changed:
             return
+        self.data = {k: v for k, v in self.data.items() if os.path.lexists(k)}
         path = fingerprint_cache()
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

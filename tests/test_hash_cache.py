@@ -154,3 +154,24 @@ def test_stamps_that_may_not_change_with_the_bytes_are_not_cached(tmp_path, monk
     assert files.HashCache().data == cache.data
     config.fingerprint_cache().chmod(0o664)  # group-writable: another user could vouch for bytes
     assert files.HashCache().data == {}
+
+
+def test_entries_of_files_that_are_gone_are_dropped_when_the_cache_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
+    old, kept = tmp_path / "old.bin", tmp_path / "kept.bin"
+    for f in (old, kept):
+        f.write_bytes(b"x" * 10)
+    time.sleep(files.RACY_NS / 1e9 + 0.05)
+    cache = files.HashCache()
+    cache.sha256(old)
+    cache.sha256(kept)
+    cache.save()
+    assert len(files.HashCache().data) == 2
+    old.unlink()
+    new = tmp_path / "new.bin"
+    new.write_bytes(b"y")
+    time.sleep(files.RACY_NS / 1e9 + 0.05)
+    cache = files.HashCache()
+    cache.sha256(new)
+    cache.save()
+    assert sorted(Path(k).name for k in files.HashCache().data) == ["kept.bin", "new.bin"]
