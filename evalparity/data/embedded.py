@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -95,9 +96,7 @@ def _publish(tmp: Path, final: Path) -> None:
     files in it), so that neither the run's check of the folder (``_verified``) nor the model's fingerprint
     reads it again. The files are hashed once they are ``RACY_NS`` old: a younger file's hash would not be
     cached (``HashCache``), and the next run would read the 538 MB again."""
-    import time
-
-    newest = max((max(p.stat().st_mtime_ns, p.stat().st_ctime_ns) for p in _files(tmp)), default=0)
+    newest = max((max(st.st_mtime_ns, st.st_ctime_ns) for st in map(os.stat, _files(tmp))), default=0)
     time.sleep(max(0.0, (newest + RACY_NS - time.time_ns()) / 1e9 + 0.01))
     hashed = {p.name: stamped_sha256(p) for p in _files(tmp)}
     (tmp / "MANIFEST.json").write_text(json.dumps({name: h for name, (_, h) in hashed.items()}, indent=1))
@@ -151,14 +150,11 @@ class Laps:
     time went on that machine: results/staged-h200)."""
 
     def __init__(self) -> None:
-        import time
-
-        self._clock = time.perf_counter
-        self.t0 = self.last = self._clock()
+        self.t0 = self.last = time.perf_counter()
         self.phases: list[tuple[str, float]] = []
 
     def __call__(self, phase: str) -> None:
-        now = self._clock()
+        now = time.perf_counter()
         self.phases.append((phase, now - self.last))
         self.last = now
 
@@ -174,8 +170,6 @@ def _sweep_stale(parent: Path) -> None:
     """Remove the temporary folders (``tmp*``) that killed preparations left beside the model folder (a
     SIGKILL skips ``TemporaryDirectory``'s cleanup), once they are older than ``STALE_S``: a younger one may be
     another run's preparation in progress."""
-    import time
-
     for old in parent.glob("tmp*"):
         with contextlib.suppress(OSError):
             if old.is_dir() and not old.is_symlink() and time.time() - old.stat().st_mtime > STALE_S:

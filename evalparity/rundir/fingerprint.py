@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalparity.files import HashCache, stamp, stamped_sha256
+from evalparity.files import HashCache, stamp
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +71,12 @@ def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | No
                         "and mtime) ...")
         t0 = time.perf_counter()
         for p, _ in todo:
-            st, digest = stamped_sha256(p)
+            digest, st, cached = cache.sha256(p)
             entries[p.name] = {"kind": _kind(p.name), "size": st[0], "sha256": digest}
-            cache.put(p, st, digest)
-            stats.hashed_bytes += st[0]
+            if cached:  # the same file under another name (a link), hashed just before
+                stats.cached_bytes += st[0]
+            else:
+                stats.hashed_bytes += st[0]
         stats.seconds += time.perf_counter() - t0
         cache.save()
     if not any(e["kind"] == "weights" for e in entries.values()):
