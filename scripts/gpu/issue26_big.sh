@@ -3,7 +3,8 @@
 # fixed number of HellaSwag docs (LIMIT, default 4,000: where SmolLM2's staged runs stop), --full, scored in
 # pieces across leases. A piece is a set of cells (CELLS="--backends hf --dtypes fp32,bf16"); a later piece
 # reruns the same command on the same run folder with other cells, which keeps the finished ones and scores
-# the rest (the run folder travels between leases as $OUT/big14.tgz, carried back in as FROM=...).
+# the rest (the run folder travels between leases as $OUT/big14.tgz.part-*, parts of 15 MB: a file that comes
+# back holds at most 16 MB; carried back in as FROM=path/big14.tgz, whole or as its parts).
 #
 # The run outlives the 10-minute call: `start` launches it in its own session (setsid) and returns; `poll`
 # waits up to WAIT seconds (or until it exits) and prints its progress; `collect` stops it if it still runs
@@ -40,7 +41,9 @@ case $STEP in
     t0=$(date +%s.%N)
     [[ -f /tmp/m14b/config.json ]] || python3 "$SRC/scripts/gpu/make_model.py" /tmp/m14b --shape qwen2.5-14b 2>&1 | tail -3
     echo "model ready after $(python3 -c "import time;print(round(time.time()-$t0,1))") s"; ls -la /tmp/m14b | tail -n +2
-    if [[ -n ${FROM:-} ]]; then rm -rf "$RUN" && tar xzf "$FROM" -C /tmp && echo "resumed from $FROM:" && ls "$RUN/cells"; fi
+    if [[ -n ${FROM:-} ]]; then  # the folder of earlier pieces: cells that finished are kept, the rest scored
+      rm -rf "$RUN" && cat "$FROM"* | tar xz -C /tmp && echo "resumed from $FROM:" && ls "$RUN/cells"
+    fi
     read -r -a PIECE <<< "${CELLS:-}"
     setsid nohup nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 \
       > "$GPU" 2>&1 < /dev/null &
@@ -61,5 +64,8 @@ case $STEP in
     pkill -f "nvidia-smi --query-gpu" ; progress
     mkdir -p "$RUN/logs" && cp "$LOG" "$GPU" "$RUN/logs/" && cp /tmp/epcache/prepare.log "$RUN/logs/" 2>/dev/null
     for f in "$RUN"/cells/*/cell.log; do cp "$f" "$RUN/logs/$(basename "$(dirname "$f")").txt"; done
-    (cd /tmp && tar czf "$OUT/big14.tgz" --exclude='.tmp-*' --exclude='*.lock' i26-big14) && ls -la "$OUT" ;;
+    # lm-eval's raw samples_*.jsonl are left behind (12.5 MB per cell at 4,000 docs): the run reads its own
+    # sealed table (samples.parquet), and verification and resume do not need them
+    (cd /tmp && tar cz --exclude='.tmp-*' --exclude='*.lock' --exclude='samples_*.jsonl' i26-big14 \
+      | split -b 15m - "$OUT/big14.tgz.part-") && ls -la "$OUT" ;;
 esac
