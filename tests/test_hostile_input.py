@@ -127,31 +127,35 @@ def test_markup_in_a_path_does_not_change_the_error(tmp_path):
     assert f"{visible(missing)} is not a run directory" in line and "\x1b" not in line
 
 
-def test_sign_off_stands_after_ctrl_c(odd_run):
-    """Ctrl-C just after the sign-off line: the exit code is still the sign-off's (was: 130, or -2 when the
-    interrupt came while the interpreter shut down)."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_sign_off_stands_after_ctrl_c(odd_run, sig):
+    """Ctrl-C (or SIGTERM, a CI job's time limit) just after the sign-off line: the exit code is still the
+    sign-off's (was: 130, or -2 when the interrupt came while the interpreter shut down)."""
     expected = evalparity("report", str(odd_run)).returncode
     for _ in range(3):
         proc = subprocess.Popen([sys.executable, "-m", "evalparity.cli", "report", str(odd_run)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=sigint_as_on_a_terminal)
         line = proc.stdout.readline()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
         assert sign_off_line(line) and proc.returncode == expected, (proc.returncode, err)
         assert "Traceback" not in err, err
 
 
-def test_ctrl_c_before_the_sign_off_is_130(odd_run):
-    """(It failed in CI-shaped runs started with ``.ci/run &``: the report then inherited SIGINT ignored.)"""
+@pytest.mark.parametrize("sig, code, says", [(signal.SIGINT, 130, "interrupted"),
+                                             (signal.SIGTERM, 143, "stopped by SIGTERM before the sign-off")])
+def test_ctrl_c_before_the_sign_off_is_130(odd_run, sig, code, says):
+    """(It failed in CI-shaped runs started with ``.ci/run &``: the report then inherited SIGINT ignored.)
+    SIGTERM, how CI stops a job, likewise: 143 and a line saying so (was: killed by the signal, silently)."""
     proc = subprocess.Popen([sys.executable, "-m", "evalparity.cli", "report", str(odd_run)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=sigint_as_on_a_terminal)
     assert proc.stderr.readline().startswith("statistics")
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and out == "", (out, err)
-    assert "interrupted" in err and "Traceback" not in err
+    assert proc.returncode == code and out == "", (out, err)
+    assert says in err and "Traceback" not in err
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -223,3 +223,35 @@ def test_ctrl_c_says_how_to_resume_and_records_its_timings(tiny_model, tiny_task
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "rerun the same command" in err and "Traceback" not in err
     assert "cells" in json.loads((out / "run.json").read_text())["stages_s"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_stops_a_run_as_ctrl_c_does(tiny_model, tiny_tasks, tmp_path, sig):
+    """How CI stops a job (a time limit or a cancel: SIGTERM), `timeout`, a closed terminal (SIGHUP): the
+    run says in one line that it was stopped and how to resume, records its timings, releases its lock,
+    leaves no cell running, and exits with the shell's code for the signal. Ended by the signal's default
+    action, it had left none of that (a 14B run stopped by `timeout` on an H200 wrote no run.json)."""
+    import psutil
+
+    from evalparity.config import LOCK_NAME
+
+    out = tmp_path / "stopped"
+    args = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
+            "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32", "--limit", "4", "--single-cell",
+            "--out", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not (out / "cells" / ".tmp-hf-fp32" / "cell.log").exists():
+        time.sleep(0.2)
+    everyone = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert everyone, "the cell's process had not started"
+    os.kill(proc.pid, sig)  # the command's own process only, as `kill PID` or a job runner sends it
+    _, err = proc.communicate(timeout=120)
+    name = signal.Signals(sig).name
+    assert proc.returncode == 128 + sig, err[-2000:]
+    assert [line for line in err.splitlines() if "stopped by" in line] == [
+        f"stopped by {name} before the sign-off: finished cells are kept; rerun the same command to resume"]
+    assert "Traceback" not in err
+    assert "cells" in json.loads((out / "run.json").read_text())["stages_s"]
+    assert not (out / LOCK_NAME).exists()
+    assert not [p for p in everyone if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

@@ -12,6 +12,7 @@ import what they need when they run, so ``--help`` and a bad option answer at on
 from __future__ import annotations
 
 import importlib
+import os
 import signal
 import sys
 
@@ -27,7 +28,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.",
                   epilog="Exit codes: 0 PASS; 3 FAIL (a gating comparison DIFFERENT); 4 INCONCLUSIVE (pass "
                          "--no-fail-on-inconclusive to exit 0 then); 5 INCOMPLETE (a cell failed or is missing); "
-                         "2 bad input; 130 interrupted; 1 an internal error (a bug: please report it).")
+                         "2 bad input; 130 interrupted (Ctrl-C), 143 stopped by SIGTERM, 129 by SIGHUP; 1 an internal error (a "
+                         "bug: please report it).")
 
 
 def _version(value: bool) -> None:
@@ -54,13 +56,15 @@ app.add_typer(models.app, name="models")
 
 def main() -> None:
     """The console script: runs the app without click's standalone mode, so that every way a command ends
-    (its exit code, EvalParityError, a usage error, Ctrl-C) is one line at most, and exits with its code.
+    (its exit code, EvalParityError, a usage error, Ctrl-C, SIGTERM) is one line at most, and exits with its
+    code.
 
     Exit codes (README "Gating CI"): the sign-off's (0, 3, 4) or an error's (2 bad input, 5 cells failed);
-    130 for Ctrl-C before the sign-off; 1 for an internal error (a bug: its traceback is shown, to be
+    130 for Ctrl-C before the sign-off, 143 for SIGTERM and 129 for SIGHUP (``Stopped``); 1 for an internal error (a bug: its traceback is shown, to be
     reported). Once the sign-off line is printed its code stands, whatever follows: an error, an internal
-    one or Ctrl-C (``output.sign_off``); only ``run``'s 5, for cells that failed under a PASS, replaces it."""
+    one, Ctrl-C or SIGTERM (``output.sign_off``); only ``run``'s 5, for cells that failed under a PASS, replaces it."""
     configure_logging()
+    _stop_on_signals()
     try:
         rc = app(standalone_mode=False)
         if rc == 130:  # typer turns Ctrl-C inside a command into Exit(130), which this mode returns
@@ -105,8 +109,53 @@ def _interrupted() -> None:
         console.print(f"[yellow]interrupted after the sign-off[/yellow]: exit code {signed_off()}, the "
                       "sign-off's", highlight=False)
         _exit(signed_off())
-    console.print("[red]interrupted[/red]: finished cells are kept; rerun the same command to resume")
+    if _stopped_by:
+        name = signal.Signals(_stopped_by[0]).name
+        console.print(f"[red]stopped by {name}[/red] before the sign-off: finished cells are kept; rerun the same "
+                      "command to resume", highlight=False, soft_wrap=True)
+        sys.exit(128 + _stopped_by[0])
+    console.print("[red]interrupted[/red]: finished cells are kept; rerun the same command to resume", soft_wrap=True)
     sys.exit(130)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_stopped_by: list[int] = []  # the signal that stopped this command, once one has
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP before the sign-off, unwound as Ctrl-C is.
+
+    They are how a command is stopped from outside: a CI job's time limit or cancel (GitLab and Jenkins send
+    SIGTERM, GitHub Actions SIGINT then SIGTERM), ``timeout``, a batch scheduler, a closed terminal. Ended by
+    the signal's default action, a run left no ``run.json`` for that invocation and no line saying what
+    happened or that a rerun resumes; unwound like Ctrl-C, every ``finally`` runs: the run records its
+    timings, releases its lock, and its children are stopped (``procs``, whose handler runs first). The exit
+    code is the shell's for that signal, 128 + its number."""
+
+
+def _stop_on_signals() -> None:
+    """Install ``_on_stop_signal`` for SIGTERM and SIGHUP, from the main thread; a signal ignored on purpose
+    (``nohup``) stays ignored."""
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) in (signal.SIG_IGN, None):
+            continue
+        signal.signal(sig, _on_stop_signal)
+
+
+def _on_stop_signal(signum, frame) -> None:
+    """The first SIGTERM/SIGHUP raises Stopped, or once the sign-off is out is noted and the cleanup carries
+    on (its code stands, as for Ctrl-C); a second one ends the process at once (the signal's default)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    name = signal.Signals(signum).name
+    if signed_off() is not None:
+        try:
+            os.write(2, f"\n{name}: the sign-off above is final; finishing up\n".encode())
+        except OSError:
+            pass
+        return
+    _stopped_by.append(signum)
+    raise Stopped(name)
 
 
 def _is_click(err: BaseException, name: str) -> bool:
