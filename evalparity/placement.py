@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -462,6 +463,21 @@ class LocalRayHead:
                 self.proc.wait()
 
 
+@contextlib.contextmanager
+def keeps_sigterm_handler():
+    """Put this process's SIGTERM handler back after the block. ``ray.init()`` replaces it with its own
+    (``sys.exit(15)``): a run stopped by SIGTERM (a CI job's time limit) then exited 15 without a line, and
+    the command's handler (``cli.Stopped``: 143 and how to resume) and ``procs``' (its children's groups
+    killed at once) were gone. Only the main thread can set handlers; elsewhere nothing is touched."""
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
+
+
 class RayExecutor:
     """Every job as a Ray task asking for its GPUs/CPUs; Ray queues and places them."""
 
@@ -488,7 +504,7 @@ class RayExecutor:
             # its C++ side prints while it connects (a warning a second while it retries) goes to ray.log.
             if address == "local":  # a new instance in this process: no prestarted workers (LocalRayHead)
                 kw["_system_config"] = {"prestart_worker_first_driver": False}
-            with _stderr_to(os.path.join(run_dir, "ray.log")):
+            with _stderr_to(os.path.join(run_dir, "ray.log")), keeps_sigterm_handler():
                 ray.init(**kw, log_to_driver=False, include_dashboard=False, logging_level=logging.ERROR,
                          configure_logging=True, ignore_reinit_error=True)
         except (ConnectionError, RuntimeError, ValueError) as err:

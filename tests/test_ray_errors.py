@@ -44,3 +44,30 @@ def test_an_own_instance_that_refuses_the_run_names_its_log(monkeypatch, tmp_pat
     with pytest.raises(EvalParityError) as err:  # the user's cluster: no log of ours to name
         pl.RayExecutor(str(tmp_path), "model", "10.0.0.9:6379")
     assert "its log is" not in str(err.value) and "ray start --head" in str(err.value)
+
+
+def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch, tmp_path):
+    """``ray.init()`` sets its own SIGTERM handler (``sys.exit(15)``): a Ray run stopped by a CI job's time
+    limit exited 15, silently, instead of the command's 143 and its line on how to resume (``cli.Stopped``)."""
+    import signal
+
+    import ray
+    from ray._private.utils import set_sigterm_handler
+
+    def init_as_ray_does(**_kw):
+        set_sigterm_handler(lambda signum, frame: None)  # what ray.init does first, in the main thread
+        raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6553")
+
+    def ours(signum, frame):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(pl, "check_reachable", lambda _address: None)
+    monkeypatch.setattr(pl, "use_token_auth", lambda _address: False)
+    monkeypatch.setattr(ray, "init", init_as_ray_does)
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        with pytest.raises(EvalParityError):
+            pl.RayExecutor(str(tmp_path), "model", "10.0.0.9:6379")
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, before)
