@@ -10,8 +10,10 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from evalparity.config import fingerprint_cache, kill_point
@@ -69,6 +71,7 @@ def sha256(path: Path) -> str:
         return _digest(f)
 
 
+HASH_THREADS = 8  # files hashed side by side at most (HashCache.sha256_all)
 RACY_NS = 200_000_000  # a file changed this close before its stamp was read is not cached (HashCache)
 
 
@@ -124,6 +127,7 @@ class HashCache:
         data = read_json(path) if _trusted(path) else None
         self.data: dict = data if data is not None else {}
         self.changed = False
+        self._lock = threading.Lock()  # ``sha256_all``'s threads put side by side
 
     def get(self, path: Path, st: list[int]) -> str | None:
         hit = self.data.get(str(Path(path).resolve()))
@@ -137,8 +141,9 @@ class HashCache:
         size, mtime, ctime, _ino, read_at = st
         if read_at - max(mtime, ctime) < RACY_NS or (mtime % 10**9 == 0 and ctime % 10**9 == 0):
             return
-        self.data[str(Path(path).resolve())] = {"stamp": st[:4], "sha256": digest}
-        self.changed = True
+        with self._lock:
+            self.data[str(Path(path).resolve())] = {"stamp": st[:4], "sha256": digest}
+            self.changed = True
 
     def sha256(self, path: Path) -> tuple[str, list[int], bool]:
         """(``path``'s sha256, its stamp, whether it came from the cache): the cached one while the stamp
@@ -150,6 +155,21 @@ class HashCache:
         st, digest = stamped_sha256(path)
         self.put(path, st, digest)
         return digest, st, False
+
+    def sha256_all(self, paths: list[Path]) -> list[tuple[str, list[int], bool]]:
+        """``sha256`` of each of ``paths``, in their order. The distinct files are hashed side by side, in up to
+        ``HASH_THREADS`` threads (file reads and hashlib release the GIL): a 14B model's six shards of 5 GB,
+        one after another, were 28.6 s of a first run's setup on an H200 host of 16 cores. A file reached
+        under a second name (a link) is read once: the second name finds the first's hash in the cache."""
+        paths = [Path(p) for p in paths]
+        first: dict[Path, int] = {}
+        for i, p in enumerate(paths):
+            first.setdefault(p.resolve(), i)
+        distinct = sorted(first.values())
+        workers = max(1, min(HASH_THREADS, os.cpu_count() or 1, len(distinct)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="sha256") as pool:
+            done = dict(zip(distinct, pool.map(self.sha256, [paths[i] for i in distinct])))
+        return [done[i] if i in done else self.sha256(p) for i, p in enumerate(paths)]
 
     def save(self) -> None:
         """Write the cache, without the entries of files that are gone (a run on a copy of a model in a

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -175,3 +176,51 @@ def test_entries_of_files_that_are_gone_are_dropped_when_the_cache_is_written(tm
     cache.sha256(new)
     cache.save()
     assert sorted(Path(k).name for k in files.HashCache().data) == ["kept.bin", "new.bin"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_files_hashed_side_by_side_give_each_name_its_own_hash_reading_each_file_once(tmp_path, monkeypatch, seed):
+    """``HashCache.sha256_all`` (the fingerprint's misses): generated folders of files, some reached under a
+    second name (a symbolic or a hard link), some already cached. Each name gets ``sha256``'s answer, in the
+    given order; each distinct file is read at most once; two or more files are read in threads of their own."""
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "RACY_NS", 0)  # freshly written files may be cached at once here
+    rng = random.Random(seed)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    names = []
+    for i in range(rng.randint(1, 7)):
+        p = folder / f"f{i}.safetensors"
+        p.write_bytes(rng.randbytes(rng.randint(0, 1 << 16)))
+        names.append(p)
+        if i == 0 or rng.random() < 0.4:
+            link = folder / f"l{i}.safetensors"
+            if rng.random() < 0.5:
+                link.symlink_to(p.name)
+            else:
+                os.link(p, link)
+            names.append(link)
+    rng.shuffle(names)
+    cached = rng.sample(names, rng.randint(0, len(names) // 2))
+    ahead = files.HashCache()
+    ahead.sha256_all(cached)  # hashed and cached (whole-second times aside): these are not read below
+    ahead.save()
+    expected = {p: files.sha256(p) for p in names}
+
+    reads: list[tuple[str, str]] = []  # (the file read, the thread that read it)
+    real = files._digest
+
+    def digest(f):
+        reads.append((os.path.realpath(f.name), threading.current_thread().name))
+        time.sleep(0.05)  # long enough for the pool to hand the next file to another thread
+        return real(f)
+
+    monkeypatch.setattr(files, "_digest", digest)
+    got = files.HashCache().sha256_all(names)
+    assert [g[0] for g in got] == [expected[p] for p in names]
+    assert all(g[1][0] == p.stat().st_size for g, p in zip(got, names))
+    read = [r for r, _ in reads]
+    assert len(read) == len(set(read)), "a file was read twice"
+    assert set(read) == {os.path.realpath(p) for p in names} - {os.path.realpath(p) for p in cached}
+    if len(read) >= 2 and (os.cpu_count() or 1) >= 2:
+        assert len({t for _, t in reads}) >= 2, reads

@@ -70,8 +70,7 @@ def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | No
             logger.info(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size "
                         "and mtime) ...")
         t0 = time.perf_counter()
-        for p, _ in todo:
-            digest, st, cached = cache.sha256(p)
+        for (p, _), (digest, st, cached) in zip(todo, cache.sha256_all([p for p, _ in todo])):
             entries[p.name] = {"kind": _kind(p.name), "size": st[0], "sha256": digest}
             if cached:  # the same file under another name (a link), hashed just before
                 stats.cached_bytes += st[0]
