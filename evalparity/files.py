@@ -76,12 +76,14 @@ RACY_NS = 200_000_000  # a file changed this close before its stamp was read is 
 
 
 def _stamp_of(st: os.stat_result, now: int) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, now]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev, now]
 
 
 def stamp(path: Path) -> list[int]:
-    """What changes when a file's bytes can have changed: size, mtime, ctime and inode. A rewrite in place
-    changes at least the ctime, which no user call sets back; a rename of the folder above changes none.
+    """What changes when a file's bytes can have changed: size, mtime, ctime, inode and device. A rewrite in
+    place changes at least the ctime, which no user call sets back; a rename of the folder above changes none.
+    The device tells apart two file systems mounted in turn at one path (a loop device or an image reused),
+    whose files can repeat each other's inodes and times.
     Its last element is not the file's: the time it was read (ns), for ``HashCache.put``'s racy-file rule."""
     now = time.time_ns()
     return _stamp_of(os.stat(path), now)
@@ -131,18 +133,18 @@ class HashCache:
 
     def get(self, path: Path, st: list[int]) -> str | None:
         hit = self.data.get(str(Path(path).resolve()))
-        if isinstance(hit, dict) and hit.get("stamp") == st[:4] and isinstance(hit.get("sha256"), str):
+        if isinstance(hit, dict) and hit.get("stamp") == st[:-1] and isinstance(hit.get("sha256"), str):
             return hit["sha256"]
         return None
 
     def put(self, path: Path, st: list[int], digest: str) -> None:
         """Remember ``digest`` for ``path`` as stamped by ``st`` (read before the bytes were hashed), unless
         that stamp cannot be trusted to change with the bytes (the class's docstring)."""
-        size, mtime, ctime, _ino, read_at = st
+        size, mtime, ctime, _ino, _dev, read_at = st
         if read_at - max(mtime, ctime) < RACY_NS or (mtime % 10**9 == 0 and ctime % 10**9 == 0):
             return
         with self._lock:
-            self.data[str(Path(path).resolve())] = {"stamp": st[:4], "sha256": digest}
+            self.data[str(Path(path).resolve())] = {"stamp": st[:-1], "sha256": digest}
             self.changed = True
 
     def sha256(self, path: Path) -> tuple[str, list[int], bool]:

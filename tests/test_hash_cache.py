@@ -146,11 +146,11 @@ def test_stamps_that_may_not_change_with_the_bytes_are_not_cached(tmp_path, monk
     time.sleep(files.RACY_NS / 1e9 + 0.05)
     assert cache.sha256(f)[0] == files.sha256(f) and cache.changed and cache.get(f, files.stamp(f))
     now = time.time_ns()
-    whole = [100, 10**18, 10**18 + 10**9, 5, now]
+    whole = [100, 10**18, 10**18 + 10**9, 5, 2049, now]
     cache.put(tmp_path / "coarse", whole, "0" * 64)
     assert cache.get(tmp_path / "coarse", whole) is None
-    cache.put(tmp_path / "fine", [100, 10**18 + 1, 10**18 + 10**9, 5, now], "0" * 64)
-    assert cache.get(tmp_path / "fine", [100, 10**18 + 1, 10**18 + 10**9, 5, now]) == "0" * 64
+    cache.put(tmp_path / "fine", [100, 10**18 + 1, 10**18 + 10**9, 5, 2049, now], "0" * 64)
+    assert cache.get(tmp_path / "fine", [100, 10**18 + 1, 10**18 + 10**9, 5, 2049, now]) == "0" * 64
     cache.save()
     assert files.HashCache().data == cache.data
     config.fingerprint_cache().chmod(0o664)  # group-writable: another user could vouch for bytes
@@ -224,3 +224,27 @@ def test_files_hashed_side_by_side_give_each_name_its_own_hash_reading_each_file
     assert set(read) == {os.path.realpath(p) for p in names} - {os.path.realpath(p) for p in cached}
     if len(read) >= 2 and (os.cpu_count() or 1) >= 2:
         assert len({t for _, t in reads}) >= 2, reads
+
+
+def test_a_file_on_another_device_is_not_taken_for_the_cached_one(tmp_path, monkeypatch):
+    """Two file systems mounted in turn at one path (a reused loop device or image) can repeat a file's size,
+    times and inode; its device (``st_dev``) is part of the stamp, so the cached hash is not taken for it."""
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "RACY_NS", 0)
+    p = tmp_path / "model.safetensors"
+    p.write_bytes(b"weights")
+    cache = files.HashCache()
+    digest, st, _ = cache.sha256(p)
+    cache.save()
+    assert files.HashCache().get(p, files.stamp(p)) == digest  # the same file: from the cache
+    real = os.stat
+
+    def on_another_device(path, *args, **kwargs):
+        st = real(path, *args, **kwargs)
+        if Path(path) == p:
+            return os.stat_result((*st[:2], st.st_dev + 1, *st[3:7], st.st_atime, st.st_mtime, st.st_ctime),
+                                  {"st_mtime_ns": st.st_mtime_ns, "st_ctime_ns": st.st_ctime_ns})
+        return st
+
+    monkeypatch.setattr(files.os, "stat", on_another_device)
+    assert files.HashCache().get(p, files.stamp(p)) is None
