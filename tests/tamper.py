@@ -277,7 +277,8 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
     """``evalparity ARGS`` in this process (as the console script runs it): (exit code, stdout, stderr).
 
     What a command changes in the process is put back afterwards, so that the next test finds it as it was:
-    the sign-off's state, ``sys.argv``, the SIGINT handler (set to ignore once a sign-off is printed) and the
+    the sign-off's state, ``sys.argv``, the SIGINT, SIGTERM and SIGHUP handlers (``main`` sets its own; SIGINT is
+    ignored once a sign-off is printed) and the
     ``evalparity`` logger (``configure_logging`` gives it the console's handler and stops propagation, which
     would hide its records from pytest's caplog in a later test)."""
     import logging
@@ -288,7 +289,8 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
 
     output._signed_off = None  # one command per process in use; this runs many
     out, err = io.StringIO(), io.StringIO()
-    argv, sigint = sys.argv, signal.getsignal(signal.SIGINT)
+    argv = sys.argv
+    handlers_before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     log = logging.getLogger("evalparity")
     handlers, level, propagate = list(log.handlers), log.level, log.propagate
     sys.argv = ["evalparity", *args]
@@ -301,7 +303,8 @@ def run_cli(args: list[str]) -> tuple[int, str, str]:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         sys.argv = argv
-        signal.signal(signal.SIGINT, sigint)
+        for sig, handler in handlers_before.items():
+            signal.signal(sig, handler)
         log.handlers[:] = handlers
         log.setLevel(level)
         log.propagate = propagate

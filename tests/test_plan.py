@@ -161,6 +161,8 @@ def test_the_cli_prints_and_writes_the_plan(run, result):
     assert all(type(p["docs"]) is int and type(p["expected_docs"]) is int for p in c["plans"])
     assert all(type(x["docs_scored"]) is int for x in data["cells"])
     assert data["summary"]["line"] == result.summary()["line"]
+    # piped, as in a CI log (an 80-column console), the tables keep every number whole (was: "4,…")
+    assert "…" not in err and all(f"{x['docs_scored']:,}" in err for x in data["cells"]), err
     again = tamper.run_cli(["plan", str(run)])  # its own plan.json is replaced, the run's lock is free again
     assert again[0] == 0 and not (run / ".evalparity.lock").exists()
 

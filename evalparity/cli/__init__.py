@@ -96,11 +96,12 @@ def main() -> None:
 
 
 def _exit(code: int) -> None:
-    """``sys.exit(code)``; once a sign-off line is printed, with Ctrl-C ignored from here on: an interrupt
-    while the interpreter shuts down would otherwise end the process by the signal (-2 to a parent) instead
-    of with this code."""
+    """``sys.exit(code)``; once a sign-off line is printed, with Ctrl-C, SIGTERM and SIGHUP ignored from here
+    on: one while the interpreter shuts down would otherwise end the process by the signal (-2 to a parent)
+    instead of with this code."""
     if signed_off() is not None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGINT, *STOP_SIGNALS):
+            signal.signal(sig, signal.SIG_IGN)
     sys.exit(code)
 
 

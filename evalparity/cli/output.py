@@ -100,6 +100,18 @@ class ConsoleHandler(logging.Handler):
             self.handleError(record)
 
 
+def print_table(table) -> None:
+    """A wide table (``plan``'s) in full. On a terminal rich fits it to the terminal; piped, as in a CI log, the
+    console is 80 columns wide, and rich shortened the numbers to fit (``4,…`` for 4,000): there it is printed
+    at its own width, as a log line can be as long as it needs."""
+    natural = console.measure(table, options=console.options.update(max_width=10_000)).maximum
+    if console.is_terminal or natural <= console.width:
+        console.print(table)
+        return
+    # console.print(width=...) is capped at the console's width: a console of the table's width, same stream
+    Console(file=console.file, width=natural, emoji=False, no_color=console.no_color).print(table)
+
+
 def configure_logging() -> None:
     """Once per command: the ``evalparity`` loggers print INFO and above through ``console``, so that their
     lines and the progress bars share one live display, and only there: not through the root logger, where

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from evalparity import rundir, signoff
 from evalparity.cli.options import Statistics, verb
-from evalparity.cli.output import console, safe
+from evalparity.cli.output import console, print_table, safe
 from evalparity.errors import EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.printable import visible
@@ -112,7 +112,7 @@ def show(result) -> None:
             row += [approx + _docs(pp.docs), approx + _docs(pp.expected_docs)]
         row += [_docs(c.docs_available), safe(_comparison_note(c))]
         t.add_row(*row)
-    console.print(t)
+    print_table(t)
     if any(c.discordance_assumed for c in result.comparisons):
         console.print("* no discordant doc seen: planned at ψ = 1/n", highlight=False)
 
@@ -129,7 +129,7 @@ def show(result) -> None:
             for n, e in zip(x.docs, x.expected_docs):
                 row += [_docs(n), _docs(e)]
             tt.add_row(*row)
-        console.print(tt)
+        print_table(tt)
 
     ct = Table(title="GPU time per cell (all planned tasks in one process)", title_justify="left",
                caption=safe(result.rates_note()), caption_justify="left")
@@ -144,7 +144,7 @@ def show(result) -> None:
         for s, es in zip(c.seconds, c.expected_seconds):
             row += [_secs(es), _secs(s)]
         ct.add_row(*row)
-    console.print(ct)
+    print_table(ct)
     for d in result.not_planned:
         console.print(f"not planned: {safe(d['task'])} {safe(d['metric'])} {safe(d['cell'])}: {safe(d['why'])}",
                       highlight=False)
