@@ -56,11 +56,17 @@ def read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _digest(f) -> str:
+class Abandoned(Exception):
+    """A hash given up on: the ``stop`` event of ``_digest`` was set (``HashCache.sha256_all``)."""
+
+
+def _digest(f, stop: threading.Event | None = None) -> str:
     """The sha256 of an open binary file's bytes from where it stands, read in chunks: the one place that
-    reads a file to hash it."""
+    reads a file to hash it. ``stop`` set ends it at the next chunk (8 MiB) with Abandoned."""
     h = hashlib.sha256()
     for chunk in iter(lambda: f.read(1 << 23), b""):
+        if stop is not None and stop.is_set():
+            raise Abandoned(f.name)
         h.update(chunk)
     return h.hexdigest()
 
@@ -89,14 +95,19 @@ def stamp(path: Path) -> list[int]:
     return _stamp_of(os.stat(path), now)
 
 
-def stamped_sha256(path: Path) -> tuple[list[int], str]:
+def stamped_sha256(path: Path, stop: threading.Event | None = None) -> tuple[list[int], str]:
     """(``stamp``, sha256) of one open file: the stamp read from the descriptor before its bytes, so that
     both are of the same file even when ``path`` is a link someone changes meanwhile, and a write during
     the read leaves a stamp that no longer matches."""
     with open(Path(path).resolve(), "rb") as f:
         now = time.time_ns()
         st = _stamp_of(os.fstat(f.fileno()), now)
-        return st, _digest(f)
+        try:
+            return st, _digest(f, stop)
+        except OSError as err:  # a read error names no file: this one
+            if err.filename is None:
+                err.filename = str(path)
+            raise
 
 
 def _trusted(path: Path) -> bool:
@@ -147,14 +158,14 @@ class HashCache:
             self.data[str(Path(path).resolve())] = {"stamp": st[:-1], "sha256": digest}
             self.changed = True
 
-    def sha256(self, path: Path) -> tuple[str, list[int], bool]:
+    def sha256(self, path: Path, stop: threading.Event | None = None) -> tuple[str, list[int], bool]:
         """(``path``'s sha256, its stamp, whether it came from the cache): the cached one while the stamp
         is unchanged, else hashed now (``stamped_sha256``) and cached."""
         st = stamp(path)
         digest = self.get(path, st)
         if digest is not None:
             return digest, st, True
-        st, digest = stamped_sha256(path)
+        st, digest = stamped_sha256(path, stop)
         self.put(path, st, digest)
         return digest, st, False
 
@@ -162,16 +173,40 @@ class HashCache:
         """``sha256`` of each of ``paths``, in their order. The distinct files are hashed side by side, in up to
         ``HASH_THREADS`` threads (file reads and hashlib release the GIL): a 14B model's six shards of 5 GB,
         one after another, were 28.6 s of a first run's setup on an H200 host of 16 cores. A file reached
-        under a second name (a link) is read once: the second name finds the first's hash in the cache."""
+        under a second name (a symbolic or a hard link: the same device and inode) is read once, and the
+        second name gets the first's hash, as from the cache. An exception in the caller's thread (Ctrl-C,
+        SIGTERM's ``cli.Stopped``) stops the other threads at their next chunk instead of waiting for them to
+        finish their files; a single file is hashed in the caller's thread."""
         paths = [Path(p) for p in paths]
-        first: dict[Path, int] = {}
+        first: dict[tuple[int, int], int] = {}
+        of: list[int] = []
         for i, p in enumerate(paths):
-            first.setdefault(p.resolve(), i)
+            st = os.stat(p)
+            of.append(first.setdefault((st.st_dev, st.st_ino), i))
         distinct = sorted(first.values())
-        workers = max(1, min(HASH_THREADS, os.cpu_count() or 1, len(distinct)))
-        with ThreadPoolExecutor(workers, thread_name_prefix="sha256") as pool:
-            done = dict(zip(distinct, pool.map(self.sha256, [paths[i] for i in distinct])))
-        return [done[i] if i in done else self.sha256(p) for i, p in enumerate(paths)]
+        if len(distinct) <= 1:
+            done = {i: self.sha256(paths[i]) for i in distinct}
+        else:
+            stop = threading.Event()
+            pool = ThreadPoolExecutor(min(HASH_THREADS, os.cpu_count() or 1, len(distinct)),
+                                      thread_name_prefix="sha256")
+            try:
+                futures = {i: pool.submit(self.sha256, paths[i], stop) for i in distinct}
+                done = {i: f.result() for i, f in futures.items()}
+            except BaseException:
+                stop.set()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown()
+        out = []
+        for i, p in enumerate(paths):
+            if of[i] == i:
+                out.append(done[i])
+                continue
+            digest, st, _ = done[of[i]]  # the same file (device and inode): its stamp is this name's too
+            self.put(p, st, digest)
+            out.append((digest, st, True))
+        return out
 
     def save(self) -> None:
         """Write the cache, without the entries of files that are gone (a run on a copy of a model in a

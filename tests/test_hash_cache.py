@@ -42,9 +42,9 @@ def counting(monkeypatch) -> list[Path]:
     read: list[Path] = []
     real = files._digest
 
-    def digest(f):
+    def digest(f, stop=None):
         read.append(Path(f.name))
-        return real(f)
+        return real(f, stop)
 
     monkeypatch.setattr(files, "_digest", digest)
     return read
@@ -121,8 +121,8 @@ def test_a_file_changed_while_it_is_hashed_for_the_manifest_is_not_cached(tmp_pa
     (work / "model.safetensors").write_bytes(b"a" * 4096)
     real = files._digest
 
-    def digest_then_write(f):
-        out = real(f)
+    def digest_then_write(f, stop=None):
+        out = real(f, stop)
         if Path(f.name).name == "model.safetensors":
             Path(f.name).write_bytes(b"b" * 4096)
         return out
@@ -182,7 +182,8 @@ def test_entries_of_files_that_are_gone_are_dropped_when_the_cache_is_written(tm
 def test_files_hashed_side_by_side_give_each_name_its_own_hash_reading_each_file_once(tmp_path, monkeypatch, seed):
     """``HashCache.sha256_all`` (the fingerprint's misses): generated folders of files, some reached under a
     second name (a symbolic or a hard link), some already cached. Each name gets ``sha256``'s answer, in the
-    given order; each distinct file is read at most once; two or more files are read in threads of their own."""
+    given order; each distinct file (device and inode) is read at most once, under its first name, unless that
+    name's hash is cached; two or more files are read in threads of their own."""
     monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(files, "RACY_NS", 0)  # freshly written files may be cached at once here
     rng = random.Random(seed)
@@ -207,13 +208,17 @@ def test_files_hashed_side_by_side_give_each_name_its_own_hash_reading_each_file
     ahead.save()
     expected = {p: files.sha256(p) for p in names}
 
-    reads: list[tuple[str, str]] = []  # (the file read, the thread that read it)
+    reads: list[tuple[tuple[int, int], str]] = []  # (the file read: device and inode, the thread that read it)
     real = files._digest
 
-    def digest(f):
-        reads.append((os.path.realpath(f.name), threading.current_thread().name))
+    def inode(path) -> tuple[int, int]:
+        st = os.stat(path)
+        return st.st_dev, st.st_ino
+
+    def digest(f, stop=None):
+        reads.append((inode(f.name), threading.current_thread().name))
         time.sleep(0.05)  # long enough for the pool to hand the next file to another thread
-        return real(f)
+        return real(f, stop)
 
     monkeypatch.setattr(files, "_digest", digest)
     got = files.HashCache().sha256_all(names)
@@ -221,7 +226,11 @@ def test_files_hashed_side_by_side_give_each_name_its_own_hash_reading_each_file
     assert all(g[1][0] == p.stat().st_size for g, p in zip(got, names))
     read = [r for r, _ in reads]
     assert len(read) == len(set(read)), "a file was read twice"
-    assert set(read) == {os.path.realpath(p) for p in names} - {os.path.realpath(p) for p in cached}
+    firsts: dict[tuple[int, int], Path] = {}
+    for p in names:
+        firsts.setdefault(inode(p), p)  # the name each file is hashed under: its first in the given order
+    known = {os.path.realpath(p) for p in cached}
+    assert set(read) == {i for i, p in firsts.items() if os.path.realpath(p) not in known}
     if len(read) >= 2 and (os.cpu_count() or 1) >= 2:
         assert len({t for _, t in reads}) >= 2, reads
 
@@ -248,3 +257,55 @@ def test_a_file_on_another_device_is_not_taken_for_the_cached_one(tmp_path, monk
 
     monkeypatch.setattr(files.os, "stat", on_another_device)
     assert files.HashCache().get(p, files.stamp(p)) is None
+
+
+def test_an_interrupt_stops_the_hashing_threads_at_their_next_chunk(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM (``cli.Stopped``, a KeyboardInterrupt) while a model's files are hashed side by side
+    reaches the caller at once, and the threads stop at their next chunk instead of finishing their files
+    (the review measured 17.4 s from SIGTERM to exit on two 3 GiB files, against 0.8 s one after another)."""
+    import signal
+
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
+    for i in range(3):
+        (tmp_path / f"f{i}").write_bytes(b"x")
+
+    class Endless:  # a file of no end: only the stop event ends its hash
+        name = "endless"
+
+        def read(self, n):
+            time.sleep(0.01)
+            return b"y" * 16
+
+    def endless_hash(path, stop=None):
+        return [0] * 6, files._digest(Endless(), stop)
+
+    monkeypatch.setattr(files, "stamped_sha256", endless_hash)
+    main = threading.main_thread().ident  # a real signal: it wakes the caller waiting on the threads' results
+    threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        files.HashCache().sha256_all(sorted(tmp_path.glob("f*")))
+    assert time.monotonic() - t0 < 3
+    deadline = time.monotonic() + 3
+    while any(t.name.startswith("sha256") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("sha256")]
+
+
+def test_an_unreadable_model_file_is_one_line_naming_it_and_the_rest_stays_cached(tmp_path, monkeypatch):
+    """A model file whose read fails (here an I/O error: a link to /proc/self/mem, readable even as root) was a
+    traceback (exit 1); now a one-line error naming the file, and the hashes finished before it are cached."""
+    from evalparity.errors import EvalParityError
+
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(files, "RACY_NS", 0)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"w" * 1000)
+    (folder / "model-00002-of-00002.safetensors").symlink_to("/proc/self/mem")
+    with pytest.raises(EvalParityError) as err:
+        rundir.model_fingerprint(folder, str(folder))
+    assert "\n" not in str(err.value) and "model-00002-of-00002.safetensors" in str(err.value)
+    good = folder / "model-00001-of-00002.safetensors"
+    assert files.HashCache().get(good, files.stamp(good)) == files.sha256(good)

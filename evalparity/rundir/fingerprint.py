@@ -13,7 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from evalparity.errors import EvalParityError
 from evalparity.files import HashCache, stamp
+from evalparity.printable import visible
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +59,10 @@ def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | No
     todo = []
     entries: dict[str, dict] = {}
     for p in files:
-        st = stamp(p)
+        try:
+            st = stamp(p)
+        except OSError as err:
+            raise _unreadable(err, folder) from None
         hit = cache.get(p, st)
         if hit is not None:
             entries[p.name] = {"kind": _kind(p.name), "size": st[0], "sha256": hit}
@@ -70,20 +75,31 @@ def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | No
             logger.info(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size "
                         "and mtime) ...")
         t0 = time.perf_counter()
-        for (p, _), (digest, st, cached) in zip(todo, cache.sha256_all([p for p, _ in todo])):
+        try:
+            hashed = cache.sha256_all([p for p, _ in todo])
+        except OSError as err:
+            raise _unreadable(err, folder) from None
+        finally:
+            cache.save()  # what was hashed before an error or an interrupt is kept
+        for (p, _), (digest, st, cached) in zip(todo, hashed):
             entries[p.name] = {"kind": _kind(p.name), "size": st[0], "sha256": digest}
             if cached:  # the same file under another name (a link), hashed just before
                 stats.cached_bytes += st[0]
             else:
                 stats.hashed_bytes += st[0]
         stats.seconds += time.perf_counter() - t0
-        cache.save()
     if not any(e["kind"] == "weights" for e in entries.values()):
         logger.warning(f"no weight files found at the top of {folder}: the fingerprint holds its config "
                        "and tokenizer only")
     body = {"source": source, "revision": revision, "files": entries}
     body["digest"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
     return body
+
+
+def _unreadable(err: OSError, folder: Path) -> EvalParityError:
+    """A model file that cannot be read (gone meanwhile, no permission, an I/O error), in one line."""
+    return EvalParityError(f"cannot read the model file {visible(err.filename or folder)}: {err.strerror or err}: "
+                           "check the model folder (--model, or a cell's model=)")
 
 
 def fingerprint_change(old: dict | None, new: dict | None) -> str | None:
