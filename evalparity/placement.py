@@ -466,15 +466,27 @@ class LocalRayHead:
 @contextlib.contextmanager
 def keeps_sigterm_handler():
     """Put this process's SIGTERM handler back after the block. ``ray.init()`` replaces it with its own
-    (``sys.exit(15)``): a run stopped by SIGTERM (a CI job's time limit) then exited 15 without a line, and
-    the command's handler (``cli.Stopped``: 143 and how to resume) and ``procs``' (its children's groups
-    killed at once) were gone. Only the main thread can set handlers; elsewhere nothing is touched."""
+    (``sys.exit(15)``), and ``ray.shutdown()`` resets the kernel's disposition to the default behind Python's
+    back (``signal.getsignal`` still names the old handler): a run stopped by SIGTERM (a CI job's time limit)
+    then exited 15, or died by the signal, without a line and without ``run.json``, and the command's handler
+    (``cli.Stopped``: 143 and how to resume) and ``procs``' (its children's groups killed at once) were gone.
+    A SIGTERM inside the block (Ray's ``sys.exit(15)``) goes to the handler put back. Only the main thread
+    can set handlers; elsewhere nothing is touched."""
     main = threading.current_thread() is threading.main_thread()
     before = signal.getsignal(signal.SIGTERM) if main else None
     try:
         yield
+    except SystemExit as ended:  # SIGTERM while Ray's handler was in place: handled as this process handles it
+        if before is None or ended.code != signal.SIGTERM:
+            raise
+        signal.signal(signal.SIGTERM, before)
+        if callable(before):
+            before(signal.SIGTERM, None)
+        elif before == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise
     finally:
-        if before is not None:
+        if before is not None:  # signal.signal sets the kernel's disposition too, which Ray's C++ side may reset
             signal.signal(signal.SIGTERM, before)
 
 
@@ -568,6 +580,7 @@ class RayExecutor:
         for ref in list(self.refs):
             self.ray.cancel(ref, force=True)
         self.refs.clear()
-        self.ray.shutdown()
+        with keeps_sigterm_handler():
+            self.ray.shutdown()
         if self.head is not None:  # its daemons stop while the run goes on; LocalRayHead.close waits for them
             self.head.stop(wait=False)

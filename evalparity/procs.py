@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -207,11 +208,27 @@ def kill_all() -> None:
         _children.clear()
     for proc in left:
         kill_group(proc)
+    deadline = time.monotonic() + 5
     for proc in left:
         for p in (proc, getattr(proc, "guard", None)):
             if p is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-                    p.wait(timeout=5)
+                _reap(p, deadline)
+
+
+def _reap(p: subprocess.Popen, deadline: float) -> None:
+    """Wait until ``p`` has ended, or ``deadline``. Not ``p.wait(timeout)``: when a signal handler calls this
+    while the main thread is inside ``p.wait()`` (the run waiting for the embedded model's preparation), that
+    wait holds the Popen's lock and ``wait(timeout)`` sat out its whole timeout (5 s of a CI job's grace
+    period before SIGKILL); ``waitpid(WNOHANG)`` needs no lock."""
+    while p.returncode is None and time.monotonic() < deadline:
+        try:
+            pid, status = os.waitpid(p.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped already (by the interrupted wait, or poll)
+            return
+        if pid:
+            p.returncode = os.waitstatus_to_exitcode(status)
+            return
+        time.sleep(0.01)
 
 
 def live_children() -> list[int]:

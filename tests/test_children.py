@@ -213,3 +213,32 @@ def test_forked_pool_workers_die_with_the_parent_and_spare_its_children(case):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+WAITING = """
+import os, signal, sys, threading, time
+sys.path.insert(0, {root!r})
+from evalparity import procs
+child = procs.popen(["sleep", "100"])
+def later():
+    time.sleep(0.5)
+    print(time.time(), flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=later, daemon=True).start()
+child.wait()  # as the run waits for the embedded model's preparation
+"""
+
+
+def test_sigterm_while_the_main_thread_waits_for_a_child_does_not_sit_out_a_timeout():
+    """SIGTERM during ``Popen.wait()`` in the main thread: the handler's reaping could not take the lock that
+    wait holds and sat out its 5 s timeout (of a CI job's grace period before SIGKILL); the child is gone
+    and the process ends by SIGTERM soon after."""
+    parent = subprocess.Popen([sys.executable, "-c", WAITING.format(root=str(ROOT))], stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT)
+    try:
+        sent = float(parent.stdout.readline())
+        code = parent.wait(timeout=30)
+        assert code == -signal.SIGTERM
+        assert time.time() - sent < 3, "the handler waited out its timeout"
+    finally:
+        parent.kill()

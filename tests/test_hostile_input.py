@@ -11,11 +11,13 @@ from __future__ import annotations
 import html
 import io
 import logging
+import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -156,6 +158,48 @@ def test_ctrl_c_before_the_sign_off_is_130(odd_run, sig, code, says):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == code and out == "", (out, err)
     assert says in err and "Traceback" not in err
+
+
+def test_a_closed_terminal_stops_the_command_with_129(odd_run):
+    """The terminal a command runs in is closed before its sign-off (SIGHUP, and every later write to it
+    fails with EIO): exit 129, as for SIGHUP. Was 1 with a traceback: the stop's own line, and the progress
+    display's last write, failed on the dead terminal and were taken for an internal error."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session of its own, the pty its terminal
+        os.execv(sys.executable, [sys.executable, "-m", "evalparity.cli", "report", str(odd_run)])
+    seen = b""
+    deadline = time.time() + 120
+    while b"statistics" not in seen and time.time() < deadline:
+        try:
+            seen += os.read(fd, 4096)
+        except OSError:
+            break
+    os.close(fd)  # the terminal closes: SIGHUP to its session, EIO on every write from here on
+    _, status = os.waitpid(pid, 0)
+    assert b"statistics" in seen, seen
+    assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGHUP
+
+
+TWICE = """
+import os, signal, sys, time
+from evalparity import cli
+from evalparity.cli import output
+cli._stop_on_signals()
+output._signed_off = 3  # a sign-off line printed, FAIL's code
+os.kill(os.getpid(), signal.SIGTERM)  # noted: the cleanup would carry on
+os.kill(os.getpid(), signal.SIGTERM)  # ends it at once
+time.sleep(30)
+"""
+
+
+def test_a_second_sigterm_after_the_sign_off_keeps_its_code():
+    """After the sign-off, a first SIGTERM lets the cleanup finish and a second ends the command at once: with
+    the sign-off's code, as for Ctrl-C (was: killed by the signal, -15)."""
+    proc = subprocess.run([sys.executable, "-c", TWICE], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, (proc.returncode, proc.stderr)
+    assert "the sign-off above is final" in proc.stderr
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])

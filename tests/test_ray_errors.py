@@ -71,3 +71,76 @@ def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch, tmp_p
         assert signal.getsignal(signal.SIGTERM) is ours
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def _sigterm_caught() -> bool:
+    """Whether the kernel delivers SIGTERM to a handler of this process (SigCgt), whatever Python believes."""
+    import signal
+
+    with open("/proc/self/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(mask >> (signal.SIGTERM - 1) & 1)
+
+
+def test_stopping_ray_keeps_the_kernels_sigterm_handler():
+    """``ray.shutdown()`` reset SIGTERM's disposition to the default in the kernel, behind Python's back: after
+    a Ray run's cells, SIGTERM killed the process silently (no line, no run.json, the lock left)."""
+    import ctypes
+    import signal
+
+    class FakeRay:
+        def cancel(self, ref, force):
+            pass
+
+        def shutdown(self):  # what Ray's C++ side does: the libc call, which Python's signal module never sees
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.signal.restype = ctypes.c_void_p
+            libc.signal(signal.SIGTERM, ctypes.c_void_p(0))  # SIG_DFL
+
+    def ours(signum, frame):
+        raise AssertionError("not called")
+
+    executor = object.__new__(pl.RayExecutor)
+    executor.refs, executor.ray, executor.head = [], FakeRay(), None
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        assert _sigterm_caught()
+        executor.stop()
+        assert _sigterm_caught() and signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_sigterm_while_connecting_to_ray_goes_to_the_commands_handler(monkeypatch, tmp_path):
+    """SIGTERM while ``ray.init()`` connects (Ray's handler in place: ``sys.exit(15)``, no line) reaches the
+    command's own handler (``cli.Stopped``: 143 and how to resume)."""
+    import os
+    import signal
+    import time
+
+    import ray
+    from ray._private.utils import set_sigterm_handler
+
+    class Ours(Exception):
+        pass
+
+    def ours(signum, frame):
+        raise Ours
+
+    def init_then_sigterm(**_kw):
+        set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # Ray's own, as ray.init sets it
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs before this ends
+
+    import sys
+
+    monkeypatch.setattr(pl, "check_reachable", lambda _address: None)
+    monkeypatch.setattr(pl, "use_token_auth", lambda _address: False)
+    monkeypatch.setattr(ray, "init", init_then_sigterm)
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        with pytest.raises(Ours):
+            pl.RayExecutor(str(tmp_path), "model", "10.0.0.9:6379")
+        assert signal.getsignal(signal.SIGTERM) is ours
+    finally:
+        signal.signal(signal.SIGTERM, before)

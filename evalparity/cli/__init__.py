@@ -11,6 +11,7 @@ import what they need when they run, so ``--help`` and a bad option answer at on
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import signal
@@ -78,6 +79,8 @@ def main() -> None:
     except KeyboardInterrupt:
         _interrupted()
     except Exception as err:  # usage errors (a bad option value, an unknown command) and the like
+        if _stopped_by:  # raised while a stop signal unwound the command (a write to a closed terminal: EIO)
+            _interrupted()
         if _is_click(err, "ClickException"):
             ctx = getattr(err, "ctx", None)
             where = ctx.command_path if ctx is not None else "evalparity"
@@ -112,8 +115,9 @@ def _interrupted() -> None:
         _exit(signed_off())
     if _stopped_by:
         name = signal.Signals(_stopped_by[0]).name
-        console.print(f"[red]stopped by {name}[/red] before the sign-off: finished cells are kept; rerun the same "
-                      "command to resume", highlight=False, soft_wrap=True)
+        with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
+            console.print(f"[red]stopped by {name}[/red] before the sign-off: finished cells are kept; rerun the "
+                          "same command to resume", highlight=False, soft_wrap=True)
         sys.exit(128 + _stopped_by[0])
     console.print("[red]interrupted[/red]: finished cells are kept; rerun the same command to resume", soft_wrap=True)
     sys.exit(130)
@@ -145,18 +149,24 @@ def _stop_on_signals() -> None:
 
 def _on_stop_signal(signum, frame) -> None:
     """The first SIGTERM/SIGHUP raises Stopped, or once the sign-off is out is noted and the cleanup carries
-    on (its code stands, as for Ctrl-C); a second one ends the process at once (the signal's default)."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
+    on (its code stands, as for Ctrl-C); a second one ends the process at once: by the signal's default
+    action, or with the sign-off's code once there is one."""
     name = signal.Signals(signum).name
     if signed_off() is not None:
-        try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _exit_now_with_the_sign_off)
+        with contextlib.suppress(OSError):
             os.write(2, f"\n{name}: the sign-off above is final; finishing up\n".encode())
-        except OSError:
-            pass
         return
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
     _stopped_by.append(signum)
     raise Stopped(name)
+
+
+def _exit_now_with_the_sign_off(signum, frame) -> None:
+    """A second SIGTERM/SIGHUP after the sign-off: out at once, the sign-off's code still."""
+    os._exit(signed_off() or 0)
 
 
 def _is_click(err: BaseException, name: str) -> bool:
