@@ -4,6 +4,11 @@ the reason is, and the way to run without Ray; a cluster the user named keeps it
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import time
+
 import pytest
 
 from evalparity import placement as pl
@@ -46,12 +51,26 @@ def test_an_own_instance_that_refuses_the_run_names_its_log(monkeypatch, tmp_pat
     assert "its log is" not in str(err.value) and "ray start --head" in str(err.value)
 
 
+def _connects_with_sigterm_handler(monkeypatch, tmp_path, init, handler, expected) -> None:
+    """``RayExecutor`` connecting through ``init`` (in ray.init's place) while ``handler`` is this process's
+    SIGTERM handler: it raises ``expected``, and ``handler`` is in place afterwards."""
+    import ray
+
+    monkeypatch.setattr(pl, "check_reachable", lambda _address: None)
+    monkeypatch.setattr(pl, "use_token_auth", lambda _address: False)
+    monkeypatch.setattr(ray, "init", init)
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(expected):
+            pl.RayExecutor(str(tmp_path), "model", "10.0.0.9:6379")
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch, tmp_path):
     """``ray.init()`` sets its own SIGTERM handler (``sys.exit(15)``): a Ray run stopped by a CI job's time
     limit exited 15, silently, instead of the command's 143 and its line on how to resume (``cli.Stopped``)."""
-    import signal
-
-    import ray
     from ray._private.utils import set_sigterm_handler
 
     def init_as_ray_does(**_kw):
@@ -61,22 +80,30 @@ def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch, tmp_p
     def ours(signum, frame):
         raise AssertionError("not called")
 
-    monkeypatch.setattr(pl, "check_reachable", lambda _address: None)
-    monkeypatch.setattr(pl, "use_token_auth", lambda _address: False)
-    monkeypatch.setattr(ray, "init", init_as_ray_does)
-    before = signal.signal(signal.SIGTERM, ours)
-    try:
-        with pytest.raises(EvalParityError):
-            pl.RayExecutor(str(tmp_path), "model", "10.0.0.9:6379")
-        assert signal.getsignal(signal.SIGTERM) is ours
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    _connects_with_sigterm_handler(monkeypatch, tmp_path, init_as_ray_does, ours, EvalParityError)
+
+
+def test_sigterm_while_connecting_to_ray_goes_to_the_commands_handler(monkeypatch, tmp_path):
+    """SIGTERM while ``ray.init()`` connects (Ray's handler in place: ``sys.exit(15)``, no line) reaches the
+    command's own handler (``cli.Stopped``: 143 and how to resume)."""
+    from ray._private.utils import set_sigterm_handler
+
+    class Ours(Exception):
+        pass
+
+    def ours(signum, frame):
+        raise Ours
+
+    def init_then_sigterm(**_kw):
+        set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # Ray's own, as ray.init sets it
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs before this ends
+
+    _connects_with_sigterm_handler(monkeypatch, tmp_path, init_then_sigterm, ours, Ours)
 
 
 def _sigterm_caught() -> bool:
     """Whether the kernel delivers SIGTERM to a handler of this process (SigCgt), whatever Python believes."""
-    import signal
-
     with open("/proc/self/status") as f:
         mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
     return bool(mask >> (signal.SIGTERM - 1) & 1)
@@ -86,7 +113,6 @@ def test_stopping_ray_keeps_the_kernels_sigterm_handler():
     """``ray.shutdown()`` reset SIGTERM's disposition to the default in the kernel, behind Python's back: after
     a Ray run's cells, SIGTERM killed the process silently (no line, no run.json, the lock left)."""
     import ctypes
-    import signal
 
     class FakeRay:
         def cancel(self, ref, force):
@@ -107,40 +133,5 @@ def test_stopping_ray_keeps_the_kernels_sigterm_handler():
         assert _sigterm_caught()
         executor.stop()
         assert _sigterm_caught() and signal.getsignal(signal.SIGTERM) is ours
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
-def test_sigterm_while_connecting_to_ray_goes_to_the_commands_handler(monkeypatch, tmp_path):
-    """SIGTERM while ``ray.init()`` connects (Ray's handler in place: ``sys.exit(15)``, no line) reaches the
-    command's own handler (``cli.Stopped``: 143 and how to resume)."""
-    import os
-    import signal
-    import time
-
-    import ray
-    from ray._private.utils import set_sigterm_handler
-
-    class Ours(Exception):
-        pass
-
-    def ours(signum, frame):
-        raise Ours
-
-    def init_then_sigterm(**_kw):
-        set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # Ray's own, as ray.init sets it
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler runs before this ends
-
-    import sys
-
-    monkeypatch.setattr(pl, "check_reachable", lambda _address: None)
-    monkeypatch.setattr(pl, "use_token_auth", lambda _address: False)
-    monkeypatch.setattr(ray, "init", init_then_sigterm)
-    before = signal.signal(signal.SIGTERM, ours)
-    try:
-        with pytest.raises(Ours):
-            pl.RayExecutor(str(tmp_path), "model", "10.0.0.9:6379")
-        assert signal.getsignal(signal.SIGTERM) is ours
     finally:
         signal.signal(signal.SIGTERM, before)
