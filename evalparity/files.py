@@ -194,8 +194,8 @@ class HashCache:
                 futures = {i: pool.submit(self.sha256, paths[i], stop) for i in distinct}
                 done = {i: f.result() for i, f in futures.items()}
             except BaseException:
-                stop.set()
-                pool.shutdown(wait=False, cancel_futures=True)
+                stop.set()  # each thread stops at its next chunk: waiting for them is short, and after it no
+                pool.shutdown(wait=True, cancel_futures=True)  # thread puts into the cache while it is saved
                 raise
             pool.shutdown()
         out = []
@@ -212,16 +212,17 @@ class HashCache:
         """Write the cache, without the entries of files that are gone (a run on a copy of a model in a
         temporary folder would otherwise leave its entries for ever: 1,275 of 1,318 on this machine's test
         runs were such)."""
-        if not self.changed:
-            return
-        self.data = {k: v for k, v in self.data.items() if os.path.lexists(k)}
-        path = fingerprint_cache()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(self.data))
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-            self.changed = False
-        except OSError:  # a read-only home, a folder in the file's place: only time is lost
-            tmp.unlink(missing_ok=True)
+        with self._lock:  # no thread of sha256_all puts meanwhile
+            if not self.changed:
+                return
+            self.data = {k: v for k, v in self.data.items() if os.path.lexists(k)}
+            path = fingerprint_cache()
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(self.data))
+                os.chmod(tmp, 0o600)
+                os.replace(tmp, path)
+                self.changed = False
+            except OSError:  # a read-only home, a folder in the file's place: only time is lost
+                tmp.unlink(missing_ok=True)

@@ -486,7 +486,9 @@ def keeps_sigterm_handler():
             os.kill(os.getpid(), signal.SIGTERM)
         raise
     finally:
-        if before is not None:  # signal.signal sets the kernel's disposition too, which Ray's C++ side may reset
+        # signal.signal sets the kernel's disposition too, which Ray's C++ side may reset. Not where the handler
+        # put back has run meanwhile and chosen the default for the next SIGTERM (cli: a second one ends it)
+        if before is not None and signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN):
             signal.signal(signal.SIGTERM, before)
 
 

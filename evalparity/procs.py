@@ -219,14 +219,13 @@ def _reap(p: subprocess.Popen, deadline: float) -> None:
     """Wait until ``p`` has ended, or ``deadline``. Not ``p.wait(timeout)``: when a signal handler calls this
     while the main thread is inside ``p.wait()`` (the run waiting for the embedded model's preparation), that
     wait holds the Popen's lock and ``wait(timeout)`` sat out its whole timeout (5 s of a CI job's grace
-    period before SIGKILL); ``waitpid(WNOHANG)`` needs no lock."""
+    period before SIGKILL). ``waitid(WNOWAIT)`` needs no lock and leaves the ended child to be reaped by its
+    Popen: reaping it here, an interrupted ``wait()`` that resumes would find no child and report 0."""
     while p.returncode is None and time.monotonic() < deadline:
         try:
-            pid, status = os.waitpid(p.pid, os.WNOHANG)
-        except ChildProcessError:  # reaped already (by the interrupted wait, or poll)
-            return
-        if pid:
-            p.returncode = os.waitstatus_to_exitcode(status)
+            if os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return
+        except ChildProcessError:  # reaped already (by its Popen)
             return
         time.sleep(0.01)
 

@@ -242,3 +242,22 @@ def test_sigterm_while_the_main_thread_waits_for_a_child_does_not_sit_out_a_time
         assert time.time() - sent < 3, "the handler waited out its timeout"
     finally:
         parent.kill()
+
+
+RETURNING = """
+import os, signal, sys, threading
+sys.path.insert(0, {root!r})
+from evalparity import procs
+signal.signal(signal.SIGTERM, lambda signum, frame: None)  # returns, as the command's does after its sign-off
+child = procs.popen(["sleep", "100"])
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+print(child.wait(), flush=True)
+"""
+
+
+def test_a_child_killed_by_the_handler_reports_its_kill_to_an_interrupted_wait():
+    """The handler's reaping must leave the ended child to its Popen: reaped there, the main thread's
+    interrupted ``wait()`` resumed, found no child, and reported 0 for a child killed by SIGKILL."""
+    out = subprocess.run([sys.executable, "-c", RETURNING.format(root=str(ROOT))], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert out.stdout.strip() == str(-signal.SIGKILL), (out.stdout, out.stderr)

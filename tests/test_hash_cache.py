@@ -261,7 +261,7 @@ def test_a_file_on_another_device_is_not_taken_for_the_cached_one(tmp_path, monk
 
 def test_an_interrupt_stops_the_hashing_threads_at_their_next_chunk(tmp_path, monkeypatch):
     """Ctrl-C or SIGTERM (``cli.Stopped``, a KeyboardInterrupt) while a model's files are hashed side by side
-    reaches the caller at once, and the threads stop at their next chunk instead of finishing their files
+    reaches the caller at once, and the threads have stopped at their next chunk instead of finishing their files
     (the review measured 17.4 s from SIGTERM to exit on two 3 GiB files, against 0.8 s one after another)."""
     import signal
 
@@ -286,9 +286,8 @@ def test_an_interrupt_stops_the_hashing_threads_at_their_next_chunk(tmp_path, mo
     with pytest.raises(KeyboardInterrupt):
         files.HashCache().sha256_all(sorted(tmp_path.glob("f*")))
     assert time.monotonic() - t0 < 3
-    deadline = time.monotonic() + 3
-    while any(t.name.startswith("sha256") for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # every thread has stopped by the time the interrupt reaches the caller: none puts into the cache while
+    # the caller saves it (the fingerprint saves in a finally)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("sha256")]
 
 

@@ -51,9 +51,9 @@ def test_an_own_instance_that_refuses_the_run_names_its_log(monkeypatch, tmp_pat
     assert "its log is" not in str(err.value) and "ray start --head" in str(err.value)
 
 
-def _connects_with_sigterm_handler(monkeypatch, tmp_path, init, handler, expected) -> None:
+def _connects_with_sigterm_handler(monkeypatch, tmp_path, init, handler, expected, after=None) -> None:
     """``RayExecutor`` connecting through ``init`` (in ray.init's place) while ``handler`` is this process's
-    SIGTERM handler: it raises ``expected``, and ``handler`` is in place afterwards."""
+    SIGTERM handler: it raises ``expected``, and ``after`` (default: ``handler``) is in place afterwards."""
     import ray
 
     monkeypatch.setattr(pl, "check_reachable", lambda _address: None)
@@ -63,7 +63,7 @@ def _connects_with_sigterm_handler(monkeypatch, tmp_path, init, handler, expecte
     try:
         with pytest.raises(expected):
             pl.RayExecutor(str(tmp_path), "model", "10.0.0.9:6379")
-        assert signal.getsignal(signal.SIGTERM) is handler
+        assert signal.getsignal(signal.SIGTERM) is (handler if after is None else after)
     finally:
         signal.signal(signal.SIGTERM, before)
 
@@ -85,13 +85,15 @@ def test_connecting_to_ray_keeps_the_commands_sigterm_handler(monkeypatch, tmp_p
 
 def test_sigterm_while_connecting_to_ray_goes_to_the_commands_handler(monkeypatch, tmp_path):
     """SIGTERM while ``ray.init()`` connects (Ray's handler in place: ``sys.exit(15)``, no line) reaches the
-    command's own handler (``cli.Stopped``: 143 and how to resume)."""
+    command's own handler (``cli.Stopped``: 143 and how to resume), and what that handler leaves for the next
+    SIGTERM (the default: a second one ends the process) is not undone."""
     from ray._private.utils import set_sigterm_handler
 
     class Ours(Exception):
         pass
 
-    def ours(signum, frame):
+    def ours(signum, frame):  # as the command's: the next SIGTERM ends the process at once
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         raise Ours
 
     def init_then_sigterm(**_kw):
@@ -99,7 +101,7 @@ def test_sigterm_while_connecting_to_ray_goes_to_the_commands_handler(monkeypatc
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler runs before this ends
 
-    _connects_with_sigterm_handler(monkeypatch, tmp_path, init_then_sigterm, ours, Ours)
+    _connects_with_sigterm_handler(monkeypatch, tmp_path, init_then_sigterm, ours, Ours, after=signal.SIG_DFL)
 
 
 def _sigterm_caught() -> bool:

@@ -79,7 +79,7 @@ def main() -> None:
     except KeyboardInterrupt:
         _interrupted()
     except Exception as err:  # usage errors (a bad option value, an unknown command) and the like
-        if _stopped_by:  # raised while a stop signal unwound the command (a write to a closed terminal: EIO)
+        if _stopped_by and isinstance(err, OSError):  # while a stop signal unwound it: a closed terminal (EIO)
             _interrupted()
         if _is_click(err, "ClickException"):
             ctx = getattr(err, "ctx", None)
