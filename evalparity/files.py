@@ -178,11 +178,14 @@ class HashCache:
         SIGTERM's ``cli.Stopped``) stops the other threads at their next chunk instead of waiting for them to
         finish their files; a single file is hashed in the caller's thread."""
         paths = [Path(p) for p in paths]
-        first: dict[tuple[int, int], int] = {}
+        first: dict[tuple[int, ...], int] = {}
         of: list[int] = []
         for i, p in enumerate(paths):
             st = os.stat(p)
-            of.append(first.setdefault((st.st_dev, st.st_ino), i))
+            # one file: the same device and inode, and the same size and times (a file system that repeats or
+            # zeroes inode numbers, as some FUSE and network ones do, must not make two files one)
+            same = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) if st.st_ino else (i,)
+            of.append(first.setdefault(same, i))
         distinct = sorted(first.values())
         if len(distinct) <= 1:
             done = {i: self.sha256(paths[i]) for i in distinct}

@@ -308,3 +308,26 @@ def test_an_unreadable_model_file_is_one_line_naming_it_and_the_rest_stays_cache
     assert "\n" not in str(err.value) and "model-00002-of-00002.safetensors" in str(err.value)
     good = folder / "model-00001-of-00002.safetensors"
     assert files.HashCache().get(good, files.stamp(good)) == files.sha256(good)
+
+
+@pytest.mark.parametrize("inode", [0, 42])
+def test_files_whose_file_system_repeats_an_inode_are_not_taken_for_one(tmp_path, monkeypatch, inode):
+    """Some FUSE and network file systems repeat or zero inode numbers: two different files with one inode
+    each get their own hash (was: the second got the first's, a fingerprint naming the wrong bytes)."""
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "cache"))
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    a.write_bytes(b"first file")
+    b.write_bytes(b"second file, longer")
+    real = os.stat
+
+    def one_inode(path, *args, **kwargs):
+        st = real(path, *args, **kwargs)
+        if Path(path).parent != tmp_path:
+            return st
+        fields = list(st[:10])
+        fields[1] = inode  # st_ino
+        return os.stat_result(fields, {"st_mtime_ns": st.st_mtime_ns, "st_ctime_ns": st.st_ctime_ns})
+
+    monkeypatch.setattr(files.os, "stat", one_inode)
+    got = files.HashCache().sha256_all([a, b])
+    assert [g[0] for g in got] == [files.sha256(a), files.sha256(b)]
