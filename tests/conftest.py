@@ -171,7 +171,8 @@ def sigint_as_on_a_terminal() -> None:
     """``preexec_fn`` for a child a test will Ctrl-C: a terminal's foreground job has SIGINT at its default,
     but a job started in the background of a non-interactive shell (``.ci/run &``, as CI scripts may be)
     inherits it ignored, and then Python never raises KeyboardInterrupt. Gives the child what a terminal
-    gives it."""
+    gives it. SIGHUP likewise: ``nohup`` (as a CI-shaped run may be started) leaves it ignored."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)

@@ -269,22 +269,29 @@ def test_an_interrupt_stops_the_hashing_threads_at_their_next_chunk(tmp_path, mo
     for i in range(3):
         (tmp_path / f"f{i}").write_bytes(b"x")
 
-    class Endless:  # a file of no end: only the stop event ends its hash
+    class Endless:  # a file that ends only after 30 s: the stop event should end its hash long before
         name = "endless"
+        until = time.monotonic() + 30
 
         def read(self, n):
             time.sleep(0.01)
-            return b"y" * 16
+            return b"y" * 16 if time.monotonic() < self.until else b""
 
     def endless_hash(path, stop=None):
         return [0] * 6, files._digest(Endless(), stop)
 
     monkeypatch.setattr(files, "stamped_sha256", endless_hash)
-    main = threading.main_thread().ident  # a real signal: it wakes the caller waiting on the threads' results
+    # a real signal wakes the caller waiting on the threads' results; Python's own Ctrl-C handler, whatever
+    # this process inherited (a CI script started in the background, `cmd &`, runs with SIGINT ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    main = threading.main_thread().ident
     threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()
     t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        files.HashCache().sha256_all(sorted(tmp_path.glob("f*")))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            files.HashCache().sha256_all(sorted(tmp_path.glob("f*")))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - t0 < 3
     # every thread has stopped by the time the interrupt reaches the caller: none puts into the cache while
     # the caller saves it (the fingerprint saves in a finally)

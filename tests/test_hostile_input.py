@@ -167,7 +167,8 @@ def test_a_closed_terminal_stops_the_command_with_129(odd_run):
     import pty
 
     pid, fd = pty.fork()
-    if pid == 0:  # the child: a session of its own, the pty its terminal
+    if pid == 0:  # the child: a session of its own, the pty its terminal, SIGHUP at its default (not nohup's)
+        sigint_as_on_a_terminal()
         os.execv(sys.executable, [sys.executable, "-m", "evalparity.cli", "report", str(odd_run)])
     seen = b""
     deadline = time.time() + 120

@@ -239,7 +239,8 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tiny_model, tiny_tasks, tmp_path, si
     args = [sys.executable, "-m", "evalparity.cli", "run", "--model", str(tiny_model), "--tasks", "tiny_mc",
             "--include-path", str(tiny_tasks), "--backends", "hf", "--dtypes", "fp32", "--limit", "4", "--single-cell",
             "--out", str(out)]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=sigint_as_on_a_terminal)  # SIGHUP at its default under nohup too
     deadline = time.time() + 300
     while time.time() < deadline and not (out / "cells" / ".tmp-hf-fp32" / "cell.log").exists():
         time.sleep(0.2)
