@@ -173,8 +173,8 @@ class HashCache:
         """``sha256`` of each of ``paths``, in their order. The distinct files are hashed side by side, in up to
         ``HASH_THREADS`` threads (file reads and hashlib release the GIL): a 14B model's six shards of 5 GB,
         one after another, were 28.6 s of a first run's setup on an H200 host of 16 cores. A file reached
-        under a second name (a symbolic or a hard link: the same device and inode) is read once, and the
-        second name gets the first's hash, as from the cache. An exception in the caller's thread (Ctrl-C,
+        under a second name (a symbolic or a hard link: the same device and inode, size and times) is read
+        once, and the second name gets the first's hash, as from the cache. An exception in the caller's thread (Ctrl-C,
         SIGTERM's ``cli.Stopped``) stops the other threads at their next chunk instead of waiting for them to
         finish their files; a single file is hashed in the caller's thread."""
         paths = [Path(p) for p in paths]

@@ -19,6 +19,7 @@ import sys
 
 import typer
 
+from evalparity import procs
 from evalparity.cli import compare, doctor, drift, hidden, models, plan, report, run
 from evalparity.cli.helptext import PanelCommand
 from evalparity.cli.options import lmeval_hint
@@ -29,8 +30,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.",
                   epilog="Exit codes: 0 PASS; 3 FAIL (a gating comparison DIFFERENT); 4 INCONCLUSIVE (pass "
                          "--no-fail-on-inconclusive to exit 0 then); 5 INCOMPLETE (a cell failed or is missing); "
-                         "2 bad input; 130 interrupted (Ctrl-C), 143 stopped by SIGTERM, 129 by SIGHUP; 1 an internal error (a "
-                         "bug: please report it).")
+                         "2 bad input; 130 interrupted (Ctrl-C), 143 stopped by SIGTERM, 129 by SIGHUP; 1 an "
+                         "internal error (a bug: please report it).")
 
 
 def _version(value: bool) -> None:
@@ -61,9 +62,10 @@ def main() -> None:
     code.
 
     Exit codes (README "Gating CI"): the sign-off's (0, 3, 4) or an error's (2 bad input, 5 cells failed);
-    130 for Ctrl-C before the sign-off, 143 for SIGTERM and 129 for SIGHUP (``Stopped``); 1 for an internal error (a bug: its traceback is shown, to be
-    reported). Once the sign-off line is printed its code stands, whatever follows: an error, an internal
-    one, Ctrl-C or SIGTERM (``output.sign_off``); only ``run``'s 5, for cells that failed under a PASS, replaces it."""
+    130 for Ctrl-C before the sign-off, 143 for SIGTERM and 129 for SIGHUP (``Stopped``); 1 for an internal
+    error (a bug: its traceback is shown, to be reported). Once the sign-off line is printed its code stands,
+    whatever follows: an error, an internal one, Ctrl-C or SIGTERM (``output.sign_off``); only ``run``'s 5, for
+    cells that failed under a PASS, replaces it."""
     configure_logging()
     _stop_on_signals()
     try:
@@ -123,7 +125,7 @@ def _interrupted() -> None:
     sys.exit(130)
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+STOP_SIGNALS = procs.EXIT_SIGNALS  # SIGTERM, SIGHUP: the ones procs also passes on to the children's groups
 _stopped_by: list[int] = []  # the signal that stopped this command, once one has
 
 

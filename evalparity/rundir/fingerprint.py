@@ -72,8 +72,8 @@ def model_fingerprint(model_path: Path | str, source: str, stats: HashStats | No
     if todo:
         total = sum(st[0] for _, st in todo)
         if total > 1 << 30:
-            logger.info(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size "
-                        "and mtime) ...")
+            logger.info(f"hashing {len(todo)} model file(s), {total / 2**30:.1f} GiB (once: cached by path, size, "
+                        "times, inode and device) ...")
         t0 = time.perf_counter()
         try:
             hashed = cache.sha256_all([p for p, _ in todo])
