@@ -13,7 +13,6 @@ with the engine arguments the drift spec gives it: a run's cell is probed as the
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -191,41 +190,11 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
          "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}))
 
 
-WAIT_POLL_S = 0.1
-
-
-def wait_to_probe(out: Path, spec: dict, cell: str, progress: ProgressFile) -> float:
-    """In a drift whose sides all start at once (``reference_too``), the seconds this loaded cell waited: until
-    the reference has written its record and every other cell has loaded or ended (``layout.drift_sync``), so
-    that the cells probe side by side, none of them beside another's engine start. Why wait for the others:
-    on the H200 the HF cells probed at 87-106 or 167-189 prompts/s, run to run, while the vLLM cells were still
-    starting beside them (results/drift-h200, session 19). A reference that ended without success is an
-    EvalParityError here (it writes no record)."""
-    if not spec.get("reference_too"):
-        return 0.0
-    t0 = time.perf_counter()
-    from evalparity.files import write_json
-
-    write_json(layout.drift_sync(out, cell, "loaded"), {"pid": os.getpid()})
-    progress.update(phase="waiting for the reference", force=True)
-    ref, others = spec["reference"], [c for c in spec["cells"] if c != cell]
-    while True:
-        if layout.drift_sync(out, ref, "gone").exists():
-            raise EvalParityError(f"the reference {ref} failed, so this cell has nothing to compare with: see "
-                                  f"{layout.drift_log(out, ref).name}")
-        if (layout.drift_reference(out) / "reference.json").exists() and all(
-                layout.drift_sync(out, c, "loaded").exists() or layout.drift_sync(out, c, "gone").exists()
-                for c in others):
-            return time.perf_counter() - t0
-        time.sleep(WAIT_POLL_S)
-
-
 def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: ProgressFile) -> dict:
+    ref = records.read_drift_reference(out)
     t0 = time.perf_counter()
     probe = load_side(spec, cell)
     load_s = time.perf_counter() - t0
-    wait_s = wait_to_probe(out, spec, cell, progress)
-    ref = records.read_drift_reference(out)
     if probe.n_entries != ref.n_entries:
         raise EvalParityError(f"{cell} has {probe.n_entries} hidden-state entries and the reference "
                               f"{ref.n_entries}: they are not the same model")
@@ -267,7 +236,7 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
     generate_s = time.perf_counter() - t2
     # wall-clock windows (epoch seconds) of the probing and the generation, so that a GPU's utilisation
     # sampled beside the command can be read over the work itself (scripts/gpu/issue28_run.sh)
-    timing = {"load_s": load_s, "wait_s": wait_s, "probe_s": probe_s, "generate_s": generate_s,
+    timing = {"load_s": load_s, "probe_s": probe_s, "generate_s": generate_s,
               "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}
     return acc.summary(spec["threshold"]) | {
         "cell": cell, "reference": spec["reference"], **timing, "timing": timing,
