@@ -166,18 +166,28 @@ def run_logged(argv: list[str], env: dict[str, str], log_path, tick: Callable[[]
 
 
 def run_logged_all(jobs: list[tuple[list[str], dict[str, str], object]], tick: Callable[[], None],
-                   every: float = 0.3) -> list[tuple[int, str | None, str]]:
+                   every: float = 0.3, on_end: Callable[[int, int], None] | None = None
+                   ) -> list[tuple[int, str | None, str]]:
     """``run_logged`` for several workers at once (argv, environment, log path each): all started, ``tick``
-    called until the last ends, every one stopped on any exception here."""
+    called until the last ends, every one stopped on any exception here. ``on_end(index, returncode)`` is
+    called once per worker as soon as it is seen ended (workers that wait on each other learn of a failure)."""
     import time
 
     logs = [open(path, "w") for _, _, path in jobs]
     procs: list[subprocess.Popen] = []
+    seen: set[int] = set()
     try:
         for (argv, env, _), log in zip(jobs, logs):
             procs.append(popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                env=os.environ | env))
-        while any(p.poll() is None for p in procs):
+        while True:
+            for k, p in enumerate(procs):
+                if k not in seen and p.poll() is not None:
+                    seen.add(k)
+                    if on_end is not None:
+                        on_end(k, p.returncode)
+            if len(seen) == len(procs):
+                break
             tick()
             time.sleep(every)
     except BaseException:

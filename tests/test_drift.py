@@ -134,6 +134,101 @@ def test_cells_are_compared_chunk_by_chunk_on_the_reference_kept_once(tmp_path, 
     assert all(x["rel_error"] == 0 for x in same["layers"]) and same["first_layer_over_threshold"] is None
 
 
+def test_cells_started_with_the_reference_wait_for_it_and_for_each_other_then_match(tmp_path, monkeypatch):
+    """``reference_too``: a cell loaded before the reference is done, or before the other cells are loaded,
+    waits (``worker.wait_to_probe``), then measures what it measures after the reference (same numbers); a
+    cell that ended without success is not waited for; a failed reference ends the wait in one line."""
+    import threading
+    import time
+
+    from evalparity.drift import worker
+    from evalparity.errors import EvalParityError
+    from evalparity.files import write_json
+    from evalparity.rundir import layout
+
+    _, alone = _probe_with(tmp_path / "alone", monkeypatch, TEXTS, FakeProbe(), FakeProbe(noise=0.01))
+    out = tmp_path / "d"
+    (out / ".sync").mkdir(parents=True)
+    spec = {"reference": "ref", "cells": ["cell", "other", "broken"], "reference_too": True, "max_len": 64,
+            "gen_tokens": 4, "threshold": 1e-3, "layers": None, "pooling": "all", "dump": False,
+            "launch": {"ref": {}, "cell": {}, "other": {}, "broken": {}}}
+    monkeypatch.setattr(worker, "load_side", lambda spec, name: FakeProbe() if name == "ref" else FakeProbe(noise=0.01))
+    monkeypatch.setattr(worker, "WAIT_POLL_S", 0.01)
+    got: dict = {}
+    waiting = threading.Thread(target=lambda: got.update(s=worker.probe_cell(
+        out, spec, "cell", TEXTS, worker.ProgressFile(tmp_path / "p1.json"))))
+    waiting.start()
+    steps = [("reference", lambda: worker.probe_reference(out, spec, TEXTS, worker.ProgressFile(tmp_path / "p0.json"))),
+             ("reference's process", lambda: write_json(layout.drift_sync(out, "ref", "ended"), {"returncode": 0})),
+             ("other loaded", lambda: write_json(layout.drift_sync(out, "other", "loaded"), {})),
+             ("broken ended", lambda: write_json(layout.drift_sync(out, "broken", "ended"), {"returncode": 1}))]
+    for what, step in steps:
+        time.sleep(0.3)
+        assert waiting.is_alive() and "s" not in got, f"the cell did not wait for {what}"
+        step()
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and got["s"]["wait_s"] >= 1.1
+    assert layout.drift_sync(out, "cell", "loaded").exists()
+    for key in ("layers", "prompt_logprobs", "generations", "n_prompts", "prompts_probed"):
+        assert got["s"][key] == alone[key], key
+    for code, record in ((1, True), (0, False)):  # it failed, or it ended without its record
+        write_json(layout.drift_sync(out, "ref", "ended"), {"returncode": code})
+        if not record:
+            (out / "reference" / "reference.json").unlink()
+        with pytest.raises(EvalParityError, match=r"^the reference ref failed, so this cell has nothing to "
+                                                  r"compare with: see ref\.log$"):
+            worker.wait_to_probe(out, spec, "cell", worker.ProgressFile(tmp_path / "p2.json"))
+
+
+def test_an_hf_probe_sharing_its_gpu_is_held_to_its_cells_share(monkeypatch):
+    """Sides probed together share a GPU on the strength of the run's memory plan: an HF probe's allocator is
+    capped at its cell's budget there (an HF probe held 30.3 GiB where the plan gave 22.6, and a vLLM cell ran
+    out of memory), a vLLM engine (its KV cache set aside up front) is not, nor is any side probed alone."""
+    from types import SimpleNamespace
+
+    from synthetic import synthetic_spec
+
+    from evalparity import backends
+    from evalparity.drift import launch_plan, worker
+
+    cells = ["hf-fp32", "hf-bf16", "vllm-bf16"]
+    spec = replace(synthetic_spec(cells), device="cuda", memory_plan={
+        "cells_per_gpu": 3, "cells": {c: {"budget_gib": 22.6 + k} for k, c in enumerate(cells)}})
+    launch = launch_plan("/m", ["hf-bf16", "vllm-bf16"], "hf-fp32", device="cuda", max_len=64, run_spec=spec)
+    assert [launch[c]["gpu_budget_gib"] for c in cells] == [22.6, 23.6, 24.6]
+    assert launch_plan("/m", ["hf-bf16"], "hf-fp32", device="cpu", max_len=64)["hf-bf16"]["gpu_budget_gib"] is None
+    fractions = []
+    monkeypatch.setattr(worker.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(worker.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(worker.torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=140 * 2**30))
+    monkeypatch.setattr(worker.torch.cuda, "set_per_process_memory_fraction", lambda f: fractions.append(f))
+    monkeypatch.setattr(worker.precision, "apply", lambda ieee: None)  # hf-fp32's switches stay out of this process
+    for name in ("hf", "vllm"):
+        monkeypatch.setattr(backends.get(name), "create_lm", lambda args: None, raising=False)
+        monkeypatch.setattr(backends.get(name), "drift_probe", lambda lm: "probe", raising=False)
+    for together in (True, False):
+        for c in cells:
+            assert worker.load_side({"together": together, "launch": launch}, c) == "probe"
+    assert fractions == [pytest.approx(22.6 / 140), pytest.approx(23.6 / 140)]  # the HF sides, together only
+
+
+def test_a_drift_of_every_side_at_once_probes_each_cell_that_loads(tmp_path, tiny_model):
+    """The sides' processes started at once (``run_drift(..., together=True, reference_too=True)``) on the tiny
+    model: the cell that loads is probed against the reference after both are up, a cell whose model is
+    missing fails in a line of its own and holds no one up, and the markers go with the drift."""
+    from evalparity.drift import launch_plan, run_drift
+
+    launch = launch_plan(str(tiny_model), ["hf-bf16", "hf-fp16"], "hf-fp32", device="cpu", max_len=128)
+    launch["hf-fp16"]["model_args"]["pretrained"] = str(tmp_path / "no-such-model")
+    out = tmp_path / "drift"
+    got = run_drift(launch, PROMPTS, out, max_len=128, gen_tokens=4, together=True, reference_too=True,
+                    mps_choice="off")
+    assert list(got) == ["hf-bf16"] and got["hf-bf16"]["n_prompts"] == 3 and got["hf-bf16"]["wait_s"] >= 0
+    assert json.loads((out / "spec.json").read_text())["reference_too"] is True
+    assert "waiting for the reference" in (out / "hf-bf16.log").read_text()
+    assert not (out / "hf-fp16.json").exists() and not (out / ".sync").exists()
+
+
 def test_a_reference_that_would_not_fit_on_the_disk_is_refused_before_it_is_written(tmp_path, monkeypatch):
     import shutil
     from collections import namedtuple
@@ -472,9 +567,12 @@ def test_workers_run_together_and_each_failure_keeps_its_own_reason(tmp_path):
     refuses = [sys.executable, "-c", "import sys; print('error: no such layer', file=sys.stderr); sys.exit(2)"]
     crashes = [sys.executable, "-c", "raise SystemExit('boom')"]
     ticks = []
+    ends = []
     got = procs.run_logged_all([(ok, {}, tmp_path / "a.log"), (refuses, {}, tmp_path / "b.log"),
-                                (crashes, {}, tmp_path / "c.log")], lambda: ticks.append(1), every=0.05)
+                                (crashes, {}, tmp_path / "c.log")], lambda: ticks.append(1), every=0.05,
+                               on_end=lambda k, code: ends.append((k, code)))
     assert got == [(0, None, ""), (2, "no such layer", "error: no such layer"), (1, None, "boom")]
+    assert sorted(ends) == [(0, 0), (1, 2), (2, 1)] and ends[-1] == (0, 0)  # each once, as it ends
     assert len(ticks) >= 2 and (tmp_path / "a.log").read_text().strip() == "fine"
 
 

@@ -115,6 +115,10 @@ class Backend(Protocol):
     #   cell_tensor_parallel: bool = False
     # True where the cell's own ``tensor_parallel_size=N`` sets the GPUs its replica takes (vllm, server);
     # ``spec.cell_gpus`` reads it, and every place that gives a cell GPUs asks that;
+    #   drift_memory_capped: bool = False
+    # True where a drift probe's GPU memory is all its process's torch caching allocator, none of it set
+    # aside up front (HF): where sides are probed together, drift caps it at the cell's share of the run's
+    # memory plan (``drift.worker.cap_gpu_memory``);
     #   cannot_probe(spec, cell) -> str
     # why drift cannot probe this cell ("" where it can: a vLLM engine over several GPUs runs its hooks in
     # worker processes), so that ``drift`` refuses it in one line and ``run --drift`` leaves it out.

@@ -11,6 +11,7 @@ from evalparity.spec import CellSpec, RunSpec
 name = "hf"
 lm_eval_model = "hf"
 install_hint = "pip install -e . (lm-eval and transformers are evalparity's own dependencies)"
+drift_memory_capped = True  # base.Backend's optional member: its drift probe holds only torch-allocated memory
 TARGET_ROWS = 8         # batch rows at full length that a comfortable HF share holds (memplan)
 LM_EVAL_MAX_BATCH = 64  # lm-eval HFLM's own default ceiling for batch_size=auto
 

@@ -72,13 +72,14 @@ def drift(
         launch = probe_drift.launch_plan(str(model_path), todo, reference, device=dev, max_len=max_len,
                                          run_spec=run_spec)
         together = probe_drift.together_ok(run_spec, [c for c in launch if c != reference])
+        reference_too = probe_drift.together_ok(run_spec, list(launch))  # the run packed the reference with them
         t0 = time.perf_counter()
 
         def probe(folder: Path, shown: Path) -> dict[str, dict]:
             return probe_drift.run_drift(launch, texts, folder, reference=reference, max_len=max_len,
                                          gen_tokens=gen_tokens, threshold=threshold, layers=entries, pooling=positions,
                                          dump=dump, together=together, console=console, shown=shown,
-                                         mps_choice=mps)
+                                         mps_choice=mps, reference_too=reference_too)
 
         results, html = into_run(run_dir, probe) if into else (probe(dest, dest), None)
     console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {safe(dest)}")

@@ -728,4 +728,5 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
         run_drift(launch, prompts_from_run(run_dir, n_prompts), layout.drift_dir(stage), reference=opts.reference,
                   max_len=max_len, together=together_ok(run_spec, [c for c in launch if c != opts.reference]),
                   console=console, shown=layout.drift_dir(run_dir),
-                  mps_choice="off" if mps_choice == "off" else "auto")  # on: the run's cells; drift where it applies
+                  mps_choice="off" if mps_choice == "off" else "auto",  # on: the run's cells; drift where it applies
+                  reference_too=together_ok(run_spec, list(launch)))

@@ -87,6 +87,9 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
         # a reference the run did not have: made with what the run gave its backend's plain cells (--vllm-args)
         same = next((c.args for c in found.values() if c.backend == b and not c.label), ())
         wanted.append(CellSpec(b, d, 1, tf32=tf32, args=same))
+    # each cell's share of its GPU in the run's memory plan: where sides are probed together, a probe that
+    # holds only torch-allocated memory is kept to it (``worker.cap_gpu_memory``)
+    budgets = ((run_spec.memory_plan or {}).get("cells") or {}) if run_spec is not None else {}
     spec = run_spec or RunSpec(model=model_path, tasks=(), cells=tuple(wanted), device=device,
                                alignment=Alignment(max_length=max_len))
     plan = {}
@@ -100,7 +103,8 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
         args = backend.model_args(spec, cell, own)
         plan[name] = {"backend": cell.backend, "dtype": cell.dtype, "tf32": cell.tf32, "model_args": args,
                       "env": cell_environment(spec, backend.environment(spec, cell), offline=True, cell=cell),
-                      "python": spec.interpreter(cell) or sys.executable}
+                      "python": spec.interpreter(cell) or sys.executable,
+                      "gpu_budget_gib": budgets.get(name, {}).get("budget_gib")}
     return plan
 
 
@@ -125,10 +129,12 @@ def together_ok(run_spec: RunSpec | None, cells: list[str]) -> bool:
 def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, reference: str = "hf-fp32",
               max_len: int = 2048, gen_tokens: int = 32, threshold: float = 1e-3, layers: list[int] | None = None,
               pooling: str = "all", dump: bool = False, together: bool = False, console: Console | None = None,
-              shown: Path | None = None, mps_choice: str = "auto") -> dict[str, dict]:
+              shown: Path | None = None, mps_choice: str = "auto", reference_too: bool = False) -> dict[str, dict]:
     """The reference, then every other side of ``launch`` (``launch_plan``) against it, one worker process
     each (``procs.popen``: it dies with this process, its engine subprocesses with it), into ``out``.
-    ``together``: the cells all at once (``together_ok``), else one after another.
+    ``together``: the cells all at once (``together_ok``), else one after another. ``reference_too``: the
+    reference started with them (``together_ok`` of every side): the cells load while it probes, then wait
+    until its process has ended and every cell is loaded, and probe together (``worker.wait_to_probe``).
     ``shown``: where ``out`` will be once published (``out`` a staging folder), for the paths that messages
     name. The reference's chunks are removed at the end unless ``dump``. ``mps_choice``: ``--mps``; cells
     probed together share their GPU through an MPS server of this command's own (``mps``), as a run's do."""
@@ -137,7 +143,8 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
     if not prompts:
         raise EvalParityError("no prompts to probe: pass --prompts FILE or a run directory with samples")
     todo = [c for c in launch if c != reference]
-    if together and len(todo) > 1:  # on their GPUs together, as the run packed them
+    reference_too = reference_too and together and bool(todo)
+    if together and len(todo) + reference_too > 1:  # on their GPUs together, as the run packed them
         sharing = mps.decide(mps_choice, "cuda", True, False)
     elif mps_choice == "on":
         raise EvalParityError("--mps on: no two cells are probed together here (one cell, or cells the run did not "
@@ -152,9 +159,14 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
     write_json(layout.drift_spec(out), {"reference": reference, "cells": todo, "max_len": max_len,
                                        "gen_tokens": gen_tokens, "threshold": threshold, "n_prompts": len(prompts),
                                        "dump": dump, "layers": layers, "pooling": pooling, "together": together,
-                                       "mps": why, "launch": launch})
+                                       "mps": why, "reference_too": reference_too, "launch": launch})
+    # an earlier drift's reference in this folder is never read: its worker removes it only once started
+    shutil.rmtree(layout.drift_reference(out), ignore_errors=True)
+    sync = layout.drift_sync(out, reference, "loaded").parent
+    shutil.rmtree(sync, ignore_errors=True)
+    sync.mkdir()
     try:
-        return _probe_all(launch, prompts, out, reference, todo, together, dump, console, shown,
+        return _probe_all(launch, prompts, out, reference, todo, (together, reference_too), dump, console, shown,
                           server.env() if server is not None else {})
     finally:
         if server is not None:
@@ -162,21 +174,27 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
 
 
 def _probe_all(launch: dict[str, dict], prompts: list[str], out: Path, reference: str, todo: list[str],
-               together: bool, dump: bool, console: Console, shown: Path, shared_env: dict[str, str]):
+               together: tuple[bool, bool], dump: bool, console: Console, shown: Path, shared_env: dict[str, str]):
     """``run_drift``'s probing: the reference alone, then the cells (together, through ``shared_env``'s MPS
-    server when there is one, or one after another)."""
+    server when there is one, or one after another); or, ``together`` = (True, True), every side at once."""
     write_json(layout.drift_prompts(out), {"prompts": prompts})
     results: dict[str, dict] = {}
     # live bars on a terminal, timestamped lines when piped (a CI log), as ``run`` and ``hidden`` show theirs
     units = {n: f"drift reference {n}" if n == reference else f"drift {n} vs {reference}" for n in [reference, *todo]}
     with progress.display(console, units.values(), f"drift of {len(prompts):,} prompts", total=len(units)) as bar:
-        if not _workers(out, [reference], launch, bar, units, console, shown):
+        if together[1]:
+            groups = [[c for c in _workers(out, [reference, *todo], launch, bar, units, console, shown, shared_env)
+                       if c != reference]]
+        elif not _workers(out, [reference], launch, bar, units, console, shown):
             return results
-        for group in ([todo] if together else [[c] for c in todo]):
-            for c in _workers(out, group, launch, bar, units, console, shown, shared_env):
-                results[c] = json.loads(layout.drift_summary(out, c).read_text())
+        else:
+            groups = [_workers(out, group, launch, bar, units, console, shown, shared_env)
+                      for group in ([todo] if together[0] else [[c] for c in todo])]
+        for c in (c for group in groups for c in group):
+            results[c] = json.loads(layout.drift_summary(out, c).read_text())
     if not dump:
         shutil.rmtree(layout.drift_reference(out), ignore_errors=True)
+    shutil.rmtree(layout.drift_sync(out, reference, "ended").parent, ignore_errors=True)
     return results
 
 
@@ -190,9 +208,12 @@ def _workers(out: Path, names: list[str], launch: dict[str, dict], bar: progress
         for n in names:
             bar.watch(units[n], layout.drift_progress(out, n))
 
+    def ended(k: int, code: int) -> None:  # for the sides that wait on it (worker.wait_to_probe)
+        write_json(layout.drift_sync(out, names[k], "ended"), {"returncode": code})
+
     argv = {n: [launch[n].get("python") or sys.executable, "-m", "evalparity.drift.worker", str(out), n] for n in names}
     ended = procs.run_logged_all([(argv[n], launch[n]["env"] | (extra_env or {}), layout.drift_log(out, n))
-                                  for n in names], tick, every=0.5)
+                                  for n in names], tick, every=0.5, on_end=ended)
     done = []
     for n, (code, said, last) in zip(names, ended):
         if code != 0:

@@ -13,6 +13,7 @@ with the engine arguments the drift spec gives it: a run's cell is probed as the
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -51,8 +52,28 @@ def load_side(spec: dict, name: str):
     launch = spec["launch"][name]
     if launch["dtype"] == "float32":
         precision.apply(not launch["tf32"])
+    if spec.get("together") and launch.get("gpu_budget_gib") and \
+            getattr(backends.get(launch["backend"]), "drift_memory_capped", False):
+        cap_gpu_memory(float(launch["gpu_budget_gib"]))
     lm = backends.get(launch["backend"]).create_lm(dict(launch["model_args"]))
     return backends.get(launch["backend"]).drift_probe(lm)
+
+
+def cap_gpu_memory(gib: float) -> None:
+    """This process's CUDA caching allocator held to ``gib`` (``torch.cuda.set_per_process_memory_fraction``):
+    at the cap it gives its cached blocks back and retries before it fails. Why: sides probed together share
+    a GPU on the strength of the run's memory plan, and an HF probe's allocator kept 30.3 GiB where the plan
+    gave its cell 22.6 (results/drift-h200, session 21); with five sides peaking at once a vLLM cell ran out
+    of memory. Only for backends whose probe holds nothing outside the allocator (``drift_memory_capped``)."""
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total))
+
+
+def peak_gpu_gib() -> float | None:
+    """The most GPU memory this process's torch allocator held (a vLLM engine's KV cache included: it runs in
+    this process), for the drift record: what sides probed together really took beside the plan's shares."""
+    return round(torch.cuda.max_memory_reserved() / 2**30, 2) if torch.cuda.is_available() else None
 
 
 def encode(probe, texts: list[str], keep: int) -> list[list[int]]:
@@ -186,15 +207,44 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
         gens = dict(zip(map(str, order), probe.generate([ids[i] for i in order], spec["gen_tokens"])))
     records.write_drift_reference(out, records.DriftReference(
         spec["reference"], ids, chunks, entries, probe.n_entries, spec["pooling"], gens,
-        {"load_s": load_s, "probe_s": probe_s, "generate_s": time.perf_counter() - t2,
+        {"load_s": load_s, "probe_s": probe_s, "generate_s": time.perf_counter() - t2, "peak_gpu_gib": peak_gpu_gib(),
          "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}))
 
 
+WAIT_POLL_S = 0.1
+
+
+def wait_to_probe(out: Path, spec: dict, cell: str, progress: ProgressFile) -> float:
+    """In a drift whose sides all start at once (``reference_too``), the seconds this loaded cell waited: until
+    the reference's process has ended, having written its record, and every other cell has loaded or ended
+    (``layout.drift_sync``), so that the cells probe side by side, none of them beside another's engine start,
+    and none beside the reference's memory. A reference that ended without its record is an EvalParityError."""
+    if not spec.get("reference_too"):
+        return 0.0
+    t0 = time.perf_counter()
+    from evalparity.files import read_json, write_json
+
+    write_json(layout.drift_sync(out, cell, "loaded"), {"pid": os.getpid()})
+    progress.update(phase="waiting for the reference", force=True)
+    ref, others = spec["reference"], [c for c in spec["cells"] if c != cell]
+    while True:
+        ended = read_json(layout.drift_sync(out, ref, "ended"))
+        if ended is not None and (ended.get("returncode") != 0
+                                  or not (layout.drift_reference(out) / "reference.json").exists()):
+            raise EvalParityError(f"the reference {ref} failed, so this cell has nothing to compare with: see "
+                                  f"{layout.drift_log(out, ref).name}")
+        if ended is not None and all(layout.drift_sync(out, c, "loaded").exists()
+                                     or layout.drift_sync(out, c, "ended").exists() for c in others):
+            return time.perf_counter() - t0
+        time.sleep(WAIT_POLL_S)
+
+
 def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: ProgressFile) -> dict:
-    ref = records.read_drift_reference(out)
     t0 = time.perf_counter()
     probe = load_side(spec, cell)
     load_s = time.perf_counter() - t0
+    wait_s = wait_to_probe(out, spec, cell, progress)
+    ref = records.read_drift_reference(out)
     if probe.n_entries != ref.n_entries:
         raise EvalParityError(f"{cell} has {probe.n_entries} hidden-state entries and the reference "
                               f"{ref.n_entries}: they are not the same model")
@@ -236,7 +286,8 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
     generate_s = time.perf_counter() - t2
     # wall-clock windows (epoch seconds) of the probing and the generation, so that a GPU's utilisation
     # sampled beside the command can be read over the work itself (scripts/gpu/issue28_run.sh)
-    timing = {"load_s": load_s, "probe_s": probe_s, "generate_s": generate_s,
+    timing = {"load_s": load_s, "wait_s": wait_s, "probe_s": probe_s, "generate_s": generate_s,
+              "peak_gpu_gib": peak_gpu_gib(),
               "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}
     return acc.summary(spec["threshold"]) | {
         "cell": cell, "reference": spec["reference"], **timing, "timing": timing,

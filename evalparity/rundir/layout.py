@@ -200,6 +200,13 @@ def drift_dump(folder: Path, cell: str) -> Path:
     return Path(folder) / "dump" / check_name(cell)
 
 
+def drift_sync(folder: Path, side: str, state: str) -> Path:
+    """A side's marker in a drift whose sides start at once (``drift.run_drift``'s ``reference_too``):
+    ``loaded`` (written by its worker once its model is up) or ``ended`` (written by the parent once its
+    worker's process has ended, with its exit status), in ``.sync/``, removed with the drift's staging."""
+    return Path(folder) / ".sync" / f"{check_name(side)}.{state}"
+
+
 def drift_summaries(folder: Path) -> list[tuple[str, Path]]:
     """(cell, path) of every probed cell's summary in a drift folder, by cell name."""
     skip = {DRIFT_SPEC, DRIFT_PROMPTS}
