@@ -182,7 +182,7 @@ def test_cells_started_with_the_reference_wait_for_it_and_for_each_other_then_ma
 
 def test_an_hf_probe_sharing_its_gpu_is_held_to_its_cells_share(monkeypatch):
     """Sides probed together share a GPU on the strength of the run's memory plan: an HF probe's allocator is
-    capped at its cell's budget there (an HF probe held 30.3 GiB where the plan gave 22.6, and a vLLM cell ran
+    capped at its cell's budget there (an HF probe held 25.5 GiB where the plan gave 22.6, and a vLLM cell ran
     out of memory), a vLLM engine (its KV cache set aside up front) is not, nor is any side probed alone."""
     from types import SimpleNamespace
 

@@ -62,9 +62,10 @@ def load_side(spec: dict, name: str):
 def cap_gpu_memory(gib: float) -> None:
     """This process's CUDA caching allocator held to ``gib`` (``torch.cuda.set_per_process_memory_fraction``):
     at the cap it gives its cached blocks back and retries before it fails. Why: sides probed together share
-    a GPU on the strength of the run's memory plan, and an HF probe's allocator kept 30.3 GiB where the plan
-    gave its cell 22.6 (results/drift-h200, session 21); with five sides peaking at once a vLLM cell ran out
-    of memory. Only for backends whose probe holds nothing outside the allocator (``drift_memory_capped``)."""
+    a GPU on the strength of the run's memory plan, and with five sides peaking at once an HF probe held 25.5
+    GiB where the plan gave its cell 22.6, and a vLLM cell ran out of memory; with the cap (and the wait for
+    the reference's end) the GPU's peak fell from up to 139.8 to 114.5 GiB (results/drift-h200, session 21).
+    Only for backends whose probe holds nothing outside the allocator (``drift_memory_capped``)."""
     if torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total))
