@@ -33,7 +33,7 @@ from evalparity.config import (
 )
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
-from evalparity.placement import Job
+from evalparity.placement import Job, Placement, local_ray_wanted
 from evalparity.printable import visible
 from evalparity.rundir import layout, records, reuse, units
 from evalparity.rundir.records import STATUS_FAILED
@@ -185,26 +185,6 @@ def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool,
     return env
 
 
-@dataclass(frozen=True)
-class Placement:
-    """How cells are spread: which executor, and how much of a GPU each replica takes."""
-
-    ray: str | None = None     # None: decide here (Ray over this host's GPUs when several are free)
-    cells_per_gpu: int = 1     # >1 lets small models share a GPU (each then takes 1/N of it)
-    mps: str = "off"           # --mps, as asked (``mps.decide``)
-    cell_env: tuple[tuple[str, str], ...] = ()  # for every cell's process: the run's MPS server (``mps.Server.env``)
-
-
-def local_ray_wanted(device: str, tensor_parallel: int, placement: Placement, n_jobs: int, gpus: int) -> bool:
-    """Whether the run wants a Ray instance of its own on this host: ``--ray local``, or (no ``--ray``) more
-    than one job and room on this host's ``gpus`` for more than one at a time. ``tensor_parallel``: the GPUs
-    of the run's narrowest job (``narrowest``): a tp2 cell beside tp1 cells leaves them room to pair up."""
-    if placement.ray:
-        return placement.ray == "local"
-    two = memplan.gpus_to_hold([tensor_parallel] * 2, placement.cells_per_gpu)
-    return device != "cpu" and n_jobs > 1 and two <= gpus
-
-
 def narrowest(spec: RunSpec) -> int:
     """GPUs of the run's narrowest replica (``spec.cell_gpus``): whether two jobs fit side by side."""
     return min((spec.cell_gpus(c) for c in spec.cells), default=spec.tensor_parallel)
@@ -233,18 +213,6 @@ def check_room(spec: RunSpec, executor, names: set[str]) -> None:
         raise
 
 
-def early_ray_head(device: str, tensor_parallel: int, placement: Placement, n_jobs: int):
-    """Start the run's own Ray instance now, before the setup, if it will likely want one (``--device`` not
-    cpu and the GPUs the driver lists, counted without importing torch), so that Ray's start overlaps the
-    setup (``placement.LocalRayHead``). None when not, or when Ray is not installed. A guess that turns out
-    wrong costs nothing: ``choose_executor`` decides again, and an unused instance is stopped."""
-    if importlib.util.find_spec("ray") is None:
-        return None
-    if not local_ray_wanted(device, tensor_parallel, placement, n_jobs, pl.gpu_count(cheap=True)):
-        return None
-    return pl.LocalRayHead()
-
-
 def shares_gpus(spec: RunSpec, placement: Placement, n_jobs: int) -> bool:
     """Whether ``n_jobs`` jobs of this run would hold one GPU at the same time: packed by the memory plan
     (``cells_per_gpu`` > 1), and run side by side on this host (its own Ray, as ``choose_executor`` picks it;
@@ -264,7 +232,7 @@ def ray_here(placement: Placement) -> bool:
 def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: Path, model_path: str,
                     head=None):
     """Ray when asked, or when this host has room for more than one job at a time; else one at a time.
-    ``head``: a local Ray instance already started for this run (``early_ray_head``), used instead of
+    ``head``: a local Ray instance already started for this run (``placement.early_ray_head``), used instead of
     starting one here."""
     if placement.ray and placement.ray != "local":
         return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
@@ -306,7 +274,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                reused: reuse.Source | None = None) -> list[CellOutcome]:
     """Run every cell (or shard) not yet done; return one outcome per cell of the spec. ``log`` gets the
     time spent starting the executor, running the cells and stopping it. ``ray_head``: see
-    ``early_ray_head``. ``console`` shows the progress (``progress``: live bars on a terminal, timestamped
+    ``placement.early_ray_head``. ``console`` shows the progress (``progress``: live bars on a terminal, timestamped
     lines in a log); messages go to this module's logger. ``reused``: the reference taken from an earlier
     run (``reference_from``), published here instead of run."""
     console = console or Console(stderr=True)

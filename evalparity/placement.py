@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
-from evalparity import procs
+from evalparity import memplan, procs
 from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, STAGES, unit_location
 from evalparity.errors import EvalParityError
 from evalparity.rundir import records, rounds
@@ -586,3 +586,39 @@ class RayExecutor:
             self.ray.shutdown()
         if self.head is not None:  # its daemons stop while the run goes on; LocalRayHead.close waits for them
             self.head.stop(wait=False)
+
+
+# ---------------------------------------------------------------- the run's choice, before its setup
+# Here, not in matrix, so that the run can start its Ray instance before its checks without loading pandas
+# and scipy (matrix -> cells -> samples): a mistake in the arguments is refused in 1.5 s, not 2.5 s.
+
+@dataclass(frozen=True)
+class Placement:
+    """How cells are spread: which executor, and how much of a GPU each replica takes."""
+
+    ray: str | None = None     # None: decide here (Ray over this host's GPUs when several are free)
+    cells_per_gpu: int = 1     # >1 lets small models share a GPU (each then takes 1/N of it)
+    mps: str = "off"           # --mps, as asked (``mps.decide``)
+    cell_env: tuple[tuple[str, str], ...] = ()  # for every cell's process: the run's MPS server (``mps.Server.env``)
+
+
+def local_ray_wanted(device: str, tensor_parallel: int, placement: Placement, n_jobs: int, gpus: int) -> bool:
+    """Whether the run wants a Ray instance of its own on this host: ``--ray local``, or (no ``--ray``) more
+    than one job and room on this host's ``gpus`` for more than one at a time. ``tensor_parallel``: the GPUs
+    of the run's narrowest job (``matrix.narrowest``): a tp2 cell beside tp1 cells leaves them room to pair up."""
+    if placement.ray:
+        return placement.ray == "local"
+    two = memplan.gpus_to_hold([tensor_parallel] * 2, placement.cells_per_gpu)
+    return device != "cpu" and n_jobs > 1 and two <= gpus
+
+
+def early_ray_head(device: str, tensor_parallel: int, placement: Placement, n_jobs: int):
+    """Start the run's own Ray instance now, before the setup, if it will likely want one (``--device`` not
+    cpu and the GPUs the driver lists, counted without importing torch), so that Ray's start overlaps the
+    setup (``placement.LocalRayHead``). None when not, or when Ray is not installed. A guess that turns out
+    wrong costs nothing: ``choose_executor`` decides again, and an unused instance is stopped."""
+    if importlib.util.find_spec("ray") is None:
+        return None
+    if not local_ray_wanted(device, tensor_parallel, placement, n_jobs, gpu_count(cheap=True)):
+        return None
+    return LocalRayHead()

@@ -27,6 +27,8 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "evalparity"
 
@@ -304,6 +306,24 @@ def test_the_cli_starts_without_heavy_libraries():
     assert proc.returncode == 0, proc.stderr
     loaded = {name.split(".")[0] for name in json.loads(proc.stdout)}
     assert not loaded & set(HEAVY), f"import evalparity.cli loads {sorted(loaded & set(HEAVY))}"
+
+
+@pytest.mark.parametrize("bad", [["--backends", "tgi"], ["--dtypes", "int8"], ["--repeat", "hf:fp32:dp0"]])
+def test_a_run_with_a_mistaken_argument_is_refused_without_heavy_libraries(bad, tmp_path):
+    """``evalparity run`` refuses a mistake in its arguments or cells before it loads pandas, scipy or torch
+    (``--device cpu``: auto asks torch for a GPU): the error in well under a second, not 2.5 s, which a CI
+    job's typo and this suite's many such cases pay each time. Only the run's lock and its folder's
+    removal happen before the checks."""
+    code = ("import json, sys\nfrom evalparity.cli import main\nsys.argv = ['evalparity', 'run', '--tasks', "
+            f"'hellaswag', '--device', 'cpu', '--out', {str(tmp_path / 'r')!r}, *{bad!r}]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(json.dumps([code, sorted(sys.modules)]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    code, mods = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert code == 2 and proc.stderr.strip().startswith("error: "), proc.stderr
+    loaded = {name.split(".")[0] for name in mods}
+    assert not loaded & set(HEAVY), f"a refused run loaded {sorted(loaded & set(HEAVY))}"
+    assert not (tmp_path / "r").exists()
 
 
 # ---------------------------------------------------------------- the verbs: one module each, none calling another

@@ -43,7 +43,7 @@ def test_executor_choice(monkeypatch, tmp_path, device, gpus, tp, expected):
     ("cuda", None, 1, 1, 2, 4, True),                # two cells share the one GPU
 ])
 def test_when_a_run_starts_a_ray_instance_of_its_own(device, ray, gpus, tp, per_gpu, jobs, expected):
-    wanted = matrix.local_ray_wanted(device, tp, matrix.Placement(ray=ray, cells_per_gpu=per_gpu), jobs, gpus)
+    wanted = placement.local_ray_wanted(device, tp, placement.Placement(ray=ray, cells_per_gpu=per_gpu), jobs, gpus)
     assert wanted is expected
 
 
@@ -52,7 +52,7 @@ def test_the_early_gpu_count_needs_no_torch(monkeypatch):
     assert placement.gpu_count(cheap=True) == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert placement.gpu_count(cheap=True) == 0
-    assert matrix.early_ray_head("cuda", 1, matrix.Placement(), 4) is None  # no GPU listed: no instance
+    assert placement.early_ray_head("cuda", 1, placement.Placement(), 4) is None  # no GPU listed: no instance
 
 
 def test_a_ray_instance_that_cannot_start_is_one_line_with_its_log(monkeypatch):

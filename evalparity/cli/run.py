@@ -174,7 +174,7 @@ class Checked:
 def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: AlignmentOptions, stats: Statistics,
         outputs: Outputs, place: PlacementOptions, staged: StagingOptions) -> None:
     """Run the backend x dtype matrix on lm-eval tasks, then the statistics and the sign-off report."""
-    from evalparity.matrix import Placement, reference_from  # heavy: pandas (matrix -> cells -> samples)
+    from evalparity.placement import Placement
 
     timings = RunLog()
     opts = stats.options()
@@ -229,6 +229,8 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
                                             fallback=stats.reference == Statistics.reference)
             check_metric_names(opts, plan.metrics)  # a typo in --margin's metric names, before any model loads
             # --reference-from: the earlier run's reference verified and matched, before any cell starts
+            from evalparity.matrix import reference_from  # heavy: pandas, scipy (matrix -> cells -> samples)
+
             spec, reused = reference_from(folder.reference_from, spec, opts.reference, run_dir)
             sharing = mps.decide(place.mps, dev, shares_a_gpu(spec, placement, reused, run_dir, folder.force),
                                  place.ray not in (None, "local"))
@@ -318,8 +320,8 @@ def start_ray_early(cells: CellOptions, place: PlacementOptions):
     """The run's own Ray instance, if it will likely want one, started now in its own process so that its
     start overlaps the setup (torch's import, the task index, every task's data) instead of following it.
     Without --cells-per-gpu the memory plan decides the packing later; the guess here is that every job may
-    share a GPU. A wrong guess costs nothing (``matrix.early_ray_head``)."""
-    from evalparity.matrix import Placement, early_ray_head  # heavy: pandas (matrix -> cells -> samples)
+    share a GPU. A wrong guess costs nothing (``placement.early_ray_head``)."""
+    from evalparity.placement import Placement, early_ray_head
 
     kinds, dtypes = cells.matrix()
     n_jobs = (len(kinds) * len(dtypes) + len(cells.cell or [])) * place.shards + len(cells.repeat or [])

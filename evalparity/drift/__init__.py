@@ -208,12 +208,12 @@ def _workers(out: Path, names: list[str], launch: dict[str, dict], bar: progress
         for n in names:
             bar.watch(units[n], layout.drift_progress(out, n))
 
-    def ended(k: int, code: int) -> None:  # for the sides that wait on it (worker.wait_to_probe)
+    def mark_ended(k: int, code: int) -> None:  # for the sides that wait on it (worker.wait_to_probe)
         write_json(layout.drift_sync(out, names[k], "ended"), {"returncode": code})
 
     argv = {n: [launch[n].get("python") or sys.executable, "-m", "evalparity.drift.worker", str(out), n] for n in names}
     ended = procs.run_logged_all([(argv[n], launch[n]["env"] | (extra_env or {}), layout.drift_log(out, n))
-                                  for n in names], tick, every=0.5, on_end=ended)
+                                  for n in names], tick, every=0.5, on_end=mark_ended)
     done = []
     for n, (code, said, last) in zip(names, ended):
         if code != 0:
