@@ -169,10 +169,10 @@ def run_logged_all(jobs: list[tuple[list[str], dict[str, str], object]], tick: C
                    every: float = 0.3, on_end: Callable[[int, int], None] | None = None
                    ) -> list[tuple[int, str | None, str]]:
     """``run_logged`` for several workers at once (argv, environment, log path each): all started, ``tick``
-    called until the last ends, every one stopped on any exception here. ``on_end(index, returncode)`` is
-    called once per worker as soon as it is seen ended (workers that wait on each other learn of a failure)."""
-    import time
-
+    called until the last ends, every one stopped on any exception here. Each worker's group is cleared
+    (``ended``: what it left behind is killed) as soon as it is seen ended, and then ``on_end(index,
+    returncode)`` is called once for it: workers that wait on each other learn of its end, with nothing of it
+    left holding memory."""
     logs = [open(path, "w") for _, _, path in jobs]
     procs: list[subprocess.Popen] = []
     seen: set[int] = set()
@@ -184,6 +184,7 @@ def run_logged_all(jobs: list[tuple[list[str], dict[str, str], object]], tick: C
             for k, p in enumerate(procs):
                 if k not in seen and p.poll() is not None:
                     seen.add(k)
+                    ended(p)
                     if on_end is not None:
                         on_end(k, p.returncode)
             if len(seen) == len(procs):
@@ -191,15 +192,15 @@ def run_logged_all(jobs: list[tuple[list[str], dict[str, str], object]], tick: C
             tick()
             time.sleep(every)
     except BaseException:
-        for p in procs:
-            stop(p)
+        for k, p in enumerate(procs):
+            if k not in seen:  # an ended one's group is cleared already, and its id may be another's by now
+                stop(p)
         raise
     finally:
         for log in logs:
             log.close()
     out = []
     for p, (_, _, path) in zip(procs, jobs):
-        ended(p)
         if p.returncode == 0:
             out.append((0, None, ""))
             continue

@@ -167,7 +167,7 @@ def test_cells_started_with_the_reference_wait_for_it_and_for_each_other_then_ma
         assert waiting.is_alive() and "s" not in got, f"the cell did not wait for {what}"
         step()
     waiting.join(timeout=30)
-    assert not waiting.is_alive() and got["s"]["wait_s"] >= 1.1
+    assert not waiting.is_alive() and got["s"]["wait_s"] >= 0.5  # four steps 0.3 s apart, with room for a slow start
     assert layout.drift_sync(out, "cell", "loaded").exists()
     for key in ("layers", "prompt_logprobs", "generations", "n_prompts", "prompts_probed"):
         assert got["s"][key] == alone[key], key
@@ -197,19 +197,30 @@ def test_an_hf_probe_sharing_its_gpu_is_held_to_its_cells_share(monkeypatch):
     launch = launch_plan("/m", ["hf-bf16", "vllm-bf16"], "hf-fp32", device="cuda", max_len=64, run_spec=spec)
     assert [launch[c]["gpu_budget_gib"] for c in cells] == [22.6, 23.6, 24.6]
     assert launch_plan("/m", ["hf-bf16"], "hf-fp32", device="cpu", max_len=64)["hf-bf16"]["gpu_budget_gib"] is None
-    fractions = []
+    caps = []
     monkeypatch.setattr(worker.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(worker.torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(worker.torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=140 * 2**30))
-    monkeypatch.setattr(worker.torch.cuda, "set_per_process_memory_fraction", lambda f: fractions.append(f))
+    monkeypatch.setattr(worker.torch.cuda, "set_per_process_memory_fraction",
+                        lambda f, d: caps.append((round(f, 4), d)))
     monkeypatch.setattr(worker.precision, "apply", lambda ieee: None)  # hf-fp32's switches stay out of this process
     for name in ("hf", "vllm"):
         monkeypatch.setattr(backends.get(name), "create_lm", lambda args: None, raising=False)
         monkeypatch.setattr(backends.get(name), "drift_probe", lambda lm: "probe", raising=False)
-    for together in (True, False):
-        for c in cells:
-            assert worker.load_side({"together": together, "launch": launch}, c) == "probe"
-    assert fractions == [pytest.approx(22.6 / 140), pytest.approx(23.6 / 140)]  # the HF sides, together only
+
+    def capped(**how) -> list:
+        caps.clear()
+        d = {"reference": "hf-fp32", "cells": ["hf-bf16", "vllm-bf16"], "launch": launch} | how
+        assert all(worker.load_side(d, c) == "probe" for c in cells)
+        return list(caps)
+
+    at = {c: (round((22.6 + k) / 140, 4), 0) for k, c in enumerate(cells)}
+    assert capped(together=True, reference_too=True) == [at["hf-fp32"], at["hf-bf16"]]  # every side at once
+    assert capped(together=True) == [at["hf-bf16"]]  # the cells together, the reference alone before them
+    assert capped(together=True, cells=["hf-bf16"]) == []  # one cell: it has its GPU to itself
+    assert capped(together=False) == []
+    launch["hf-bf16"]["model_args"]["device"] = "cuda:1"  # a run on the second GPU: its cap there
+    assert capped(together=True) == [(at["hf-bf16"][0], 1)]
 
 
 def test_a_drift_of_every_side_at_once_probes_each_cell_that_loads(tmp_path, tiny_model):
@@ -221,9 +232,14 @@ def test_a_drift_of_every_side_at_once_probes_each_cell_that_loads(tmp_path, tin
     launch = launch_plan(str(tiny_model), ["hf-bf16", "hf-fp16"], "hf-fp32", device="cpu", max_len=128)
     launch["hf-fp16"]["model_args"]["pretrained"] = str(tmp_path / "no-such-model")
     out = tmp_path / "drift"
+    # an earlier drift's leftovers in the folder: a failed reference's end, and a record that is not this one's
+    (out / ".sync").mkdir(parents=True)
+    (out / ".sync" / "hf-fp32.ended").write_text('{"returncode": 1}')
+    (out / "reference").mkdir()
+    (out / "reference" / "reference.json").write_text("{}")
     got = run_drift(launch, PROMPTS, out, max_len=128, gen_tokens=4, together=True, reference_too=True,
                     mps_choice="off")
-    assert list(got) == ["hf-bf16"] and got["hf-bf16"]["n_prompts"] == 3 and got["hf-bf16"]["wait_s"] >= 0
+    assert list(got) == ["hf-bf16"] and got["hf-bf16"]["n_prompts"] == 3 and got["hf-bf16"]["wait_s"] > 0
     assert json.loads((out / "spec.json").read_text())["reference_too"] is True
     assert "waiting for the reference" in (out / "hf-bf16.log").read_text()
     assert not (out / "hf-fp16.json").exists() and not (out / ".sync").exists()
@@ -563,7 +579,7 @@ def test_workers_run_together_and_each_failure_keeps_its_own_reason(tmp_path):
 
     from evalparity import procs
 
-    ok = [sys.executable, "-c", "import time; time.sleep(0.5); print('fine')"]
+    ok = [sys.executable, "-c", "import time; time.sleep(2); print('fine')"]
     refuses = [sys.executable, "-c", "import sys; print('error: no such layer', file=sys.stderr); sys.exit(2)"]
     crashes = [sys.executable, "-c", "raise SystemExit('boom')"]
     ticks = []

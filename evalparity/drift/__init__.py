@@ -169,6 +169,7 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
         return _probe_all(launch, prompts, out, reference, todo, (together, reference_too), dump, console, shown,
                           server.env() if server is not None else {})
     finally:
+        shutil.rmtree(sync, ignore_errors=True)  # the sides' markers, on every path out (a failed reference's too)
         if server is not None:
             server.close(log_to=out / "mps.log")
 
@@ -194,7 +195,6 @@ def _probe_all(launch: dict[str, dict], prompts: list[str], out: Path, reference
             results[c] = json.loads(layout.drift_summary(out, c).read_text())
     if not dump:
         shutil.rmtree(layout.drift_reference(out), ignore_errors=True)
-    shutil.rmtree(layout.drift_sync(out, reference, "ended").parent, ignore_errors=True)
     return results
 
 

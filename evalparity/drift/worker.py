@@ -52,29 +52,44 @@ def load_side(spec: dict, name: str):
     launch = spec["launch"][name]
     if launch["dtype"] == "float32":
         precision.apply(not launch["tf32"])
-    if spec.get("together") and launch.get("gpu_budget_gib") and \
+    if shares_gpu(spec, name) and launch.get("gpu_budget_gib") and \
             getattr(backends.get(launch["backend"]), "drift_memory_capped", False):
-        cap_gpu_memory(float(launch["gpu_budget_gib"]))
+        cap_gpu_memory(float(launch["gpu_budget_gib"]), launch["model_args"].get("device"))
     lm = backends.get(launch["backend"]).create_lm(dict(launch["model_args"]))
     return backends.get(launch["backend"]).drift_probe(lm)
 
 
-def cap_gpu_memory(gib: float) -> None:
+def shares_gpu(spec: dict, name: str) -> bool:
+    """Whether side ``name`` is probed beside others on its GPU: every side, where they all start at once
+    (``reference_too``); else a cell among several probed together (``together``), never the reference,
+    which then runs alone."""
+    if spec.get("reference_too"):
+        return True
+    return bool(spec.get("together")) and name != spec.get("reference") and len(spec.get("cells") or []) > 1
+
+
+def cap_gpu_memory(gib: float, device: str | None = None) -> None:
     """This process's CUDA caching allocator held to ``gib`` (``torch.cuda.set_per_process_memory_fraction``):
     at the cap it gives its cached blocks back and retries before it fails. Why: sides probed together share
     a GPU on the strength of the run's memory plan, and with five sides peaking at once an HF probe held 25.5
     GiB where the plan gave its cell 22.6, and a vLLM cell ran out of memory; with the cap (and the wait for
     the reference's end) the GPU's peak fell from up to 139.8 to 114.5 GiB (results/drift-h200, session 21).
-    Only for backends whose probe holds nothing outside the allocator (``drift_memory_capped``)."""
-    if torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total))
+    Only for backends whose probe holds nothing outside the allocator (``drift_memory_capped``). ``device``:
+    the side's (its model arguments' ``cuda:N``), else the current one."""
+    if not torch.cuda.is_available():
+        return
+    d = torch.device(device or "cuda")
+    index = d.index if d.type == "cuda" and d.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), index)
 
 
-def peak_gpu_gib() -> float | None:
-    """The most GPU memory this process's torch allocator held (a vLLM engine's KV cache included: it runs in
-    this process), for the drift record: what sides probed together really took beside the plan's shares."""
-    return round(torch.cuda.max_memory_reserved() / 2**30, 2) if torch.cuda.is_available() else None
+def peak_gpu_gib(device) -> float | None:
+    """The most GPU memory this process's torch allocator held on the probe's ``device`` (a vLLM engine's KV
+    cache included: it runs in this process), for the drift record: what sides probed together really took
+    beside the plan's shares."""
+    d = torch.device(device)
+    return round(torch.cuda.max_memory_reserved(d) / 2**30, 2) if d.type == "cuda" else None
 
 
 def encode(probe, texts: list[str], keep: int) -> list[list[int]]:
@@ -208,7 +223,8 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
         gens = dict(zip(map(str, order), probe.generate([ids[i] for i in order], spec["gen_tokens"])))
     records.write_drift_reference(out, records.DriftReference(
         spec["reference"], ids, chunks, entries, probe.n_entries, spec["pooling"], gens,
-        {"load_s": load_s, "probe_s": probe_s, "generate_s": time.perf_counter() - t2, "peak_gpu_gib": peak_gpu_gib(),
+        {"load_s": load_s, "probe_s": probe_s, "generate_s": time.perf_counter() - t2,
+         "peak_gpu_gib": peak_gpu_gib(probe.device),
          "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}))
 
 
@@ -288,7 +304,7 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
     # wall-clock windows (epoch seconds) of the probing and the generation, so that a GPU's utilisation
     # sampled beside the command can be read over the work itself (scripts/gpu/issue28_run.sh)
     timing = {"load_s": load_s, "wait_s": wait_s, "probe_s": probe_s, "generate_s": generate_s,
-              "peak_gpu_gib": peak_gpu_gib(),
+              "peak_gpu_gib": peak_gpu_gib(probe.device),
               "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}
     return acc.summary(spec["threshold"]) | {
         "cell": cell, "reference": spec["reference"], **timing, "timing": timing,
