@@ -122,7 +122,8 @@ def test_drift_probes_cells_together_through_a_server_and_alone_without(fake_con
 
     seen: dict = {}
 
-    def fake_probe_all(launch, prompts, out, reference, todo, together, dump, console, shown, shared_env):
+    def fake_probe_all(launch, prompts, out, reference, todo, dump, console, shown, shared_env, *, together,
+                       reference_too):
         seen["env"] = dict(shared_env)
         return {}
 

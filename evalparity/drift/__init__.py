@@ -160,14 +160,14 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
                                        "gen_tokens": gen_tokens, "threshold": threshold, "n_prompts": len(prompts),
                                        "dump": dump, "layers": layers, "pooling": pooling, "together": together,
                                        "mps": why, "reference_too": reference_too, "launch": launch})
-    # an earlier drift's reference in this folder is never read: its worker removes it only once started
+    # an earlier drift's reference and markers in this folder are never read: cleared before any side starts
     shutil.rmtree(layout.drift_reference(out), ignore_errors=True)
     sync = layout.drift_sync(out, reference, "loaded").parent
     shutil.rmtree(sync, ignore_errors=True)
     sync.mkdir()
     try:
-        return _probe_all(launch, prompts, out, reference, todo, (together, reference_too), dump, console, shown,
-                          server.env() if server is not None else {})
+        return _probe_all(launch, prompts, out, reference, todo, dump, console, shown,
+                          server.env() if server is not None else {}, together=together, reference_too=reference_too)
     finally:
         shutil.rmtree(sync, ignore_errors=True)  # the sides' markers, on every path out (a failed reference's too)
         if server is not None:
@@ -175,22 +175,24 @@ def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, referen
 
 
 def _probe_all(launch: dict[str, dict], prompts: list[str], out: Path, reference: str, todo: list[str],
-               together: tuple[bool, bool], dump: bool, console: Console, shown: Path, shared_env: dict[str, str]):
-    """``run_drift``'s probing: the reference alone, then the cells (together, through ``shared_env``'s MPS
-    server when there is one, or one after another); or, ``together`` = (True, True), every side at once."""
+               dump: bool, console: Console, shown: Path, shared_env: dict[str, str], *, together: bool,
+               reference_too: bool):
+    """``run_drift``'s probing: the reference alone, then the cells (``together``: at once, through
+    ``shared_env``'s MPS server when there is one; else one after another); or, ``reference_too``, every
+    side at once."""
     write_json(layout.drift_prompts(out), {"prompts": prompts})
     results: dict[str, dict] = {}
     # live bars on a terminal, timestamped lines when piped (a CI log), as ``run`` and ``hidden`` show theirs
     units = {n: f"drift reference {n}" if n == reference else f"drift {n} vs {reference}" for n in [reference, *todo]}
     with progress.display(console, units.values(), f"drift of {len(prompts):,} prompts", total=len(units)) as bar:
-        if together[1]:
+        if reference_too:
             groups = [[c for c in _workers(out, [reference, *todo], launch, bar, units, console, shown, shared_env)
                        if c != reference]]
         elif not _workers(out, [reference], launch, bar, units, console, shown):
             return results
         else:
             groups = [_workers(out, group, launch, bar, units, console, shown, shared_env)
-                      for group in ([todo] if together[0] else [[c] for c in todo])]
+                      for group in ([todo] if together else [[c] for c in todo])]
         for c in (c for group in groups for c in group):
             results[c] = json.loads(layout.drift_summary(out, c).read_text())
     if not dump:

@@ -27,7 +27,7 @@ from evalparity.backends.probes import HiddenBatch
 from evalparity.cells import ProgressFile
 from evalparity.drift.measure import DriftAccumulator
 from evalparity.errors import EvalParityError, worker_main
-from evalparity.files import atomic_target
+from evalparity.files import atomic_target, read_json, write_json
 from evalparity.rundir import layout, records
 
 CHUNK_BYTES = 2 << 30  # the hidden states of one chunk of prompts, per side, at most about this much
@@ -239,8 +239,6 @@ def wait_to_probe(out: Path, spec: dict, cell: str, progress: ProgressFile) -> f
     if not spec.get("reference_too"):
         return 0.0
     t0 = time.perf_counter()
-    from evalparity.files import read_json, write_json
-
     write_json(layout.drift_sync(out, cell, "loaded"), {"pid": os.getpid()})
     progress.update(phase="waiting for the reference", force=True)
     ref, others = spec["reference"], [c for c in spec["cells"] if c != cell]
@@ -319,10 +317,7 @@ def main(argv: list[str]) -> int:
     spec = json.loads(layout.drift_spec(out).read_text())
     prompts = json.loads(layout.drift_prompts(out).read_text())["prompts"]
     progress = ProgressFile(layout.drift_progress(out, cell))
-    if cell == spec["reference"]:
-        folder = layout.drift_reference(out)
-        if folder.exists():
-            shutil.rmtree(folder)
+    if cell == spec["reference"]:  # into a reference folder that run_drift cleared before any side started
         probe_reference(out, spec, prompts, progress)
     else:
         summary = probe_cell(out, spec, cell, prompts, progress)
