@@ -444,7 +444,14 @@ def test_device_reductions_match_a_prompt_by_prompt_computation(seed):
 def test_batched_probes_equal_one_prompt_probes(cell):
     """Issue 28's bar: the batched probe against the same probe one prompt at a time, on the embedded
     SmolLM2 in fp32 (the tiny test model's activations reach 400, where fp32 round-off alone is above it):
-    relative error at most 1e-6 at every entry, all tokens or the last, and the same greedy tokens."""
+    the same numbers at every entry, all tokens or the last, and the same greedy tokens.
+
+    MKL is held to its strict reproducible mode (``MKL_CBWR=AUTO,STRICT``): by default, on a CPU with
+    AVX-512, its fp32 GEMM gives a row a result that depends on how many rows the call has (3.3e-7 relative
+    for one of SmolLM2's linears, 14 rows against 84, measured on this suite's CPU), which 30 layers grow to
+    3.0e-6, above the issue's 1e-6, in any batched route against one prompt at a time. Pinned, what is left
+    is the probe's own work (padding, masks, pooling, the hooks' split): exactly equal, so this test holds
+    it to 0, where the issue asks ≤ 1e-6."""
     import os
     import subprocess
     import sys
@@ -453,16 +460,15 @@ def test_batched_probes_equal_one_prompt_probes(cell):
     from evalparity.drift import launch_plan
 
     env = os.environ | launch_plan("x", [cell], cell, device="cpu", max_len=256)[cell]["env"]
+    env["MKL_CBWR"] = "AUTO,STRICT"
     here = Path(__file__).parent
     proc = subprocess.run([sys.executable, str(here / "probe_equality.py"), "embedded", cell], env=env,
                           capture_output=True, text=True, timeout=600, cwd=here)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     for pooling in ("all", "last", "mean"):
-        # a mean over tokens is shorter than its rows (they partly cancel), so the same rows' round-off is
-        # a larger share of it: measured 1.06e-6 where the rows differ by 6.5e-7
-        assert got[pooling]["rel_error"] <= (2e-6 if pooling == "mean" else 1e-6), (pooling, got)
-        assert got[pooling]["logprob_abs"] <= 1e-4, (pooling, got)
+        assert got[pooling]["rel_error"] == 0, (pooling, got)
+        assert got[pooling]["logprob_abs"] == 0, (pooling, got)
         assert got[pooling]["without_logprobs_same"], (pooling, got)
     assert got["all"]["rows"] == got["tokens"] and got["last"]["rows"] == 6
     assert got["generation_same"], got
