@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -313,14 +314,19 @@ def test_a_run_with_a_mistaken_argument_is_refused_without_heavy_libraries(bad, 
     """``evalparity run`` refuses a mistake in its arguments or cells before it loads pandas, scipy or torch
     (``--device cpu``: auto asks torch for a GPU): the error in well under a second, not 2.5 s, which a CI
     job's typo and this suite's many such cases pay each time. Only the run's lock and its folder's
-    removal happen before the checks."""
+    removal happen before the checks: the embedded model's first preparation (a process that imports torch,
+    started early in the setup) does not start for a run that is refused; an empty cache makes it due."""
     code = ("import json, sys\nfrom evalparity.cli import main\nsys.argv = ['evalparity', 'run', '--tasks', "
             f"'hellaswag', '--device', 'cpu', '--out', {str(tmp_path / 'r')!r}, *{bad!r}]\n"
             "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
             "print(json.dumps([code, sorted(sys.modules)]))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=os.environ | {"EVALPARITY_CACHE": str(cache)})
     code, mods = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert code == 2 and proc.stderr.strip().startswith("error: "), proc.stderr
+    assert code == 2 and proc.stderr.strip().startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1, \
+        proc.stderr
+    assert not (cache / "models").exists() and not (cache / "prepare.log").exists()
     loaded = {name.split(".")[0] for name in mods}
     assert not loaded & set(HEAVY), f"a refused run loaded {sorted(loaded & set(HEAVY))}"
     assert not (tmp_path / "r").exists()

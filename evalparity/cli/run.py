@@ -179,7 +179,7 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
     timings = RunLog()
     opts = stats.options()
     what, align = embedded_default(what, align)
-    args = check_arguments(what, align, cells, folder, place)
+    args = check_arguments(what, align, cells, folder, place, opts.reference)
     run_dir = folder.out or default_out(what.model)
     outputs.check(run_dir)
     lock = rundir.acquire(run_dir)  # a directory this run created is removed again if it fails before writing
@@ -273,7 +273,7 @@ def embedded_default(what: ModelAndTasks, align: AlignmentOptions) -> tuple[Mode
 
 
 def check_arguments(what: ModelAndTasks, align: AlignmentOptions, cells: CellOptions, folder: RunFolder,
-                    place: PlacementOptions) -> Checked:
+                    place: PlacementOptions, reference: str = "") -> Checked:
     """Every check that needs nothing but the arguments (and the ``EVALPARITY_*`` switches), in one place and
     before anything is locked or started, so that a typo costs nothing: one line, exit 2. Returns what the
     checks parsed. What needs more (the device, the run directory, the tasks' data) is checked by the step
@@ -297,6 +297,7 @@ def check_arguments(what: ModelAndTasks, align: AlignmentOptions, cells: CellOpt
         reuse.check_folder(folder.reference_from)
     config.check_environment()
     bs = parse_batch_size(cells.batch_size) if cells.batch_size is not None else None
+    named_cells(cells, bs if bs is not None else "auto", place, reference)  # their names, before any start
     return Checked(task_list, limit, fraction, parse_task_limits(what.task_limit or []), bs,
                    variants.parse_pythons(cells.python or []))
 
@@ -341,17 +342,7 @@ def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: Placement
         raise EvalParityError("--tensor-parallel needs GPUs: use --device cuda, or drop it on CPU")
     if place.mps == "on":
         mps.decide("on", dev, True, False)  # only what the device says (the CPU), before the model and the data
-    kinds, dtypes = cells.matrix()
-    repeats = [r for r in cells.repeat or [] if not variants.is_named_repeat(r)]
-    named_repeats = [r for r in cells.repeat or [] if variants.is_named_repeat(r)]
-    if kinds or dtypes or not cells.cell:
-        matrix = build_cells(kinds, dtypes, bs, repeats, split_list(cells.tf32), place.shards)
-    else:
-        ref = variants.reference_cell(reference, bs, place.shards)
-        named = [t.partition("=")[0].strip() for t in cells.cell]
-        matrix = (ref,) if ref is not None and reference not in named else ()
-    cell_specs = variants.run_cells(matrix, cells.cell or [], bs, place.shards,
-                                    {"hf": cells.hf_args, "vllm": cells.vllm_args}, named_repeats)
+    cell_specs = named_cells(cells, bs, place, reference)
     check_dtypes(dev, sorted({c.dtype for c in cell_specs}), sorted({c.backend for c in cell_specs}))
     wide = next((c for c in cell_specs if cell_gpus(c, place.tensor_parallel) > 1), None)
     if wide is not None and dev == "cpu":  # as --tensor-parallel above: GPUs per replica need GPUs
@@ -364,6 +355,24 @@ def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: Placement
             check(c)
     check_two_cells(cell_specs, other_cells(run_dir, cell_specs), single_cell)
     return cell_specs
+
+
+def named_cells(cells: CellOptions, bs, place: PlacementOptions, reference: str = ""):
+    """The cells the options name, as specs: the matrix (``--backends`` x ``--dtypes``, ``--tf32``,
+    ``--repeat``) and the ``--cell`` variants; an unknown backend or dtype, or a malformed cell or repeat, is
+    refused here. Arguments alone: ``check_arguments`` calls it before anything starts (the embedded
+    model's preparation included), ``plan_cells`` again with the device's batch size."""
+    kinds, dtypes = cells.matrix()
+    repeats = [r for r in cells.repeat or [] if not variants.is_named_repeat(r)]
+    named_repeats = [r for r in cells.repeat or [] if variants.is_named_repeat(r)]
+    if kinds or dtypes or not cells.cell:
+        matrix = build_cells(kinds, dtypes, bs, repeats, split_list(cells.tf32), place.shards)
+    else:
+        ref = variants.reference_cell(reference, bs, place.shards)
+        named = [t.partition("=")[0].strip() for t in cells.cell]
+        matrix = (ref,) if ref is not None and reference not in named else ()
+    return variants.run_cells(matrix, cells.cell or [], bs, place.shards,
+                              {"hf": cells.hf_args, "vllm": cells.vllm_args}, named_repeats)
 
 
 def other_cells(run_dir: Path, cell_specs) -> list[str]:
