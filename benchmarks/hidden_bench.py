@@ -11,10 +11,16 @@
    scheduler step per call), with the vLLM cell's environment set before vLLM is imported (the command's
    own worker process; ``drift.launch_plan``).
 
-Routes 2 and 3 run as ``evalparity hidden`` processes with ``--check 0``; their figures are read from
-``hidden.json`` (load, encode, forward, write). Prints prompts/s per route (forward only, and end to end
-with the load), the load times, the speedups, and how far route 1's tensors are from route 3's and route
-2's (a figure, not a test: bf16 differs between kernels). No asserts.
+Routes ``hf`` and ``vllm`` run as ``evalparity hidden`` processes with ``--check 0``; their figures are read
+from ``hidden.json`` (load, encode, forward, write). Routes ``generate`` and ``batched`` run as a user's script
+does: each in a fresh Python process of its own (this file, ``--child ROUTE``), which imports torch and
+transformers, loads, runs and hands its tensors back in a file. So every route has a **process wall**: from
+the interpreter's start to its end, imports, CUDA's start and the model's load included (for ``generate``,
+its untimed prompts' share added at the timed rate). Its "load" figures are each route's own and are not
+alike: the user's routes start their clock after their imports, ``evalparity hidden`` before lm-eval's and
+the backend's. Prints prompts/s per route (forward only, end to end with the load, and by the process wall),
+the speedups, and how far route 1's tensors are from route 3's and route 2's (a figure, not a test: bf16
+differs between kernels). No asserts.
 
     python benchmarks/hidden_bench.py --model /models/SmolLM2-135M-Instruct --device cuda --n-prompts 10000 \\
         --datasets-dir /work/shared/data                # HellaSwag validation contexts + endings
@@ -129,6 +135,37 @@ def route_batched(args, texts: list[str], layers: list[int]) -> dict:
     return {"load_s": load_s, "forward_s": time.perf_counter() - t1, "hidden": hidden, "device": device}
 
 
+def route_fresh(args, route: str, prompts: Path, out: Path, layers: list[int]) -> dict:
+    """Route ``generate`` or ``batched`` in a fresh process (``--child``), as a user's script runs: its
+    figures, its tensors, and the process's wall from start to end (``generate``: with the share of the
+    prompts it did not time, at its timed rate)."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, __file__, "--child", route, "--model", str(args.model), "--prompts", str(prompts),
+           "--n-prompts", str(args.n_prompts), "--device", args.device, "--dtype", args.dtype,
+           "--layers", ",".join(map(str, layers)), "--max-length", str(args.max_length),
+           "--one-at-a-time-max", str(args.one_at_a_time_max), "--user-batch", str(args.user_batch),
+           "--keep", str(out)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        print(f"{route}: its process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        return {}
+    got = torch.load(out / "route.pt")
+    timed_wall = got["forward_s"] * got["timed"] / args.n_prompts if got.get("extrapolated") else got["forward_s"]
+    return {**got, "wall_s": wall - timed_wall + got["forward_s"]}
+
+
+def child(args, texts: list[str], layers: list[int]) -> None:
+    """``--child ROUTE``: one user route, its result saved to ``--keep``/route.pt for the parent."""
+    import torch
+
+    got = (route_generate if args.child == "generate" else route_batched)(args, texts, layers)
+    torch.save(got, args.keep / "route.pt")
+
+
 def route_hidden(args, backend: str, prompts: Path, out: Path, layers: list[int]) -> dict:
     cmd = [sys.executable, "-m", "evalparity.cli", "hidden", "--model", str(args.model), "--prompts", str(prompts),
            "--layers", ",".join(map(str, layers)), "--backend", backend, "--dtype", args.dtype,
@@ -167,10 +204,14 @@ def main() -> None:
                     help="prompts timed on route 1 (the rest extrapolated)")
     ap.add_argument("--routes", default="generate,batched,hf,vllm")
     ap.add_argument("--user-batch", type=int, default=64, help="route 2's batch size (prompts)")
-    ap.add_argument("--keep", type=Path, default=None, help="keep routes 2 and 3's output folders here")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the routes' output folders here")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # route_fresh's own process
     args = ap.parse_args()
     texts = load_prompts(args)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else default_layers(args.model)
+    if args.child:
+        child(args, texts, layers)
+        return
     routes = args.routes.split(",")
     work = Path(tempfile.mkdtemp(prefix="hidden-bench-")) if args.keep is None else args.keep
     work.mkdir(parents=True, exist_ok=True)
@@ -180,10 +221,8 @@ def main() -> None:
           f"model {args.model}")
     got: dict[str, dict] = {}
     for route in routes:
-        if route == "generate":
-            got[route] = route_generate(args, texts, layers)
-        elif route == "batched":
-            got[route] = route_batched(args, texts, layers)
+        if route in ("generate", "batched"):
+            got[route] = route_fresh(args, route, prompts, work / route, layers)
         else:
             got[route] = route_hidden(args, route, prompts, work / route, layers)
         r = got[route]
@@ -191,7 +230,7 @@ def main() -> None:
             continue
         n = len(texts)
         note = (f" (timed {r['timed']} prompts, extrapolated to {n})" if r.get("extrapolated") else "")
-        wall = f", process wall {r['wall_s']:.1f} s" if "wall_s" in r else ""
+        wall = f", process wall {r['wall_s']:.1f} s ({n / r['wall_s']:.1f} prompts/s)"
         print(f"{route:9s} {n / r['forward_s']:10.1f} prompts/s forward{note}; load {r['load_s']:.1f} s, forward "
               f"{r['forward_s']:.1f} s, end to end {n / (r['load_s'] + r['forward_s']):.1f} prompts/s"
               f"{wall} [{r['device']}]")
@@ -201,13 +240,15 @@ def main() -> None:
         for k in ("batched", "hf", "vllm"):
             if k in ok:
                 print(f"speedup {k} over generate one at a time: {base / ok[k]['forward_s']:.1f}x forward, "
-                      f"{(base + ok['generate']['load_s']) / (ok[k]['forward_s'] + ok[k]['load_s']):.1f}x with load")
+                      f"{(base + ok['generate']['load_s']) / (ok[k]['forward_s'] + ok[k]['load_s']):.1f}x with load, "
+                      f"{ok['generate']['wall_s'] / ok[k]['wall_s']:.1f}x by process wall")
     for k in ("hf", "vllm"):
         for base in ("batched", "hf"):
             if k != base and k in ok and base in ok:
                 a, b = ok[base], ok[k]
                 print(f"speedup evalparity hidden --backend {k} over {base}: {a['forward_s'] / b['forward_s']:.2f}x "
-                      f"forward, {(a['forward_s'] + a['load_s']) / (b['forward_s'] + b['load_s']):.2f}x with load")
+                      f"forward, {(a['forward_s'] + a['load_s']) / (b['forward_s'] + b['load_s']):.2f}x with load, "
+                      f"{a['wall_s'] / b['wall_s']:.2f}x by process wall")
     for a, b in (("generate", "vllm"), ("generate", "hf"), ("batched", "hf"), ("hf", "vllm")):
         if a in ok and b in ok:
             m = min(len(ok[a]["hidden"][layers[0]]), len(ok[b]["hidden"][layers[0]]))
