@@ -39,7 +39,7 @@ case $MODE in
   hidden)
     mkdir -p "$D"
     timeout "$BUDGET" python3 benchmarks/hidden_bench.py --model "$EVALPARITY_CACHE/models/SmolLM2-135M-Instruct" \
-      --device cuda --datasets-dir .gpudata --n-prompts "${N:-10000}" --keep "$D" 2>&1 | tail -40 ;;
+      --device cuda --datasets-dir .gpudata --n-prompts "${N:-10000}" --keep "$D" 2>&1 | tee "$D/bench.txt" | tail -40 ;;
 esac
 RC=${PIPESTATUS[0]}
 kill $UTIL 2>/dev/null
@@ -70,6 +70,6 @@ echo "$MODE $LABEL: exit $RC after $(python3 -c "import time;print(round(time.ti
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 if [[ -n ${OUT:-} && -d $D ]]; then
   cp /tmp/util-$LABEL.csv "$D/" 2>/dev/null
-  (cd "$D" && tar czf "$OUT/$LABEL.tgz" --exclude='reference' --exclude='dump' --exclude='*.safetensors' . 2>/dev/null)
+  (cd "$D" && tar czf "$OUT/$LABEL.tgz" --exclude='reference' --exclude='dump' --exclude='*.safetensors' --exclude='*.pt' . 2>/dev/null)
   ls -la "$OUT"
 fi
