@@ -140,22 +140,10 @@ class ProgressFile:
         tqdm.std.tqdm.update = update
 
 
-def process_age() -> float | None:
-    """Seconds since this process was started (exec'd), from /proc; None where that cannot be read. The
-    phase lines in cell.log carry it, so that a process's start (imports included) is on its timeline."""
-    try:
-        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
-                    if x.startswith("btime "))
-        return max(0.0, time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK")))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
 def log_phase(phase: str) -> None:
     """One line in the cell's log when its phase changes: when, and how long after the process started
     (where a cell's start goes: imports, task manager, engine, first round)."""
-    age = process_age()
+    age = procs.process_age()
     since = f" ({age:.1f} s after the process started)" if age is not None else ""
     print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {phase}{since}", flush=True)
 

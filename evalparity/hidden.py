@@ -132,6 +132,7 @@ def run_hidden(request: dict, launch: dict[str, dict], texts: list[str], ids: li
     write_json(stage / "request.json", {"request": request, "launch": launch, "main": main, "check": check,
                                         "texts": texts, "ids": ids})
     t0 = time.perf_counter()
+    before = procs.process_age()  # this command's own start: imports, the prompts read, the checks
     units = [main] + ([f"check {check}"] if check else [])
     try:
         with progress.display(console, units, f"hidden states of {len(texts):,} prompts", total=len(units)) as shown:
@@ -152,7 +153,7 @@ def run_hidden(request: dict, launch: dict[str, dict], texts: list[str], ids: li
         "entries": side["entries"], "entry_of_layer": side["entry_of_layer"], "n_entries": side["n_entries"],
         "hidden_size": side["hidden_size"], "pooling": request["pooling"], "max_length": request["max_length"],
         "n_prompts": len(texts), "n_unique": side["n_unique"], "n_truncated": side["n_truncated"],
-        "timings": side["timings"] | {"total_s": time.perf_counter() - t0},
+        "timings": side["timings"] | {"total_s": time.perf_counter() - t0, "command_start_s": before},
         "prompts_per_s": side["prompts_per_s"],
         "check": checked if check else {"off": True},
         "files": {"tensors": TENSORS, "prompts": TABLE, "log": f"{request['backend']}.log"},
@@ -232,6 +233,7 @@ def work_main(stage: Path, req: dict, prog: ProgressFile) -> dict:
     r = req["request"]
     texts, ids = req["texts"], req["ids"]
     prog.update(phase="loading", force=True)
+    started = procs.process_age()  # the worker's own start, imports included, before its load
     t0 = time.perf_counter()
     probe = load_side({"launch": req["launch"]}, req["main"])
     load_s = time.perf_counter() - t0
@@ -266,7 +268,8 @@ def work_main(stage: Path, req: dict, prog: ProgressFile) -> dict:
     return {"entries": entries, "entry_of_layer": {str(a): a + probe.n_entries if a < 0 else a for a in asked},
             "n_entries": probe.n_entries, "hidden_size": probe.hidden_size, "device": str(probe.device),
             "n_unique": len(uniq), "n_truncated": int(table["truncated"].sum()),
-            "timings": {"load_s": load_s, "encode_s": encode_s, "forward_s": forward_s, "write_s": write_s},
+            "timings": {"worker_start_s": started, "load_s": load_s, "encode_s": encode_s, "forward_s": forward_s,
+                        "write_s": write_s},
             "prompts_per_s": len(texts) / forward_s if forward_s > 0 else None,
             "check_ids": tokens[:n_check]}
 

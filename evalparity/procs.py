@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # what stops a command from outside; SIGINT unwinds as Ctrl-C
@@ -278,3 +279,15 @@ def _make_handler(sig: int, previous) -> Callable:
         signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     return handler
+
+
+def process_age() -> float | None:
+    """Seconds since this process was started (exec'd), from /proc; None where that cannot be read. The
+    phase lines in cell.log carry it, so that a process's start (imports included) is on its timeline."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
+                    if x.startswith("btime "))
+        return max(0.0, time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK")))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None

@@ -85,7 +85,10 @@ def test_vllm_and_hf_agree_in_fp32(vllm_out):
     assert sorted(tensors) == ["layer.0", "layer.1", "layer.2", "prompt_index"]
     assert "check: hf fp32 on the first 6 prompt(s)" in proc.stderr
     assert (out / "vllm.log").is_file() and (out / "hf.log").is_file() and not (out / ".hidden-stage").exists()
-    assert set(record["timings"]) >= {"load_s", "encode_s", "forward_s", "write_s"} and record["prompts_per_s"] > 0
+    t = record["timings"]
+    assert set(t) >= {"load_s", "encode_s", "forward_s", "write_s"} and record["prompts_per_s"] > 0
+    # where an end to end goes besides the work: the command's own start, its worker's before the load
+    assert t["command_start_s"] > 0 and 0 < t["worker_start_s"] < t["total_s"]
 
 
 def _direct(model_path, texts: list[str], pooling: str) -> list[list[torch.Tensor]]:

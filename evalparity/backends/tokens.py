@@ -1,0 +1,32 @@
+"""Tokenizing many prompts in one call, on every core.
+
+Every cell's process starts with ``TOKENIZERS_PARALLELISM=false`` (``matrix.cell_environment``): lm-eval
+forks in places after its tokenizer has run, and a tokenizer that used its thread pool before a fork warns
+and turns itself off in the child. The probes' batch encodes (drift, ``evalparity hidden``) tokenize
+thousands of prompts in one call and fork nothing afterwards; there the Rust tokenizer's threads are worth
+having: 10,000 HellaSwag prompts took 2.8 s of an ``evalparity hidden`` run on a 16-core H200 host, one
+thread; on 2 cores, 1.44 s on one thread against 0.69 s on both (the same ids). The switch is read at each
+call, so it is set for the call and put back after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+SWITCH = "TOKENIZERS_PARALLELISM"
+
+
+@contextlib.contextmanager
+def all_cores() -> Iterator[None]:
+    """HF tokenizers' thread pool on for the block (``SWITCH`` true), then the switch as it was."""
+    before = os.environ.get(SWITCH)
+    os.environ[SWITCH] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SWITCH, None)
+        else:
+            os.environ[SWITCH] = before
