@@ -213,6 +213,8 @@ def main() -> None:
         child(args, texts, layers)
         return
     routes = args.routes.split(",")
+    if len(set(routes)) < len(routes):  # a route's second time would find its folder finished and do nothing
+        ap.error(f"--routes {args.routes} names a route twice: run the bench again (another --keep) instead")
     work = Path(tempfile.mkdtemp(prefix="hidden-bench-")) if args.keep is None else args.keep
     work.mkdir(parents=True, exist_ok=True)
     prompts = work / "prompts.txt"
