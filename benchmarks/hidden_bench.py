@@ -100,7 +100,7 @@ def route_generate(args, texts: list[str], layers: list[int]) -> dict:
     timed = time.perf_counter() - t1
     forward_s = timed * len(texts) / n
     hidden = {e: torch.stack([r[k] for r in rows]) for k, e in enumerate(layers)}
-    return {"load_s": load_s, "forward_s": forward_s, "timed": n, "extrapolated": n < len(texts),
+    return {"load_s": load_s, "forward_s": forward_s, "timed": n, "timed_s": timed, "extrapolated": n < len(texts),
             "hidden": hidden, "device": device}
 
 
@@ -154,8 +154,7 @@ def route_fresh(args, route: str, prompts: Path, out: Path, layers: list[int]) -
         print(f"{route}: its process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         return {}
     got = torch.load(out / "route.pt")
-    timed_wall = got["forward_s"] * got["timed"] / args.n_prompts if got.get("extrapolated") else got["forward_s"]
-    return {**got, "wall_s": wall - timed_wall + got["forward_s"]}
+    return {**got, "wall_s": wall - got.get("timed_s", got["forward_s"]) + got["forward_s"]}
 
 
 def child(args, texts: list[str], layers: list[int]) -> None:
@@ -167,6 +166,8 @@ def child(args, texts: list[str], layers: list[int]) -> None:
 
 
 def route_hidden(args, backend: str, prompts: Path, out: Path, layers: list[int]) -> dict:
+    if (out / "hidden.json").exists():  # evalparity hidden would find it finished and time nothing
+        sys.exit(f"{out} holds a finished {backend} route: give the bench another --keep")
     cmd = [sys.executable, "-m", "evalparity.cli", "hidden", "--model", str(args.model), "--prompts", str(prompts),
            "--layers", ",".join(map(str, layers)), "--backend", backend, "--dtype", args.dtype,
            "--device", args.device, "--max-length", str(args.max_length), "--check", "0", "--out", str(out)]

@@ -286,8 +286,8 @@ def process_age() -> float | None:
     phase lines in cell.log carry it, so that a process's start (imports included) is on its timeline."""
     try:
         start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(int(x.split()[1]) for x in Path("/proc/stat").read_text().splitlines()
-                    if x.startswith("btime "))
-        return max(0.0, time.time() - (boot + start_ticks / os.sysconf("SC_CLK_TCK")))
-    except (OSError, ValueError, IndexError, StopIteration):
+        # the start in clock ticks since boot, against the clock since boot (``btime`` is whole seconds:
+        # up to 1 s off)
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
         return None

@@ -36,3 +36,18 @@ def test_threaded_batch_ids_equal_one_thread_and_one_prompt_at_a_time(tiny_model
     with all_cores():
         threaded = tok(texts).input_ids
     assert threaded == one_thread == [tok(t).input_ids for t in texts]
+
+
+@pytest.mark.parametrize("cls", ["HFProbe", "VLLMProbe"])
+def test_the_probes_encode_on_all_cores_and_the_cells_batch_encode_does_not(cls, monkeypatch):
+    """Only the probes' encode turns the switch on (a cell's scoring keeps the one thread its recorded
+    environment says): the probe's call sees it on, the cell's own ``batch_encode`` sees it as it was."""
+    from evalparity.backends import probes
+
+    monkeypatch.setenv(SWITCH, "false")
+    seen = []
+    probe = object.__new__(getattr(probes, cls))  # no model: only the encode's wiring
+    probe._batch_encode = lambda texts: seen.append(os.environ.get(SWITCH)) or [[1]] * len(texts)
+    assert probe.encode(["a", "b"]) == [[1], [1]] and seen == ["true"]
+    probe._batch_encode(["c"])
+    assert seen == ["true", "false"] and os.environ[SWITCH] == "false"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from evalparity.backends import parse_extra_args, precision
 from evalparity.backends.hf_scoring import DeferredScoring
 from evalparity.backends.pretokenize import BatchedEncoding
-from evalparity.backends.tokens import all_cores
 from evalparity.shapes import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import CellSpec, RunSpec
 
@@ -118,8 +117,7 @@ def create_lm(args: dict):
             for flag, kw in ((True, kwargs | {"add_special_tokens": False}), (False, kwargs)):
                 idx = [i for i, h in enumerate(has) if h is flag]
                 if idx:
-                    with all_cores():
-                        ids = self.tokenizer([strings[i] for i in idx], **kw).input_ids
+                    ids = self.tokenizer([strings[i] for i in idx], **kw).input_ids
                     for i, row in zip(idx, ids):
                         out[i] = row
             return out

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from evalparity.backends import compat
+from evalparity.backends.tokens import all_cores
 from evalparity.errors import EvalParityError
 
 POOLINGS = ("all", "last", "mean")
@@ -129,7 +130,7 @@ class HFProbe:
     def __init__(self, lm, token_budget: int | None = None):
         self.model = lm.model
         self.tokenizer = lm.tokenizer
-        self.encode = lm.batch_encode
+        self._batch_encode = lm.batch_encode
         self.device = torch.device(lm.device) if not isinstance(lm.device, torch.device) else lm.device
         _decoder_parts(self.model)
         self.n_entries = int(self.model.config.num_hidden_layers) + 1
@@ -143,6 +144,12 @@ class HFProbe:
         heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.kv_bytes_per_token = (self.n_entries - 1) * 2 * heads * head_dim * self.model.dtype.itemsize
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """The cell's own batch encode (lm-eval's special-token rule), on every core for the call
+        (``tokens.all_cores``): the probe's encode forks nothing after it; a cell's scoring keeps one thread."""
+        with all_cores():
+            return self._batch_encode(texts)
 
     def _batches(self, order: list[int], lengths: list[int], rows_at_most: int | None = None,
                  budget: int | None = None):
@@ -302,11 +309,17 @@ class VLLMProbe:
         compat.apply()
         self.llm = lm.model
         self.tokenizer = lm.tokenizer
-        self.encode = lm.batch_encode
+        self._batch_encode = lm.batch_encode
         self.n_entries = self.llm.apply_model(_install_hooks)[0] + 1
         self.device = torch.device(self.llm.apply_model(_model_device)[0])
         self.step_tokens, self.step_seqs = _step_limits(self.llm)
         self.hidden_size = int(self.llm.llm_engine.model_config.get_hidden_size())
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """The cell's own batch encode (lm-eval's special-token rule), on every core for the call
+        (``tokens.all_cores``): the probe's encode forks nothing after it; a cell's scoring keeps one thread."""
+        with all_cores():
+            return self._batch_encode(texts)
 
     def _groups(self, prompts: list[list[int]], lengths: list[int]):
         """Consecutive prompts that one scheduler step takes whole, no prompt twice in one call (the hooks

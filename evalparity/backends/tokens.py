@@ -2,10 +2,12 @@
 
 Every cell's process starts with ``TOKENIZERS_PARALLELISM=false`` (``matrix.cell_environment``): lm-eval
 forks in places after its tokenizer has run, and a tokenizer that used its thread pool before a fork warns
-and turns itself off in the child. The probes' batch encodes (drift, ``evalparity hidden``) tokenize
-thousands of prompts in one call and fork nothing afterwards; there the Rust tokenizer's threads are worth
-having: 10,000 HellaSwag prompts took 2.8 s of an ``evalparity hidden`` run on a 16-core H200 host, one
-thread; on 2 cores, 1.44 s on one thread against 0.69 s on both (the same ids). The switch is read at each
+and turns itself off in the child; and cells packed on one host would each start a thread per core. The
+probes' batch encodes (``HFProbe.encode``, ``VLLMProbe.encode``: drift and ``evalparity hidden``) tokenize
+thousands of prompts in one call in a worker that forks nothing afterwards; there, and only there, the Rust
+tokenizer's threads are worth having: 10,000 HellaSwag prompts took 2.8 s of an ``evalparity hidden`` run
+on a 16-core H200 host on one thread, 0.55 s on all of them (results/drift-h200, session 22); on 2 cores,
+1.44 s against 0.69 s. The same ids either way. The switch is read at each
 call, so it is set for the call and put back after.
 """
 

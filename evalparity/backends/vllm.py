@@ -10,7 +10,6 @@ from pathlib import Path
 from evalparity import devices
 from evalparity.backends import check_names, compat, parse_extra_args, precision
 from evalparity.backends.pretokenize import BatchedEncoding
-from evalparity.backends.tokens import all_cores
 from evalparity.config import PORT_BASE_ENV
 from evalparity.shapes import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import TENSOR_PARALLEL_ARG, CellSpec, RunSpec
@@ -176,8 +175,7 @@ def create_lm(args: dict):
 
         def batch_encode(self, strings: list[str]) -> list[list[int]]:
             """lm-eval's own ``VLLM.tok_encode``, which already takes a list."""
-            with all_cores():
-                return super().tok_encode(strings)
+            return super().tok_encode(strings)
 
         def _model_generate(self, requests=None, generate=False, sampling_params=None, **kw):
             if not generate and self.scoring_params is not None and self.data_parallel_size == 1:
