@@ -25,6 +25,7 @@ backends rather than in ``drift/``, which only compares what they return (docs/a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -124,7 +125,19 @@ def cut_at_eos(ids: list[int], eos: set[int]) -> list[int]:
     return ids
 
 
-class HFProbe:
+class _Encodes:
+    """What both probes encode with: the cell's own batch encode (lm-eval's special-token rule, ``lm.batch_encode``,
+    kept as ``_batch_encode``), on every core for the call (``tokens.all_cores``): the probe's encode forks
+    nothing after it, where a cell's scoring keeps the one thread its recorded environment says."""
+
+    _batch_encode: Callable[[list[str]], list[list[int]]]
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        with all_cores():
+            return self._batch_encode(texts)
+
+
+class HFProbe(_Encodes):
     """Probes an lm-eval ``HFLM``'s model: padded batches of at most ``token_budget`` tokens (rows x longest)."""
 
     def __init__(self, lm, token_budget: int | None = None):
@@ -144,12 +157,6 @@ class HFProbe:
         heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.kv_bytes_per_token = (self.n_entries - 1) * 2 * heads * head_dim * self.model.dtype.itemsize
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """The cell's own batch encode (lm-eval's special-token rule), on every core for the call
-        (``tokens.all_cores``): the probe's encode forks nothing after it; a cell's scoring keeps one thread."""
-        with all_cores():
-            return self._batch_encode(texts)
 
     def _batches(self, order: list[int], lengths: list[int], rows_at_most: int | None = None,
                  budget: int | None = None):
@@ -302,7 +309,7 @@ def _prompt_logprobs(out, ids: list[int]) -> list[float]:
     return [d[t].logprob for t, d in zip(ids[1:], out.prompt_logprobs[1:])]
 
 
-class VLLMProbe:
+class VLLMProbe(_Encodes):
     """Probes an lm-eval ``VLLM``'s engine (``lm.model``, a ``vllm.LLM``; in-process, eager)."""
 
     def __init__(self, lm):
@@ -314,12 +321,6 @@ class VLLMProbe:
         self.device = torch.device(self.llm.apply_model(_model_device)[0])
         self.step_tokens, self.step_seqs = _step_limits(self.llm)
         self.hidden_size = int(self.llm.llm_engine.model_config.get_hidden_size())
-
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """The cell's own batch encode (lm-eval's special-token rule), on every core for the call
-        (``tokens.all_cores``): the probe's encode forks nothing after it; a cell's scoring keeps one thread."""
-        with all_cores():
-            return self._batch_encode(texts)
 
     def _groups(self, prompts: list[list[int]], lengths: list[int]):
         """Consecutive prompts that one scheduler step takes whole, no prompt twice in one call (the hooks

@@ -2,7 +2,7 @@
 # GPU side (issue 28), after ../shared/gpu's install.sh: the embedded model prepared, then
 # benchmarks/hidden_bench.py on SmolLM2, $N (10000) HellaSwag prompts, 3 layers, last token, bf16, in $PASSES
 # passes (default 2: the first right after the install, the next warm), each into a folder of its own
-# (a rerun on a finished --out does nothing); the routes' records, their logs and the output go to
+# (the bench refuses a folder that holds a finished route); the routes' records, their logs and the output go to
 # $OUT/hidden-passes.tgz (tensors left out).
 set -uo pipefail
 source .gpu/bin/env.sh
