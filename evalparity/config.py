@@ -161,7 +161,7 @@ def wheels_dir() -> Path:
 #     cell.json                   CELL_FILE      its record (rundir.records.CellRecord): identity, table seal, settings
 #     samples.parquet             TABLE_FILE     its per-sample table (samples)
 #     cell.log                    LOG_FILE       its process's output
-#     progress.json               PROGRESS_FILE  while it runs: phase and n/total (cells.ProgressFile)
+#     progress.json               PROGRESS_FILE  while it runs: phase and n/total (progress_file.ProgressFile)
 #     lm_eval/                    LM_EVAL_DIR    lm-eval's own output, as `lm_eval --log_samples` writes it
 #     lm_eval_results.json        LM_EVAL_RESULTS
 #   cells/<cell>.failed/          FAILED_SUFFIX  a failed attempt, kept beside the finished cell it did not replace

@@ -2,27 +2,66 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from evalparity.backends import registry
 from evalparity.errors import EvalParityError
 
 
-def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when a CUDA GPU is visible, else 'cpu'; an unavailable device is refused."""
+def visible_gpus(cheap: bool = False) -> list[str]:
+    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES`` where set); ``cheap``: as the NVIDIA driver
+    lists them, without importing torch (seconds) or starting CUDA: a guess that a later check confirms."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis is not None:
+        return [g for g in vis.split(",") if g.strip()]
+    if cheap:
+        try:
+            return sorted(os.listdir("/proc/driver/nvidia/gpus"))
+        except OSError:
+            return []
+    try:
+        import torch  # heavy: torch (the cheap count above needs none)
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def resolve_device(device: str, cheap: bool = False) -> str:
+    """'auto' -> 'cuda' when a CUDA GPU is visible, else 'cpu'; an unavailable device is refused.
+
+    ``cheap``: whether a GPU is visible is read from the driver (``visible_gpus(cheap=True)``), not from
+    torch, for a command whose worker imports torch anyway and checks CUDA itself (``check_cuda``):
+    ``evalparity hidden`` then starts its worker within a second instead of after torch's import."""
     d = device.strip().lower()
     if d not in ("auto", "cpu", "cuda") and not d.startswith("cuda:"):
         raise EvalParityError(f"unknown device {device!r}: use cpu, cuda or auto")
     if d == "cpu":
         return "cpu"
-    import torch  # heavy: torch
+    if cheap:
+        has_cuda = bool(visible_gpus(cheap=True))
+    else:
+        import torch  # heavy: torch
 
-    has_cuda = torch.cuda.is_available()
+        has_cuda = torch.cuda.is_available()
     if d == "auto":
         return "cuda" if has_cuda else "cpu"
     if not has_cuda:
         raise EvalParityError(f"device {device} is not available here (no CUDA GPU visible): use --device cpu")
     return d
+
+
+def check_cuda(device: str) -> None:
+    """In a worker that imports torch: refuse in one line a CUDA device that torch cannot use (the driver
+    listed a GPU, ``resolve_device(cheap=True)``, but this torch has no CUDA or cannot start it)."""
+    if not device.startswith("cuda"):
+        return
+    import torch  # heavy: torch (the worker's own)
+
+    if not torch.cuda.is_available():
+        raise EvalParityError(f"device {device} is not available to torch here (torch {torch.__version__}, CUDA "
+                              f"{torch.version.cuda or 'none'}): use --device cpu, or install a CUDA build of torch")
 
 
 def cpu_flags() -> set[str]:

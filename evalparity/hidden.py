@@ -30,10 +30,11 @@ from pathlib import Path
 from rich.console import Console
 
 from evalparity import backends, procs, progress
-from evalparity.cells import ProgressFile
+from evalparity.devices import check_cuda
 from evalparity.drift import prompts_from_file
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_USAGE, EvalParityError, worker_main
 from evalparity.files import atomic_target, read_json, sha256, write_json
+from evalparity.progress_file import ProgressFile
 from evalparity.spec import SHORT_DTYPE
 
 SCHEMA = "evalparity.hidden/1"
@@ -224,7 +225,8 @@ def _encode(probe, texts: list[str], keep: int) -> tuple[list[list[int]], list[i
 
 
 def work_main(stage: Path, req: dict, prog: ProgressFile) -> dict:
-    import pandas as pd  # heavy: pandas
+    import pyarrow as pa  # heavy: pyarrow (pandas' import, a second on a fresh machine, is not needed here)
+    import pyarrow.parquet as pq  # heavy: pyarrow
     import torch  # heavy: torch
     from safetensors.torch import save_file  # heavy: safetensors (with torch)
 
@@ -232,6 +234,7 @@ def work_main(stage: Path, req: dict, prog: ProgressFile) -> dict:
 
     r = req["request"]
     texts, ids = req["texts"], req["ids"]
+    check_cuda(r["device"])
     prog.update(phase="loading", force=True)
     started = procs.process_age()  # the worker's own start, imports included, before its load
     t0 = time.perf_counter()
@@ -258,16 +261,16 @@ def work_main(stage: Path, req: dict, prog: ProgressFile) -> dict:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # safetensors writes 0600; the folder's other files follow the umask
-    table = pd.DataFrame({"index": range(len(texts)), "id": ids, "text": texts,
-                          "n_tokens": [len(x) for x in tokens],
-                          "truncated": [n > len(x) for n, x in zip(full, tokens)]})
+    truncated = [n > len(x) for n, x in zip(full, tokens)]
+    table = pa.table({"index": pa.array(range(len(texts)), pa.int64()), "id": ids, "text": pa.array(texts, pa.string()),
+                      "n_tokens": pa.array([len(x) for x in tokens], pa.int64()), "truncated": pa.array(truncated)})
     with atomic_target(stage / TABLE) as tmp:
-        table.to_parquet(tmp, index=False)
+        pq.write_table(table, tmp)
     write_s = time.perf_counter() - t3
     n_check = min(r["check"], len(texts))
     return {"entries": entries, "entry_of_layer": {str(a): a + probe.n_entries if a < 0 else a for a in asked},
             "n_entries": probe.n_entries, "hidden_size": probe.hidden_size, "device": str(probe.device),
-            "n_unique": len(uniq), "n_truncated": int(table["truncated"].sum()),
+            "n_unique": len(uniq), "n_truncated": sum(truncated),
             "timings": {"worker_start_s": started, "load_s": load_s, "encode_s": encode_s, "forward_s": forward_s,
                         "write_s": write_s},
             "prompts_per_s": len(texts) / forward_s if forward_s > 0 else None,

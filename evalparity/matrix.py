@@ -24,6 +24,7 @@ from rich.table import Table
 
 from evalparity import backends, cells, memplan, progress, rundir, samples, shards, stager, variants
 from evalparity import placement as pl
+from evalparity.cellenv import cell_environment
 from evalparity.config import (
     ATTEMPTS,
     CELLS,
@@ -169,20 +170,6 @@ def _check_reused_prompts(run_dir: Path, source: reuse.Source, outcomes: dict[st
               for name, o in outcomes.items() if o.status != "failed"
               and units.is_done(run_dir, name)}
     source.check_prompts(run_dir, tables)
-
-
-def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool,
-                     cell: CellSpec | None = None) -> dict[str, str]:
-    """The variables a cell process needs on top of its host's environment (which, on a cluster, is that
-    host's own, not this one's), the plugin modules that register backends (``backends.registry``), and the
-    cell's own (``env.VAR=`` of a ``--cell``: they win over the backend's, as the user asked)."""
-    from evalparity.backends import registry
-
-    env = dict(backend_env) | registry.plugin_environment() | dict(cell.env if cell is not None else ())
-    env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "TQDM_MININTERVAL": "1"})
-    if offline:
-        env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
-    return env
 
 
 def narrowest(spec: RunSpec) -> int:

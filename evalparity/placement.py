@@ -46,6 +46,7 @@ from pathlib import Path
 
 from evalparity import memplan, procs
 from evalparity.config import PLACEMENT_ENV, REASON_FD_ENV, STAGES, unit_location
+from evalparity.devices import visible_gpus
 from evalparity.errors import EvalParityError
 from evalparity.rundir import records, rounds
 
@@ -156,26 +157,9 @@ def run_job_here(job: Job, run_dir: str, model_path: str, placement: dict) -> tu
         raise
 
 
-def _visible_gpus(cheap: bool = False) -> list[str]:
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis is not None:
-        return [g for g in vis.split(",") if g.strip()]
-    if cheap:  # the GPUs the NVIDIA driver lists, without importing torch (seconds) or starting CUDA
-        try:
-            return sorted(os.listdir("/proc/driver/nvidia/gpus"))
-        except OSError:
-            return []
-    try:
-        import torch  # heavy: torch (the cheap count above needs none)
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001
-        return []
-
-
 def gpu_count(cheap: bool = False) -> int:
     """GPUs this process may use; ``cheap``: as the driver lists them, a guess made before torch is loaded."""
-    return len(_visible_gpus(cheap))
+    return len(visible_gpus(cheap))
 
 
 def local_gpu_ids(gpus: float) -> list[str]:
@@ -185,7 +169,7 @@ def local_gpu_ids(gpus: float) -> list[str]:
     job of one GPU or less, which keeps the device the run names (``--device cuda:1``)."""
     if not gpus:
         return []
-    visible = _visible_gpus()
+    visible = visible_gpus()
     return visible[:math.ceil(gpus)] if gpus > 1 else visible
 
 

@@ -19,7 +19,7 @@ Why two faces: a live display redraws in place. Without a terminal rich cannot, 
 the cells ran and dumped the bars' last frame at the end: a multi-hour GPU run left its CI log silent, and
 CI systems kill jobs whose log stays silent too long.
 
-The cells themselves report through ``progress.json`` (``cells.ProgressFile``: phase, the current tqdm
+The cells themselves report through ``progress.json`` (``progress_file.ProgressFile``: phase, the current tqdm
 bar's description and n/total); both faces read it, so a cell process knows nothing of either.
 """
 

@@ -67,7 +67,7 @@ REFUSED = {"dtype": "the dtype is the part after the backend (vllm:bf16)",
            "data_parallel_size": "one cell is one engine: score data-parallel replicas as --repeat NAME:dpN "
                                  "shards instead"}
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# Variables evalparity sets for a cell's process after the cell's own (matrix.cell_environment, placement): a
+# Variables evalparity sets for a cell's process after the cell's own (cellenv.cell_environment, placement): a
 # cell's value would be recorded but not be what ran.
 OWN_ENV = ("PYTHONUNBUFFERED", "TOKENIZERS_PARALLELISM", "TQDM_MININTERVAL", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
            "CUDA_VISIBLE_DEVICES")

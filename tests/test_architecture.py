@@ -41,6 +41,7 @@ STAGES: list[tuple[str, ...]] = [
      "evalparity.printable",  # user text shown, not obeyed: control characters written out
      "evalparity.hostenv",  # what a cell ran on (stdlib only; torch only if the cell imported it)
      "evalparity.procs",  # child processes that die with their parent (stdlib only)
+     "evalparity.progress_file",  # what a worker tells its parent (progress.json, phase lines; procs, files)
      "evalparity.mps",  # the run's own CUDA MPS server for cells that share a GPU (procs only)
      "evalparity.shapes",  # what the memory plan and the backends share: model shapes, dtype sizes
      "evalparity.backends.registry",  # backend names only: spec checks them; the modules load when picked
@@ -48,6 +49,7 @@ STAGES: list[tuple[str, ...]] = [
     ("evalparity.spec", "evalparity.rundir", "evalparity.runlog", "evalparity.stats.options"),
     ("evalparity.data", "evalparity.task_index", "evalparity.tasks", "evalparity.models", "evalparity.devices",
      "evalparity.memplan",
+     "evalparity.cellenv",  # the variables a cell's process starts with (spec, backend registry)
      "evalparity.variants"),  # named cell variants (--cell) and how two cells differ in words
     ("evalparity.backends",),
     ("evalparity.samples",),
@@ -66,7 +68,8 @@ LEAVES = {"evalparity.errors": set(), "evalparity.config": set(), "evalparity.qu
           "evalparity.hostenv": set(),
           "evalparity.printable": set(), "evalparity.procs": set(),
           "evalparity.mps": {"evalparity.procs", "evalparity.files", "evalparity.config"},
-          "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set()}
+          "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set(),
+          "evalparity.progress_file": {"evalparity.procs", "evalparity.files"}}
 # What `import evalparity.cli` must not load (seconds of start-up each; the verbs load them when they run).
 HEAVY = ("torch", "lm_eval", "vllm", "pandas", "scipy", "numpy", "transformers", "datasets", "pyarrow",
          "statsmodels", "matplotlib", "ray", "jinja2", "huggingface_hub")

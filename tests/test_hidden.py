@@ -5,11 +5,16 @@ ids are kept, bad input is one line, and a rerun of a finished request does noth
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import ahead
 import pytest
 import torch
 from conftest import cli, evalparity_here, one_line_error
+
+from evalparity.errors import EXIT_USAGE
 
 PROMPTS = ["the cat sat on the mat and ran far away to the big red house",
            "one two three four five six seven eight nine ten is the answer",
@@ -161,3 +166,43 @@ def test_bad_input_is_one_line(tmp_path, change, message):
     line = one_line_error(evalparity_here("hidden", *[x for kv in opts.items() for x in kv]))
     assert message in line, line
     assert not (tmp_path / "out").exists()
+
+
+HEAVY_HERE = ("torch", "pandas", "scipy", "numpy", "transformers", "lm_eval", "vllm", "pyarrow")
+
+
+@pytest.mark.parametrize("backend", ["hf", "vllm"])
+def test_the_command_starts_its_worker_before_any_heavy_library(backend, tiny_model, tmp_path):
+    """The command's own start is what a user waits for before the worker's imports begin (5.2-6.3 s on an
+    H200 when it imported torch for the device check and pandas and scipy to plan the worker: issue 28).
+    It plans both sides (``--check``), reads the prompts and asks the driver for a GPU (``--device auto``)
+    without torch, pandas or scipy: this test stops it where it would start its worker and lists what it
+    had imported."""
+    (tmp_path / "p.txt").write_text("\n".join(PROMPTS))
+    code = ("import json, sys\nimport evalparity.hidden as h\n"
+            "def stop(*a, **k):\n    print(json.dumps(sorted(sys.modules)))\n    sys.exit(0)\n"
+            "h.run_hidden = stop\nfrom evalparity.cli import main\n"
+            f"sys.argv = ['evalparity', 'hidden', '--model', {str(tiny_model)!r}, '--prompts', "
+            f"{str(tmp_path / 'p.txt')!r}, '--layers', '0,-1', '--backend', {backend!r}, '--check', '2', "
+            f"'--device', 'auto', '--out', {str(tmp_path / 'out')!r}]\nmain()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = {m.split(".")[0] for m in json.loads(proc.stdout.strip().splitlines()[-1])}
+    heavy = sorted(loaded & set(HEAVY_HERE))
+    assert "evalparity" in loaded and not heavy, f"the command had imported {heavy} before its worker started"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that cannot use CUDA")
+def test_a_gpu_the_driver_lists_but_torch_cannot_use_is_one_line(tiny_model, tmp_path):
+    """The command asks the driver, not torch, whether a GPU is there; its worker, which imports torch
+    anyway, refuses a CUDA device that torch cannot use, in one line and with the usage exit code."""
+    (tmp_path / "p.txt").write_text("\n".join(PROMPTS))
+    args = ["hidden", "--model", str(tiny_model), "--prompts", str(tmp_path / "p.txt"), "--layers", "0",
+            "--backend", "hf", "--check", "0", "--device", "cuda", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cli(*args), capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"CUDA_VISIBLE_DEVICES": "0"})
+    line = one_line_error(proc)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert "device cuda is not available to torch here" in line and "use --device cpu" in line, line
+    assert not (tmp_path / "out" / "hidden.json").exists()

@@ -18,7 +18,7 @@ from conftest import SHARED_DATA
 
 from evalparity.backends import hf, vllm
 from evalparity.backends.pretokenize import checked_keys, request_strings
-from evalparity.matrix import cell_environment
+from evalparity.cellenv import cell_environment
 from evalparity.spec import RunSpec, build_cells
 
 SCRIPT = textwrap.dedent("""

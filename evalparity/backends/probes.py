@@ -40,6 +40,7 @@ POOLINGS = ("all", "last", "mean")
 # tokens took bf16 generation from 10.4 s to 2.3 s (fp32 3.0 to 2.0 s) at a 3.2 GiB (6.4 GiB) peak; each
 # step's Python time, not its arithmetic, is the cost of a small model's generation.
 GEN_KV_BYTES = 4 << 30
+HIDDEN_BYTES = 2 << 30  # an HF probe's hidden states per batch, when it computes no logprobs
 
 
 @dataclass
@@ -151,6 +152,11 @@ class HFProbe(_Encodes):
         vocab = int(self.model.config.vocab_size)
         # the fp32 logits of a batch dominate its memory: about 2 GiB of them at most
         self.token_budget = token_budget or max(256, min(16384, (2 << 30) // (4 * vocab)))
+        # without the LM head (hidden states only) a batch's memory is its hidden states, every entry of every
+        # token (``output_hidden_states``): about HIDDEN_BYTES of them, in fewer, larger batches (on a small
+        # model each batch's cost is mostly its launches, not its arithmetic)
+        per_token = self.n_entries * self.hidden_size * self.model.dtype.itemsize
+        self.hidden_budget = token_budget or max(256, min(1 << 16, HIDDEN_BYTES // per_token))
         # generation keeps one position's logits a step (transformers' logits_to_keep), so its batches are
         # bounded by their KV cache instead: about GEN_KV_BYTES of it
         cfg = self.model.config
@@ -183,7 +189,7 @@ class HFProbe(_Encodes):
         run = self.model if logprobs else self.model.model  # the decoder's last entry is normed already
         hidden: dict[int, list[torch.Tensor]] = {e: [] for e in entries}
         lps: list[torch.Tensor] = []
-        for batch in self._batches(order, lengths):
+        for batch in self._batches(order, lengths, budget=None if logprobs else self.hidden_budget):
             blens = [lengths[i] for i in batch]
             width = max(blens)
             x = torch.zeros(len(batch), width, dtype=torch.long)

@@ -1,6 +1,6 @@
 """Tokenizing many prompts in one call, on every core.
 
-Every cell's process starts with ``TOKENIZERS_PARALLELISM=false`` (``matrix.cell_environment``): lm-eval
+Every cell's process starts with ``TOKENIZERS_PARALLELISM=false`` (``cellenv.cell_environment``): lm-eval
 forks in places after its tokenizer has run, and a tokenizer that used its thread pool before a fork warns
 and turns itself off in the child; and cells packed on one host would each start a thread per core. The
 probes' batch encodes (``HFProbe.encode``, ``VLLMProbe.encode``: drift and ``evalparity hidden``) tokenize

@@ -33,12 +33,12 @@ def hidden(
 ) -> None:
     """Hidden states of chosen layers for every prompt of a file: hidden.safetensors, prompts.parquet, hidden.json."""
     b, d, entries = check_arguments(prompts, layers, backend, dtype, pooling, check, max_length)
-    from evalparity.drift import launch_plan  # heavy: pandas (drift's module)
+    from evalparity.drift import launch_plan
     from evalparity.hidden import cell_name, finished, other_backend, read_prompts, request_of, run_hidden
 
     texts, ids = read_prompts(prompts)
     dest = out or Path("results") / f"hidden-{time.strftime('%Y%m%d-%H%M%S')}"
-    dev = resolve_device(device)
+    dev = resolve_device(device, cheap=True)  # no torch here: the worker imports it and checks CUDA
     model_id, model_path, max_len = resolve_model(model, max_length)
     request = request_of(model_path=str(model_path), backend=b, dtype=d, layers=entries, pooling=pooling,
                          max_len=max_len, check=check, device=dev, prompts=prompts)

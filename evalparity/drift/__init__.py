@@ -16,13 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 from rich.console import Console
 
 from evalparity import backends, mps, procs, progress
+from evalparity.cellenv import cell_environment
 from evalparity.errors import EvalParityError
 from evalparity.files import write_json
-from evalparity.matrix import cell_environment
 from evalparity.models import resolve_model
 from evalparity.printable import visible
 from evalparity.rundir import layout, records
@@ -31,6 +30,8 @@ from evalparity.spec import Alignment, CellSpec, RunSpec, parse_backend, parse_d
 
 def prompts_from_run(run_dir: Path, n: int, seed: int = 0) -> list[str]:
     """Up to ``n`` distinct scored sequences (prompt + first continuation) from the run's reference cell."""
+    import pandas as pd  # heavy: pandas (the package itself stays light: ``evalparity hidden`` plans with it)
+
     cells = [t for _, t in records.finished_tables(run_dir)]
     if not cells:
         raise EvalParityError(f"{run_dir} has no finished cells to take prompts from: run it first, or pass --prompts")

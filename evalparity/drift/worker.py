@@ -24,10 +24,10 @@ import torch
 from evalparity import backends
 from evalparity.backends import precision
 from evalparity.backends.probes import HiddenBatch
-from evalparity.cells import ProgressFile
 from evalparity.drift.measure import DriftAccumulator
 from evalparity.errors import EvalParityError, worker_main
 from evalparity.files import atomic_target, read_json, write_json
+from evalparity.progress_file import ProgressFile
 from evalparity.rundir import layout, records
 
 CHUNK_BYTES = 2 << 30  # the hidden states of one chunk of prompts, per side, at most about this much
