@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
 from pathlib import Path
 
@@ -28,19 +30,43 @@ def visible_gpus(cheap: bool = False) -> list[str]:
         return []
 
 
+def torch_cuda_build() -> str | None:
+    """The CUDA version torch was built for (``torch.version.cuda``), read from its ``version.py`` without
+    importing torch; None for a CPU build, or where torch or that file cannot be read."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            return None
+        tree = ast.parse((Path(spec.origin).parent / "version.py").read_text())
+    except (OSError, ValueError, SyntaxError, ImportError):
+        return None
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
+            return node.value.value if isinstance(node.value.value, str) else None
+    return None
+
+
 def resolve_device(device: str, cheap: bool = False) -> str:
     """'auto' -> 'cuda' when a CUDA GPU is visible, else 'cpu'; an unavailable device is refused.
 
-    ``cheap``: whether a GPU is visible is read from the driver (``visible_gpus(cheap=True)``), not from
-    torch, for a command whose worker imports torch anyway and checks CUDA itself (``check_cuda``):
-    ``evalparity hidden`` then starts its worker within a second instead of after torch's import."""
+    ``cheap``: whether a GPU is usable is read from the driver (``visible_gpus(cheap=True)``) and from the
+    CUDA version torch was built for (``torch_cuda_build``: a CPU build on a GPU host makes ``auto`` the
+    CPU, as torch would), not from torch's import, for a command whose worker imports torch anyway and
+    checks CUDA itself (``check_cuda``): ``evalparity hidden`` then starts its worker within a second
+    instead of after torch's import."""
     d = device.strip().lower()
     if d not in ("auto", "cpu", "cuda") and not d.startswith("cuda:"):
         raise EvalParityError(f"unknown device {device!r}: use cpu, cuda or auto")
     if d == "cpu":
         return "cpu"
+    why, fix = "no CUDA GPU visible", "use --device cpu"
     if cheap:
-        has_cuda = bool(visible_gpus(cheap=True))
+        listed, build = bool(visible_gpus(cheap=True)), torch_cuda_build()
+        has_cuda = listed and build is not None
+        if listed and build is None:
+            why, fix = "torch here is a CPU build", "install a CUDA build of torch, or use --device cpu"
     else:
         import torch  # heavy: torch
 
@@ -48,7 +74,7 @@ def resolve_device(device: str, cheap: bool = False) -> str:
     if d == "auto":
         return "cuda" if has_cuda else "cpu"
     if not has_cuda:
-        raise EvalParityError(f"device {device} is not available here (no CUDA GPU visible): use --device cpu")
+        raise EvalParityError(f"device {device} is not available here ({why}): {fix}")
     return d
 
 

@@ -285,6 +285,7 @@ def work_check(stage: Path, req: dict, prog: ProgressFile) -> dict:
     from evalparity.drift.worker import load_side
 
     r = req["request"]
+    check_cuda(r["device"])
     main = json.loads((stage / "main.json").read_text())
     ids = main["check_ids"]
     prog.update(phase="loading", force=True)

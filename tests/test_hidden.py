@@ -14,7 +14,8 @@ import pytest
 import torch
 from conftest import cli, evalparity_here, one_line_error
 
-from evalparity.errors import EXIT_USAGE
+from evalparity import devices
+from evalparity.errors import EvalParityError
 
 PROMPTS = ["the cat sat on the mat and ran far away to the big red house",
            "one two three four five six seven eight nine ten is the answer",
@@ -158,6 +159,8 @@ def test_a_finished_request_is_not_redone_another_is_refused(hf_out, tmp_path):
     ({"--backend": "tgi"}, "unknown backend 'tgi'"),
     ({"--pooling": "max"}, "--pooling 'max' is not last or mean"),
     ({"--check": "-1"}, "--check -1 must be at least 0"),
+    pytest.param({"--device": "cuda"}, "device cuda is not available here (",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is usable here")),
 ])
 def test_bad_input_is_one_line(tmp_path, change, message):
     (tmp_path / "p.txt").write_text("\n".join(PROMPTS))
@@ -193,16 +196,36 @@ def test_the_command_starts_its_worker_before_any_heavy_library(backend, tiny_mo
     assert "evalparity" in loaded and not heavy, f"the command had imported {heavy} before its worker started"
 
 
+def test_the_cheap_device_check_reads_torchs_own_cuda_build(monkeypatch):
+    """The command reads the CUDA version torch was built for from its version file, without importing it:
+    the same value torch reports; with a GPU the driver lists, ``auto`` is the GPU only for a CUDA build, and
+    ``cuda`` on a CPU build is refused in one line that names the fix."""
+    assert devices.torch_cuda_build() == torch.version.cuda
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert devices.resolve_device("auto", cheap=True) == ("cuda" if torch.version.cuda else "cpu")
+    monkeypatch.setattr(devices, "torch_cuda_build", lambda: None)
+    assert devices.resolve_device("auto", cheap=True) == "cpu"
+    with pytest.raises(EvalParityError, match=r"torch here is a CPU build\): install a CUDA build of torch, or use "
+                                              r"--device cpu"):
+        devices.resolve_device("cuda:0", cheap=True)
+    monkeypatch.setattr(devices, "torch_cuda_build", lambda: "12.8")
+    assert devices.resolve_device("auto", cheap=True) == "cuda"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert devices.resolve_device("auto", cheap=True) == "cpu"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that cannot use CUDA")
-def test_a_gpu_the_driver_lists_but_torch_cannot_use_is_one_line(tiny_model, tmp_path):
-    """The command asks the driver, not torch, whether a GPU is there; its worker, which imports torch
-    anyway, refuses a CUDA device that torch cannot use, in one line and with the usage exit code."""
-    (tmp_path / "p.txt").write_text("\n".join(PROMPTS))
-    args = ["hidden", "--model", str(tiny_model), "--prompts", str(tmp_path / "p.txt"), "--layers", "0",
-            "--backend", "hf", "--check", "0", "--device", "cuda", "--out", str(tmp_path / "out")]
-    proc = subprocess.run(cli(*args), capture_output=True, text=True, timeout=300,
-                          env=os.environ | {"CUDA_VISIBLE_DEVICES": "0"})
-    line = one_line_error(proc)
-    assert proc.returncode == EXIT_USAGE, proc.stderr
-    assert "device cuda is not available to torch here" in line and "use --device cpu" in line, line
-    assert not (tmp_path / "out" / "hidden.json").exists()
+@pytest.mark.parametrize("side", ["main", "check"])
+def test_a_worker_refuses_a_cuda_device_torch_cannot_use_before_it_loads(side, monkeypatch, tmp_path):
+    """Where the driver listed a GPU and torch's build has CUDA but cannot start it, the command resolved
+    a CUDA device without torch: each of its workers checks first and refuses in one line, before any load."""
+    from evalparity import hidden
+    from evalparity.drift import worker
+    from evalparity.progress_file import ProgressFile
+
+    monkeypatch.setattr(worker, "load_side", lambda *a: pytest.fail("loaded before the device check"))
+    req = {"request": {"device": "cuda"}, "texts": ["a"], "ids": [0], "launch": {}, "main": "hf-bf16",
+           "check": "vllm-bf16"}
+    work = hidden.work_main if side == "main" else hidden.work_check
+    with pytest.raises(EvalParityError, match="device cuda is not available to torch here .*use --device cpu"):
+        work(tmp_path, req, ProgressFile(tmp_path / "p.json"))
