@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import ahead
 import pytest
@@ -212,6 +213,26 @@ def test_the_cheap_device_check_reads_torchs_own_cuda_build(monkeypatch):
     assert devices.resolve_device("auto", cheap=True) == "cuda"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert devices.resolve_device("auto", cheap=True) == "cpu"
+
+
+@pytest.mark.parametrize("text, build", [
+    ("from typing import Optional\n__version__ = '2.11.0+cu128'\ncuda: Optional[str] = '12.8'\nhip = None\n", "12.8"),
+    ("__version__ = '2.1.0'\ncuda = '12.1'\n", "12.1"),
+    ("cuda: Optional[str] = None\n", None),
+    ("cuda = some_call()\n", None),
+    ("this is not python (\n", None),
+])
+def test_the_cuda_build_is_parsed_from_torchs_version_file(text, build, monkeypatch, tmp_path):
+    """CUDA and CPU builds' version files as torch writes them, and unreadable ones (then: no CUDA)."""
+    import importlib.machinery
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    (tmp_path / "torch" / "version.py").write_text(text)
+    spec = importlib.machinery.ModuleSpec("torch", None, origin=str(tmp_path / "torch" / "__init__.py"))
+    finder = SimpleNamespace(find_spec=lambda name: spec if name == "torch" else None)
+    monkeypatch.setattr(devices, "importlib", SimpleNamespace(util=finder))  # this module's lookup only
+    assert devices.torch_cuda_build() == build
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that cannot use CUDA")
