@@ -12,11 +12,12 @@ from evalparity.errors import EvalParityError
 
 
 def visible_gpus(cheap: bool = False) -> list[str]:
-    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES`` where set); ``cheap``: as the NVIDIA driver
-    lists them, without importing torch (seconds) or starting CUDA: a guess that a later check confirms."""
+    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES`` where set, read as CUDA reads it); ``cheap``:
+    as the NVIDIA driver lists them, without importing torch (seconds) or starting CUDA: a guess that a later
+    check confirms."""
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     if vis is not None:
-        return [g for g in vis.split(",") if g.strip()]
+        return _cuda_visible(vis)
     if cheap:
         try:
             return sorted(os.listdir("/proc/driver/nvidia/gpus"))
@@ -30,9 +31,21 @@ def visible_gpus(cheap: bool = False) -> list[str]:
         return []
 
 
-def torch_cuda_build() -> str | None:
-    """The CUDA version torch was built for (``torch.version.cuda``), read from its ``version.py`` without
-    importing torch; None for a CPU build, or where torch or that file cannot be read."""
+def _cuda_visible(value: str) -> list[str]:
+    """The devices a ``CUDA_VISIBLE_DEVICES`` value leaves visible: its entries up to the first one that is
+    not a device (an index such as ``-1``, the usual way to hide every GPU, or any other text), as CUDA does."""
+    out = []
+    for entry in (x.strip() for x in value.split(",")):
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        out.append(entry)
+    return out
+
+
+def torch_gpu_build() -> tuple[str, str] | None:
+    """What GPUs torch was built for, read from its ``version.py`` without importing it: ("cuda", version)
+    (``torch.version.cuda``), ("hip", version) for ROCm, None for a CPU build, or where torch or that file
+    cannot be read."""
     try:
         spec = importlib.util.find_spec("torch")
         if spec is None or spec.origin is None:
@@ -40,33 +53,38 @@ def torch_cuda_build() -> str | None:
         tree = ast.parse((Path(spec.origin).parent / "version.py").read_text())
     except (OSError, ValueError, SyntaxError, ImportError):
         return None
+    found: dict[str, str] = {}
     for node in tree.body:
         target = node.target if isinstance(node, ast.AnnAssign) else (
             node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
-            return node.value.value if isinstance(node.value.value, str) else None
-    return None
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant) and \
+                isinstance(node.value.value, str):
+            found[target.id] = node.value.value
+    kind = next((k for k in ("cuda", "hip") if k in found), None)
+    return (kind, found[kind]) if kind else None
 
 
 def resolve_device(device: str, cheap: bool = False) -> str:
     """'auto' -> 'cuda' when a CUDA GPU is visible, else 'cpu'; an unavailable device is refused.
 
-    ``cheap``: whether a GPU is usable is read from the driver (``visible_gpus(cheap=True)``) and from the
-    CUDA version torch was built for (``torch_cuda_build``: a CPU build on a GPU host makes ``auto`` the
-    CPU, as torch would), not from torch's import, for a command whose worker imports torch anyway and
-    checks CUDA itself (``check_cuda``): ``evalparity hidden`` then starts its worker within a second
-    instead of after torch's import."""
+    ``cheap``: for a command whose worker imports torch anyway and checks CUDA itself (``check_cuda``):
+    ``evalparity hidden`` then starts its worker within a second instead of after torch's import. torch is
+    not imported where the answer is sure without it: a CPU build of torch (no GPU it can use), or a CUDA
+    build and a GPU the driver lists (the worker confirms). Anything else (ROCm, or a CUDA build with no GPU
+    in the driver's list: WSL2, GPUs hidden by ``CUDA_VISIBLE_DEVICES``) asks torch, as without ``cheap``."""
     d = device.strip().lower()
     if d not in ("auto", "cpu", "cuda") and not d.startswith("cuda:"):
         raise EvalParityError(f"unknown device {device!r}: use cpu, cuda or auto")
     if d == "cpu":
         return "cpu"
     why, fix = "no CUDA GPU visible", "use --device cpu"
-    if cheap:
-        listed, build = bool(visible_gpus(cheap=True)), torch_cuda_build()
-        has_cuda = listed and build is not None
-        if listed and build is None:
+    build = torch_gpu_build() if cheap else ("?", "")
+    if build is None:
+        has_cuda = False
+        if visible_gpus(cheap=True):
             why, fix = "torch here is a CPU build", "install a CUDA build of torch, or use --device cpu"
+    elif build[0] == "cuda" and visible_gpus(cheap=True):
+        has_cuda = True
     else:
         import torch  # heavy: torch
 
@@ -86,8 +104,9 @@ def check_cuda(device: str) -> None:
     import torch  # heavy: torch (the worker's own)
 
     if not torch.cuda.is_available():
-        raise EvalParityError(f"device {device} is not available to torch here (torch {torch.__version__}, CUDA "
-                              f"{torch.version.cuda or 'none'}): use --device cpu, or install a CUDA build of torch")
+        raise EvalParityError(f"device {device} (the driver lists a GPU) is not available to torch here (torch "
+                              f"{torch.__version__}, CUDA {torch.version.cuda or 'none'}): use --device cpu, or "
+                              "install a CUDA build of torch")
 
 
 def cpu_flags() -> set[str]:

@@ -48,7 +48,8 @@ CHUNK_TOKENS = 1 << 16  # tokens handed to one probe call: a progress step, and 
 def read_prompts(path: Path) -> tuple[list[str], list]:
     """The prompts of a prompt file (``drift.prompts_from_file``: .txt one a line, .jsonl with ``prompt``)
     and their ids: a .jsonl row's ``id`` where it has one, else the prompt's 0-based line number in the file.
-    Ids are kept as integers where all are, else as text; a repeated id is refused."""
+    Ids are kept as integers where all are and fit a signed 64-bit column, else as text (an unsigned 64-bit
+    hash id, say, is written as its digits); a repeated id is refused."""
     texts = prompts_from_file(path)
     lines = path.read_text().splitlines()
     ids: list = []
@@ -59,7 +60,7 @@ def read_prompts(path: Path) -> tuple[list[str], list]:
         ids.append(row.get("id", n) if isinstance(row, dict) else n)
     if len(ids) != len(texts):  # prompts_from_file reads the same lines: a mismatch is a bug here
         raise AssertionError(f"{len(ids)} ids for {len(texts)} prompts")
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
+    if not all(isinstance(x, int) and not isinstance(x, bool) and -(1 << 63) <= x < (1 << 63) for x in ids):
         ids = [x if isinstance(x, str) else json.dumps(x) for x in ids]
     seen: dict = {}
     for k, x in enumerate(ids):

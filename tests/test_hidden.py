@@ -197,30 +197,51 @@ def test_the_command_starts_its_worker_before_any_heavy_library(backend, tiny_mo
     assert "evalparity" in loaded and not heavy, f"the command had imported {heavy} before its worker started"
 
 
-def test_the_cheap_device_check_reads_torchs_own_cuda_build(monkeypatch):
-    """The command reads the CUDA version torch was built for from its version file, without importing it:
-    the same value torch reports; with a GPU the driver lists, ``auto`` is the GPU only for a CUDA build, and
-    ``cuda`` on a CPU build is refused in one line that names the fix."""
-    assert devices.torch_cuda_build() == torch.version.cuda
+def test_the_cheap_device_check_reads_torchs_own_build(monkeypatch):
+    """The command reads what torch was built for from its version file, without importing it: the same
+    value torch reports. torch is skipped only where the answer is sure: a CPU build (``auto`` is the CPU;
+    ``cuda`` is refused in one line naming the fix) or a CUDA build with a GPU the driver lists (the worker
+    confirms); ROCm, or a CUDA build where no GPU is listed (``CUDA_VISIBLE_DEVICES=-1`` hides them all),
+    ask torch."""
+    hip = getattr(torch.version, "hip", None)
+    assert devices.torch_gpu_build() == (("cuda", torch.version.cuda) if torch.version.cuda else
+                                         ("hip", hip) if hip else None)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append(1) or False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    assert devices.resolve_device("auto", cheap=True) == ("cuda" if torch.version.cuda else "cpu")
-    monkeypatch.setattr(devices, "torch_cuda_build", lambda: None)
+    monkeypatch.setattr(devices, "torch_gpu_build", lambda: None)
     assert devices.resolve_device("auto", cheap=True) == "cpu"
     with pytest.raises(EvalParityError, match=r"torch here is a CPU build\): install a CUDA build of torch, or use "
                                               r"--device cpu"):
         devices.resolve_device("cuda:0", cheap=True)
-    monkeypatch.setattr(devices, "torch_cuda_build", lambda: "12.8")
+    monkeypatch.setattr(devices, "torch_gpu_build", lambda: ("cuda", "12.8"))
     assert devices.resolve_device("auto", cheap=True) == "cuda"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert devices.resolve_device("auto", cheap=True) == "cpu"
+    assert devices.resolve_device("cuda:0", cheap=True) == "cuda:0"
+    assert not asked
+    for hidden_gpus in ("", "-1", "-1,0", "none"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden_gpus)
+        assert devices.resolve_device("auto", cheap=True) == "cpu"
+    assert len(asked) == 4  # torch decided each
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(devices, "torch_gpu_build", lambda: ("hip", "6.2"))
+    assert devices.resolve_device("auto", cheap=True) == "cpu" and len(asked) == 5
+
+
+def test_cuda_visible_devices_is_read_as_cuda_reads_it(monkeypatch):
+    for value, gpus in [("0,1", ["0", "1"]), ("1", ["1"]), ("", []), ("-1", []), ("0,-1,1", ["0"]),
+                        ("GPU-8a1b,1", ["GPU-8a1b", "1"]), (" 0 , 1 ", ["0", "1"]), ("none", [])]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert devices.visible_gpus(cheap=True) == gpus, value
 
 
 @pytest.mark.parametrize("text, build", [
-    ("from typing import Optional\n__version__ = '2.11.0+cu128'\ncuda: Optional[str] = '12.8'\nhip = None\n", "12.8"),
-    ("__version__ = '2.1.0'\ncuda = '12.1'\n", "12.1"),
+    ("from typing import Optional\n__version__ = '2.11.0+cu128'\ncuda: Optional[str] = '12.8'\nhip = None\n",
+     ("cuda", "12.8")),
+    ("__version__ = '2.1.0'\ncuda = '12.1'\n", ("cuda", "12.1")),
     ("cuda: Optional[str] = None\n", None),
     ("cuda = some_call()\n", None),
     ("this is not python (\n", None),
+    ("cuda: Optional[str] = None\nhip: Optional[str] = '6.2.41133'\n", ("hip", "6.2.41133")),
 ])
 def test_the_cuda_build_is_parsed_from_torchs_version_file(text, build, monkeypatch, tmp_path):
     """CUDA and CPU builds' version files as torch writes them, and unreadable ones (then: no CUDA)."""
@@ -232,7 +253,7 @@ def test_the_cuda_build_is_parsed_from_torchs_version_file(text, build, monkeypa
     spec = importlib.machinery.ModuleSpec("torch", None, origin=str(tmp_path / "torch" / "__init__.py"))
     finder = SimpleNamespace(find_spec=lambda name: spec if name == "torch" else None)
     monkeypatch.setattr(devices, "importlib", SimpleNamespace(util=finder))  # this module's lookup only
-    assert devices.torch_cuda_build() == build
+    assert devices.torch_gpu_build() == build
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch that cannot use CUDA")
@@ -248,5 +269,51 @@ def test_a_worker_refuses_a_cuda_device_torch_cannot_use_before_it_loads(side, m
     req = {"request": {"device": "cuda"}, "texts": ["a"], "ids": [0], "launch": {}, "main": "hf-bf16",
            "check": "vllm-bf16"}
     work = hidden.work_main if side == "main" else hidden.work_check
-    with pytest.raises(EvalParityError, match="device cuda is not available to torch here .*use --device cpu"):
+    refused = r"device cuda \(the driver lists a GPU\) is not available to torch here .*use --device cpu"
+    with pytest.raises(EvalParityError, match=refused):
         work(tmp_path, req, ProgressFile(tmp_path / "p.json"))
+
+
+@pytest.mark.parametrize("given, kept", [
+    ([3, -7, (1 << 63) - 1], [3, -7, (1 << 63) - 1]),
+    ([3, 1 << 63], ["3", str(1 << 63)]),  # an unsigned 64-bit hash id: every id as text, none lost
+    ([3, -(1 << 63) - 1], ["3", str(-(1 << 63) - 1)]),
+    ([3, "q"], ["3", "q"]),
+])
+def test_prompt_ids_are_kept_as_a_parquet_column_holds_them(given, kept, tmp_path):
+    """Integer ids stay integers only where every one fits the parquet's signed 64-bit column; the worker's
+    table of them is then written (pyarrow refuses an integer out of range, after the whole forward)."""
+    import pyarrow as pa
+
+    from evalparity.hidden import read_prompts
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps({"id": i, "prompt": f"prompt {k}"}) + "\n" for k, i in enumerate(given)))
+    texts, ids = read_prompts(f)
+    assert ids == kept and len(texts) == len(given)
+    assert pa.table({"id": ids}).column("id").to_pylist() == kept
+
+
+def test_hidden_only_batches_are_sized_by_the_hidden_states(tiny_model, monkeypatch):
+    """Without the LM head an HF probe's batches follow its hidden states' memory (``hidden_budget``), never
+    fewer tokens than a logprob batch, which holds the same hidden states and the logits; an explicit budget
+    is kept for both. Drift's forward (with logprobs) keeps the logprob budget."""
+    from transformers import AutoModelForCausalLM
+
+    from evalparity.backends.probes import HIDDEN_BYTES, HFProbe
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    lm = SimpleNamespace(model=model, tokenizer=None, batch_encode=None, device=torch.device("cpu"))
+    probe = HFProbe(lm)
+    per_token = probe.n_entries * probe.hidden_size * 4
+    assert probe.hidden_budget == max(probe.token_budget, min(1 << 16, HIDDEN_BYTES // per_token))
+    assert HFProbe(lm, token_budget=300).hidden_budget == HFProbe(lm, token_budget=300).token_budget == 300
+    seen, real = [], probe._batches
+    monkeypatch.setattr(probe, "_batches", lambda order, lengths, rows_at_most=None, budget=None:
+                        seen.append(budget) or real(order, lengths, rows_at_most, budget))
+    prompts = [[1, 5, 9, 3], [4, 2], [7, 7, 7]]
+    a = probe.forward(prompts, [0, -1 + probe.n_entries], "last", logprobs=False)
+    b = probe.forward(prompts, [0, -1 + probe.n_entries], "last", logprobs=True)
+    assert seen == [probe.hidden_budget, None]
+    for e in a.hidden:
+        assert torch.equal(a.hidden[e], b.hidden[e])  # one batch each here: the same rows

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from synthetic import make_run
 
 from evalparity import backends, variants
+from evalparity.cellenv import cell_environment
 from evalparity.errors import EvalParityError
-from evalparity.matrix import cell_environment, prepare_run_dir
+from evalparity.matrix import prepare_run_dir
 from evalparity.rundir import records
 from evalparity.rundir.names import NAME_RE
 from evalparity.spec import CellSpec, RunSpec

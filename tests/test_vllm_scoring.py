@@ -14,7 +14,7 @@ import ahead
 import pytest
 
 from evalparity.backends import vllm as backend
-from evalparity.matrix import cell_environment
+from evalparity.cellenv import cell_environment
 from evalparity.spec import RunSpec, build_cells
 
 SCRIPT = textwrap.dedent("""

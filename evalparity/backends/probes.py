@@ -153,11 +153,12 @@ class HFProbe(_Encodes):
         # the fp32 logits of a batch dominate its memory: about 2 GiB of them at most
         self.token_budget = token_budget or max(256, min(16384, (2 << 30) // (4 * vocab)))
         # without the LM head (hidden states only) a batch's memory is its hidden states, every entry of every
-        # token (``output_hidden_states``): about HIDDEN_BYTES of them, in fewer, larger batches. Measured on an
-        # H200 (SmolLM2 bf16, 10,000 prompts, benchmarks/hf_probe_batches.py): a first pass 4.44 s against 6.34 s
-        # at the logprob budget, a repeat the same: fewer batch shapes for the GPU to meet for the first time
+        # token (``output_hidden_states``): about HIDDEN_BYTES of them, and never fewer tokens than a logprob
+        # batch (which holds them and the logits). Measured on an H200 (SmolLM2 bf16, 10,000 prompts,
+        # benchmarks/hf_probe_batches.py): a first pass 4.44 s against 6.34 s at the logprob budget, a repeat
+        # 2.68 against 2.88 s: fewer batch shapes for the GPU to meet for the first time
         per_token = self.n_entries * self.hidden_size * self.model.dtype.itemsize
-        self.hidden_budget = token_budget or max(256, min(1 << 16, HIDDEN_BYTES // per_token))
+        self.hidden_budget = token_budget or max(self.token_budget, min(1 << 16, HIDDEN_BYTES // per_token))
         # generation keeps one position's logits a step (transformers' logits_to_keep), so its batches are
         # bounded by their KV cache instead: about GEN_KV_BYTES of it
         cfg = self.model.config
