@@ -285,10 +285,18 @@ def test_vllm_serves_flag_names_are_parsed_once_and_kept(tmp_path, monkeypatch):
         "gpu_memory_utilization", "device_memory_utilization"}
     monkeypatch.setenv("EVALPARITY_CACHE", str(tmp_path))
     server.serve_flag_names.cache_clear()
+    real_run, helps = subprocess.run, []
+
+    def kept(*a, **k):  # the real help, kept for the re-read below (one real run of it in this test)
+        helps.append(real_run(*a, **k))
+        return helps[-1]
+
     try:
+        monkeypatch.setattr(subprocess, "run", kept)
         first = server.serve_flag_names()
         assert first is not None and {"quantization", "kv_cache_dtype", "api_key", "port"} <= first
         assert "max_gen_toks" not in first and len(list(tmp_path.glob("vllm-serve-flags-*.json"))) == 1
+        assert len(helps) == 1
         server.serve_flag_names.cache_clear()
 
         def no_run(*a, **k):
@@ -296,13 +304,14 @@ def test_vllm_serves_flag_names_are_parsed_once_and_kept(tmp_path, monkeypatch):
 
         monkeypatch.setattr(subprocess, "run", no_run)
         assert server.serve_flag_names() == first
-        # a cache file edited down to a few names is not trusted: read again from the help
+        # a cache file edited down to a few names is not trusted: read again from the help (its same text)
         (cache_file,) = tmp_path.glob("vllm-serve-flags-*.json")
         cache_file.write_text(json.dumps({"flags": ["model"]}))
         server.serve_flag_names.cache_clear()
-        monkeypatch.undo()
-        monkeypatch.setenv("EVALPARITY_CACHE", str(tmp_path))
-        assert server.serve_flag_names() == first
+        again = []
+        monkeypatch.setattr(subprocess, "run", lambda *a, **k: again.append(a) or helps[0])
+        assert server.serve_flag_names() == first and len(again) == 1
+        assert set(json.loads(cache_file.read_text())["flags"]) == first  # and written back whole
     finally:
         server.serve_flag_names.cache_clear()
 
