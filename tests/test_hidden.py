@@ -295,9 +295,10 @@ def test_prompt_ids_are_kept_as_a_parquet_column_holds_them(given, kept, tmp_pat
 
 
 def test_hidden_only_batches_are_sized_by_the_hidden_states(tiny_model, monkeypatch):
-    """Without the LM head an HF probe's batches follow its hidden states' memory (``hidden_budget``), never
-    fewer tokens than a logprob batch, which holds the same hidden states and the logits; an explicit budget
-    is kept for both. Drift's forward (with logprobs) keeps the logprob budget."""
+    """Without the LM head an HF probe's batches on a GPU follow its hidden states' memory (``hidden_budget``),
+    never fewer tokens than a logprob batch, which holds the same hidden states and the logits; on a CPU, and
+    with an explicit budget, they keep the logprob batch's. Drift's forward (with logprobs) keeps the
+    logprob budget."""
     from transformers import AutoModelForCausalLM
 
     from evalparity.backends.probes import HIDDEN_BYTES, HFProbe
@@ -305,8 +306,12 @@ def test_hidden_only_batches_are_sized_by_the_hidden_states(tiny_model, monkeypa
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     lm = SimpleNamespace(model=model, tokenizer=None, batch_encode=None, device=torch.device("cpu"))
     probe = HFProbe(lm)
-    per_token = probe.n_entries * probe.hidden_size * 4
-    assert probe.hidden_budget == max(probe.token_budget, min(1 << 16, HIDDEN_BYTES // per_token))
+    assert probe.hidden_budget == probe.token_budget  # on a CPU larger batches only pad more
+    on_gpu = HFProbe(SimpleNamespace(**vars(lm) | {"device": torch.device("cuda")}))  # built, never run
+    per_token = on_gpu.n_entries * on_gpu.hidden_size * 4
+    assert on_gpu.hidden_budget == max(on_gpu.token_budget, min(1 << 16, HIDDEN_BYTES // per_token))
+    assert on_gpu.hidden_budget > on_gpu.token_budget
+    probe.hidden_budget = on_gpu.hidden_budget  # the GPU's sizing, run here: the wiring below
     assert HFProbe(lm, token_budget=300).hidden_budget == HFProbe(lm, token_budget=300).token_budget == 300
     seen, real = [], probe._batches
     monkeypatch.setattr(probe, "_batches", lambda order, lengths, rows_at_most=None, budget=None:
