@@ -64,6 +64,16 @@ def torch_gpu_build() -> tuple[str, str] | None:
     return (kind, found[kind]) if kind else None
 
 
+def _gpu_without_torch() -> bool | None:
+    """Whether torch could use a GPU here, where that is sure without importing it: False for a CPU build of
+    torch, True for a CUDA build and a GPU the driver lists (the worker confirms); None otherwise (ROCm, or a
+    CUDA build with no GPU listed), where torch has to be asked."""
+    build = torch_gpu_build()
+    if build is None:
+        return False
+    return True if build[0] == "cuda" and visible_gpus(cheap=True) else None
+
+
 def resolve_device(device: str, cheap: bool = False) -> str:
     """'auto' -> 'cuda' when a CUDA GPU is visible, else 'cpu'; an unavailable device is refused.
 
@@ -78,17 +88,13 @@ def resolve_device(device: str, cheap: bool = False) -> str:
     if d == "cpu":
         return "cpu"
     why, fix = "no CUDA GPU visible", "use --device cpu"
-    build = torch_gpu_build() if cheap else ("?", "")
-    if build is None:
-        has_cuda = False
-        if visible_gpus(cheap=True):
-            why, fix = "torch here is a CPU build", "install a CUDA build of torch, or use --device cpu"
-    elif build[0] == "cuda" and visible_gpus(cheap=True):
-        has_cuda = True
-    else:
+    has_cuda = _gpu_without_torch() if cheap else None
+    if has_cuda is None:
         import torch  # heavy: torch
 
         has_cuda = torch.cuda.is_available()
+    elif not has_cuda and visible_gpus(cheap=True):
+        why, fix = "torch here is a CPU build", "install a CUDA build of torch, or use --device cpu"
     if d == "auto":
         return "cuda" if has_cuda else "cpu"
     if not has_cuda:
