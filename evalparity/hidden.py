@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from evalparity import backends, procs, progress
+from evalparity import backends, procs, progress, slim
 from evalparity.devices import check_cuda
 from evalparity.drift import prompts_from_file
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_USAGE, EvalParityError, worker_main
@@ -323,6 +323,7 @@ def work_check(stage: Path, req: dict, prog: ProgressFile) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    slim.apply()  # before the model libraries: transformers without scikit-learn (evalparity/slim.py)
     stage, side = Path(argv[0]), argv[1]
     req = json.loads((stage / "request.json").read_text())
     prog = ProgressFile(stage / f".{side}.progress.json")

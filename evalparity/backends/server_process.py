@@ -29,7 +29,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
-from evalparity import procs
+from evalparity import procs, slim
 from evalparity.backends import compat
 from evalparity.errors import EvalParityError
 
@@ -260,6 +260,7 @@ def start(argv: list[str], env: dict[str, str] | None = None) -> Server:
 def main(argv: list[str]) -> int:
     """``vllm serve ARGV`` with the shim applied (module docstring)."""
     compat.apply()
+    slim.apply()  # before vLLM imports transformers: without scikit-learn (evalparity/slim.py)
     from vllm.entrypoints.cli.main import main as vllm_main  # heavy: vllm (the server's own process)
 
     sys.argv = ["vllm", "serve", *argv]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import sys
 
+from evalparity import slim
+
 
 def warm(architectures: list[str]) -> list[str]:
     """Inspect each architecture through vLLM's registry (its cache is written as a side effect); the names
@@ -32,6 +34,7 @@ def warm(architectures: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    slim.apply()  # before vLLM imports transformers: without scikit-learn (evalparity/slim.py)
     try:
         done = warm(argv)
     except Exception as err:  # noqa: BLE001 - a warm-up that fails costs nothing but its own time

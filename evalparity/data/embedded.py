@@ -31,7 +31,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from evalparity import config, procs
+from evalparity import config, procs, slim
 from evalparity.errors import EvalParityError
 from evalparity.files import RACY_NS, HashCache, sha256, stamped_sha256
 from evalparity.quiet import quiet
@@ -214,6 +214,7 @@ def _prepare_main() -> int:
     """``prepare_in_background``'s process: ``model_path()``; stopped by SIGTERM (the run ended first), it
     unwinds so that its temporary folder is removed, never half-published (``_publish`` renames a whole one)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    slim.apply()  # before transformers: without scikit-learn (evalparity/slim.py)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         model_path()

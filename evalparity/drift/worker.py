@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from evalparity import backends
+from evalparity import backends, slim
 from evalparity.backends import precision
 from evalparity.backends.probes import HiddenBatch
 from evalparity.drift.measure import DriftAccumulator
@@ -313,6 +313,7 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
 
 
 def main(argv: list[str]) -> int:
+    slim.apply()  # before the model libraries: transformers without scikit-learn (evalparity/slim.py)
     out, cell = Path(argv[0]), argv[1]
     spec = json.loads(layout.drift_spec(out).read_text())
     prompts = json.loads(layout.drift_prompts(out).read_text())["prompts"]

@@ -1,0 +1,41 @@
+"""transformers without scikit-learn: a process that loads models skips a library it never uses.
+
+transformers' generation utilities (``generation/candidate_generator.py``, imported by every causal-LM class
+through ``GenerationMixin``) import ``sklearn.metrics.roc_curve`` whenever scikit-learn is installed, and
+lm-eval installs it. That one import brings in scikit-learn, ``scipy.stats`` and ``scipy.special``: measured
+on this project's 2-core CPU machine, ``from transformers import AutoModelForCausalLM`` plus lm-eval's HF
+model took 8.9-20.3 s with it and 4.5-7.0 s without it (three fresh processes each; torch already imported).
+Every cell, probe, ``evalparity hidden`` worker and the embedded model's preparation pays that once per
+process, before its model loads.
+
+transformers uses ``roc_curve`` only to tune an assistant model's confidence threshold in assisted
+generation, which evalparity never runs (lm-eval's models generate without an assistant). So the processes
+that evalparity starts to load models tell transformers, before its generation utilities are imported, that
+scikit-learn is absent (``apply``). Anything else that imports scikit-learn (an lm-eval task's metric, say)
+still imports it as usual: only transformers' own question is answered. tests/test_slim.py checks, in a fresh
+process, that the answer keeps scikit-learn and scipy out of a model's imports, so that a transformers that
+asks the question elsewhere fails the test instead of quietly costing the seconds again.
+"""
+
+from __future__ import annotations
+
+import sys
+
+GENERATION_UTILS = "transformers.generation.candidate_generator"
+
+
+def _no_sklearn() -> bool:
+    return False
+
+
+def apply() -> None:
+    """Before transformers' generation utilities are imported: make transformers' ``is_sklearn_available``
+    say no in this process. A no-op where they are imported already (their import has happened), or where
+    transformers is not installed. Call it first thing in a process that will load a model."""
+    if GENERATION_UTILS in sys.modules:
+        return
+    try:
+        import transformers.utils as tf_utils  # heavy: transformers' utilities (imported by any model load)
+    except ImportError:
+        return
+    tf_utils.is_sklearn_available = _no_sklearn
