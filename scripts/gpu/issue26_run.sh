@@ -16,7 +16,10 @@
 #            rate on one H200, to price a sign-off at the stopping n
 set -uo pipefail
 source .gpu/bin/env.sh
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+# CODE=DIR (a folder of the checkout, carried, holding another commit's evalparity/ package): run that code
+# instead, for an A/B on one machine (scripts/gpu/old_code.sh makes one)
+export PYTHONPATH="${CODE:+$PWD/$CODE:}$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+python3 -c "import evalparity, os; print('evalparity from', os.path.dirname(evalparity.__file__))"
 MODE=${MODE:-staged}
 LABEL=${LABEL:-$MODE}
 RUN=/tmp/i26-$LABEL
