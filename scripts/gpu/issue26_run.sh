@@ -17,7 +17,10 @@
 set -uo pipefail
 source .gpu/bin/env.sh
 # CODE=DIR (a folder of the checkout, carried, holding another commit's evalparity/ package): run that code
-# instead, for an A/B on one machine (scripts/gpu/old_code.sh makes one)
+# instead, for an A/B on one machine (scripts/gpu/old_code.sh makes one). PYTHONSAFEPATH: `python -m` and
+# `-c` put the working directory (this checkout, with its evalparity/) first on sys.path, ahead of
+# PYTHONPATH; session 24's first A/B ran this checkout's code in both arms so. Set for both arms alike.
+export PYTHONSAFEPATH=1
 export PYTHONPATH="${CODE:+$PWD/$CODE:}$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
 python3 -c "import evalparity, os; print('evalparity from', os.path.dirname(evalparity.__file__))"
 MODE=${MODE:-staged}
