@@ -47,10 +47,19 @@ def write_json(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
+def loads(text: str):
+    """``json.loads``, where a document nested too deeply for Python's parser (``[[[[...``: a RecursionError)
+    is a ValueError like any other that is not JSON evalparity wrote, so that its readers refuse it in one line."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
 def read_json(path: Path) -> dict | None:
     """The JSON object in ``path``; None when it is missing, unreadable, not JSON or not an object."""
     try:
-        data = json.loads(path.read_text())
+        data = loads(path.read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -352,6 +352,18 @@ def build_cells(backends: list[str], dtypes: list[str], batch_size: int | str,
     return tuple(cells)
 
 
+def check_repeats_have_base(cells: tuple[CellSpec, ...], others: list[str]) -> None:
+    """Every repeat (a tagged cell that is not a TF32 cell) repeats a cell of the run: among ``cells``, or
+    ``others`` (the cells its run directory holds already). A repeat without its base measures no noise floor
+    and takes part in no comparison: its GPU time would buy nothing, and its verdicts' absence would say
+    nothing. One line, before anything starts (``records`` refuses such a spec when a run is verified)."""
+    bases = {c.name for c in cells if not c.tag} | set(others)
+    lone = next((c for c in cells if c.tag and not c.tf32 and c.base_name not in bases), None)
+    if lone is not None:
+        raise EvalParityError(f"--repeat makes {lone.name}, a repeat of {lone.base_name}, which is not a cell of this "
+                              f"run: add {lone.base_name} (its backend and dtype) to the run, or drop the repeat")
+
+
 def check_two_cells(cells: tuple[CellSpec, ...], others: list[str], single_cell: bool) -> None:
     """A run compares cells: with ``others`` (the cells its run folder holds already) it needs two, unless
     ``single_cell`` asks for one alone (to add it to a run folder later). One line, before anything starts."""

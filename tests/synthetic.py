@@ -73,7 +73,9 @@ def write_cell_record(folder: Path, spec: RunSpec, name: str, n_rows: int, **ext
     records.write_cell(folder, {"cell": name, "status": "ok", "tag": cell.tag, "base_cell": cell.base_name,
                                 "backend": cell.backend, "dtype": cell.dtype, "batch_size": cell.batch_size,
                                 "tf32": cell.tf32, "variant": cell.variant(), "spec_identity": spec.identity(),
-                                "model_fingerprint": None, "table": records.seal_table(folder, n_rows).to_json()}
+                                "model_fingerprint": None, "table": records.seal_table(folder, n_rows).to_json(),
+                                # as a real cell records lm-eval's model arguments (records.verify_cell reads the dtype)
+                                "model_args": {"pretrained": spec.model, "dtype": cell.dtype}}
                        | extra)
 
 

@@ -63,6 +63,9 @@ MUTATIONS: dict[str, int] = {
     "forge_trash": 1,           # a folder named like a moved-aside one, in cells/
     "outputs_symlink_out": 1,   # stats/ or report/ made a link to a folder outside the run
     "cells_symlink": 0,         # cells/ itself a link to a copy outside the run
+    "cell_redeclare": 2,        # cell, how: its spec entry and cell.json edited to agree on another identity
+    "attempts_symlink_out": 1,  # attempts/ a link outside the run, and an old history for the report to move
+    "json_nest": 1,             # spec.json, a cell.json or the lock: JSON nested deeper than Python parses
 }
 
 
@@ -221,6 +224,41 @@ def apply(run: Path, mutation: tuple[str, tuple[int, ...]], other: Path, outside
         (dest / "keep.txt").write_text("outside")
         _rm(target)
         target.symlink_to(dest)
+    elif name == "cell_redeclare":
+        # No hash is forged: the spec entry (the cells are not in the spec's identity) and the record are
+        # edited to agree. how 0: the cell re-declared a repeat (label = its backend, tag = its dtype: the same
+        # name) of a base cell that does not exist, which no comparison pairs; how 1: a named cell (label = its
+        # name) that claims another dtype than its model was loaded in.
+        sp, cj = run / "spec.json", d / "cell.json"
+        if not (sp.is_file() and cj.is_file()):
+            return
+        spec, rec = _load(sp), _load(cj)
+        entry = next((c for c in spec.get("cells", []) if isinstance(c, dict) and c.get("name") == cell), None)
+        if entry is None or not isinstance(rec, dict) or not {"backend", "dtype"} <= set(entry):
+            return
+        if a[1] % 2 == 0:
+            short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(entry["dtype"], "x")
+            entry.update(label=entry["backend"], tag=short)
+            rec.update(tag=short, base_cell=entry["backend"])
+        else:
+            other_dtype = "float32" if entry["dtype"] != "float32" else "bfloat16"
+            entry.update(label=cell, dtype=other_dtype)
+            rec.update(dtype=other_dtype, base_cell=cell)
+        _dump(sp, spec)
+        _dump(cj, rec)
+    elif name == "attempts_symlink_out":
+        dest = outside / "attempts-dest"
+        dest.mkdir(exist_ok=True)
+        _rm(run / "attempts")
+        (run / "attempts").symlink_to(dest)
+        old = run / "cells" / f"{cell or 'x'}-old.attempts"
+        old.mkdir(parents=True, exist_ok=True)
+        (old / "log.txt").write_text("an attempt")
+    elif name == "json_nest":
+        target = _pick([run / "spec.json", d / "cell.json" if d else run / "spec.json", run / ".evalparity.lock"],
+                       a[0])
+        if target.parent.is_dir() and not target.parent.is_symlink():
+            target.write_text("[" * 200000 + "]" * 200000)
     elif name == "cells_symlink":
         copy = outside / "cells-copy"
         if not copy.exists() and (run / "cells").is_dir():

@@ -20,6 +20,7 @@ def run_args(model: Path, tasks: Path, out: Path, *extra: str) -> list[str]:
     (["--limit", "0"], "--limit 0 would evaluate no documents"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--repeat", "hf:fp32"], "bad --repeat"),
+    (["--repeat", "hf:fp16:4"], "a repeat of hf-fp16, which is not a cell of this run"),
     (["--alpha", "2"], "--alpha 2.0 is not a test level"),
     (["--margin", "1"], "too large for a proportion"),
     (["--margin", "5"], "too large for a proportion"),

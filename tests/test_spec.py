@@ -101,3 +101,16 @@ def test_the_precision_probe_answers_when_the_new_tf32_api_was_mixed_in():
     assert got["cuda_matmul_allow_tf32"] == "mixed: see the fp32_precision entries"
     assert got["cuda_matmul_fp32_precision"] == "tf32"
     assert got["float32_matmul_precision"] == "mixed: see the fp32_precision entries"
+
+
+def test_a_repeat_needs_its_base_among_the_cells_or_the_folders():
+    """A repeat without its base cell measures no noise floor and joins no comparison: refused before
+    anything starts, unless the run folder holds the base already (a run may add cells to a folder)."""
+    from evalparity.errors import EvalParityError
+    from evalparity.spec import build_cells, check_repeats_have_base
+
+    cells = build_cells(["hf"], ["fp32"], 8, ["hf:bf16:4"], tf32=["hf"])
+    with pytest.raises(EvalParityError, match="hf-bf16-bs4, a repeat of hf-bf16, which is not a cell of this run"):
+        check_repeats_have_base(cells, [])
+    check_repeats_have_base(cells, ["hf-bf16"])  # the folder's spec holds it: accepted
+    check_repeats_have_base(build_cells(["hf"], ["fp32", "bf16"], 8, ["hf:bf16:4"]), [])

@@ -129,6 +129,14 @@ CASES = {
     "cell.json without its seal": ([("cell_json_drop", (1, 10))], 2, "no seal"),
     "cell.json's cell renamed": ([("cell_json_edit", (2, 0, 10))], 2, "record of cell"),
     "a forged staging folder whose .committed names cells": ([("forge_stage", (0, 0))], 3, None),
+    # found by session 24's adversarial review (the cells are not in the spec's identity, cell.json is not sealed)
+    "the failing cell re-declared a repeat of a cell that is not there": ([("cell_redeclare", (2, 0))], 2,
+                                                                         "not a cell of this spec"),
+    "a cell re-declared a named cell of another dtype": ([("cell_redeclare", (1, 1))], 2, "was loaded as"),
+    "attempts/ a link outside the run": ([("attempts_symlink_out", (0,))], 2, "symbolic link"),
+    "spec.json nested too deeply to parse": ([("json_nest", (0,))], 2, "corrupt"),
+    "a cell.json nested too deeply to parse": ([("json_nest", (1,))], 2, "corrupt"),
+    "the lock nested too deeply to parse": ([("json_nest", (2,))], 2, "not a lock"),
 }
 
 

@@ -50,6 +50,7 @@ from evalparity.spec import (
     build_cells,
     cell_gpus,
     check_limit,
+    check_repeats_have_base,
     check_two_cells,
     fraction_limits,
     model_label,
@@ -353,7 +354,9 @@ def plan_cells(run_dir: Path, dev: str, cells: CellOptions, bs, place: Placement
         check = getattr(backends.get(c.backend), "check_cell", None)
         if check is not None:
             check(c)
-    check_two_cells(cell_specs, other_cells(run_dir, cell_specs), single_cell)
+    others = other_cells(run_dir, cell_specs)
+    check_repeats_have_base(cell_specs, others)
+    check_two_cells(cell_specs, others, single_cell)
     return cell_specs
 
 

@@ -20,6 +20,7 @@ folder asks for it here, so a change of layout is a change of this file.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from evalparity.config import (
@@ -107,8 +108,16 @@ def failed_dir(run: Path, name: str, folder: str = CELLS) -> Path:
 
 def attempts_dir(run: Path, name: str, folder: str = CELLS) -> Path:
     """``<run>/attempts/<folder>/<name>``: every failed attempt of a unit. Not under ``cells/``, where the
-    statistics take every folder for a cell of the run."""
-    return Path(run) / ATTEMPTS / folder / check_name(name)
+    statistics take every folder for a cell of the run. Refused in one line where a part of that path is a
+    symbolic link: attempts are moved there, and through a link they would leave the run folder."""
+    path = Path(run) / ATTEMPTS / folder / check_name(name)
+    for part in (path.parents[1], path.parent, path):
+        if part.is_symlink():
+            from evalparity.errors import EvalParityError
+
+            raise EvalParityError(f"{part} is a symbolic link (to {os.readlink(part)}): a run keeps its failed "
+                                  "attempts in a folder of its own; remove the link and rerun")
+    return path
 
 
 def stats_dir(run: Path) -> Path:

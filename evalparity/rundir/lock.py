@@ -38,7 +38,7 @@ from evalparity.config import (
     kill_point,
 )
 from evalparity.errors import EvalParityError
-from evalparity.files import read_json, write_json
+from evalparity.files import loads, read_json, write_json
 from evalparity.rundir import layout
 from evalparity.rundir.names import check_name_ok
 
@@ -112,7 +112,7 @@ def _read_lock(path: Path) -> dict | None:
     """The holder a lock file names; None when there is no lock file, {} when it is not a lock (corrupt:
     not JSON, or without a host and an integer pid)."""
     try:
-        data = json.loads(path.read_text())
+        data = loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError):

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from evalparity.config import COMPARE_FILE, FAILED_SUFFIX, SPEC_FILE
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
-from evalparity.files import read_json, sha256, write_json
+from evalparity.files import loads, read_json, sha256, write_json
 from evalparity.rundir import layout
 from evalparity.rundir.names import check_name, check_name_ok
-from evalparity.spec import SHORT_DTYPE, CellSpec, RunSpec
+from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE, CellSpec, RunSpec
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 COMPARE_SCHEMA = "evalparity.compare/1"
@@ -86,7 +86,7 @@ def shape_problem(data, types: dict[str, tuple[type, ...]], required: tuple[str,
 
 
 def _load(path: Path):
-    return json.loads(path.read_text(encoding="utf-8"))
+    return loads(path.read_text(encoding="utf-8"))
 
 
 # ---------------------------------------------------------------- the table's seal
@@ -267,6 +267,9 @@ def _spec_parts_problem(spec: dict) -> str | None:
                            label=c.get("label", "")).name
         if derived != c["name"]:
             return f"cell {c['name']} is named {derived} by its backend, dtype, tag and label"
+    problem = _repeat_problem(spec.get("cells", []))
+    if problem:
+        return problem
     for key in ("tasks", "include_paths"):
         if not all(isinstance(t, str) for t in spec.get(key, [])):
             return f"{key!r} holds something other than names"
@@ -281,6 +284,24 @@ def _spec_parts_problem(spec: dict) -> str | None:
         return f"'alignment' has an unknown setting {unknown[0]!r}"
     problem = shape_problem(alignment, ALIGNMENT_FIELDS)
     return f"alignment: {problem}" if problem else None
+
+
+def _repeat_problem(cells: list[dict]) -> str | None:
+    """A repeat (a tagged cell that is not a TF32 cell) must repeat an untagged cell of the spec with its own
+    backend and dtype. The statistics pair a repeat with its base only for the noise floor, never against the
+    reference: a cell whose tag and label were edited to name a base that is not there would leave every
+    comparison, and its verdict the sign-off, without a trace (the whole entry is editable: the cells are not
+    in the spec's identity, so that a run folder may gain cells)."""
+    by_name = {c["name"]: c for c in cells}
+    for c in cells:
+        if not c.get("tag") or c.get("tf32"):
+            continue
+        base_name = c.get("label") or f"{c['backend']}-{SHORT_DTYPE[c['dtype']]}"
+        base = by_name.get(base_name)
+        if base is None or base.get("tag") or (base["backend"], base["dtype"]) != (c["backend"], c["dtype"]):
+            return (f"cell {c['name']} is a repeat of {base_name}, which is not a cell of this spec with its backend "
+                    "and dtype")
+    return None
 
 
 def read_spec(run_dir: Path) -> RunSpec:
@@ -389,6 +410,16 @@ def _spec_of(run_dir: Path) -> tuple[str, dict, str, list[str], dict[str, CellSp
                           "new --out")
 
 
+def _loaded_dtype(rec: CellRecord) -> str | None:
+    """The dtype the cell's model arguments (``model_args``, as the cell recorded them) loaded its model in,
+    as a spec dtype (``float32``...), the raw value where it is none of those, or None where they name none."""
+    args = rec.extra.get("model_args")
+    if not isinstance(args, dict) or args.get("dtype") is None:
+        return None
+    raw = str(args["dtype"])
+    return DTYPE_ALIASES.get(raw.replace("torch.", "").lower(), raw)
+
+
 def _refuse(path: Path, what: str, fix: str) -> EvalParityError:
     return EvalParityError(f"{path}: {what}: {fix}")
 
@@ -428,6 +459,11 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
             got = rec.tf32 or None  # false or absent: a plain cell
         if got != value:
             raise _refuse(record, f"its {key} is {got!r}, the spec's is {value!r}", fix)
+    loaded = _loaded_dtype(rec)
+    if entry is not None and loaded is not None and loaded != rec.dtype:
+        # a named cell's name says nothing of its dtype: the dtype it claims must be the one its model was
+        # loaded in (lm-eval's model arguments, recorded beside it), or a bf16 table passes for fp32
+        raise _refuse(record, f"its dtype is {rec.dtype!r} but its model was loaded as {loaded!r} (model_args)", fix)
     if rec.table is None:
         raise _refuse(record, "it carries no seal of its table (made by an older evalparity, or written "
                       "by hand), so its table cannot be verified", fix)
