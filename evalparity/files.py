@@ -25,6 +25,7 @@ def atomic_target(path: Path) -> Iterator[Path]:
     reader sees half a file. The temp name is this process's own, so processes writing the same file at
     once each rename a whole one. For writers that take a path (pyarrow, matplotlib)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # a stale one, or a link planted there: written through, it would write elsewhere
     try:
         yield tmp
         kill_point(f"write:{path.name}")

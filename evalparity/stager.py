@@ -226,7 +226,8 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
                                                 for k, h in enumerate(homes) if h.exists()))
     first = metas[0]
     keep = ("cell", "backend", "dtype", "batch_size", "tag", "tf32", "base_cell", "variant", "model", "model_path",
-            "spec_identity", "model_fingerprint", "device", "device_name", "versions", "settings", "precision",
+            "spec_identity", "run_cells", "model_fingerprint", "device", "device_name", "versions", "settings",
+            "precision",
             "environment", "model_args", "placement", "reused_from", "interpreter")
     meta = {k: first.get(k) for k in keep if k in first}
     meta |= {"status": STATUS_OK, "table": seal.to_json(), "n_rows": int(len(table)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 
@@ -75,7 +76,8 @@ def write_cell_record(folder: Path, spec: RunSpec, name: str, n_rows: int, **ext
                                 "tf32": cell.tf32, "variant": cell.variant(), "spec_identity": spec.identity(),
                                 "model_fingerprint": None, "table": records.seal_table(folder, n_rows).to_json(),
                                 # as a real cell records lm-eval's model arguments (records.verify_cell reads the dtype)
-                                "model_args": {"pretrained": spec.model, "dtype": cell.dtype}}
+                                "model_args": {"pretrained": spec.model, "dtype": cell.dtype},
+                                "run_cells": [c.name for c in spec.cells]}
                        | extra)
 
 
@@ -164,3 +166,22 @@ def reseal(root: Path) -> None:
             old = json.loads((d / "cell.json").read_text())
             write_cell_record(d, spec, c.name, len(read_table(d / "samples.parquet")),
                               **{k: v for k, v in old.items() if k not in ("spec_identity", "table")})
+
+
+def run_of_cells(src: Path, dest: Path, names: tuple[str, ...]) -> Path:
+    """``dest``: a run of ``names`` alone, made of the finished run ``src``'s cells of those names (copied)
+    with its spec narrowed to them, as if the run had had those cells only: their records' ``run_cells`` say so
+    too (``records.verify_run`` refuses a spec that lost cells its records name). For tests that need a real
+    run of fewer cells without scoring them again."""
+    spec = json.loads((src / "spec.json").read_text())
+    spec["cells"] = [c for c in spec["cells"] if c["name"] in names]
+    (dest / "cells").mkdir(parents=True)
+    (dest / "spec.json").write_text(json.dumps(spec))
+    for name in names:
+        shutil.copytree(src / "cells" / name, dest / "cells" / name)
+        record = dest / "cells" / name / "cell.json"
+        rec = json.loads(record.read_text())
+        if "run_cells" in rec:
+            rec["run_cells"] = [c["name"] for c in spec["cells"]]
+            record.write_text(json.dumps(rec))
+    return dest

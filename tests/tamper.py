@@ -28,7 +28,8 @@ import pandas as pd
 from evalparity.samples import read_table, write_table
 
 CELL_KEYS = ["cell", "status", "backend", "dtype", "batch_size", "tag", "base_cell", "tf32", "spec_identity",
-             "model_fingerprint", "table", "settings", "versions", "aggregate", "error", "n_rows", "finished"]
+             "model_fingerprint", "table", "settings", "versions", "aggregate", "error", "n_rows", "finished",
+             "run_cells", "model_args", "device_name", "source"]
 SPEC_KEYS = ["model", "tasks", "cells", "limit", "num_fewshot", "device", "alignment", "task_limits", "leaf_docs",
              "model_fingerprint", "task_configs", "software", "task_aliases", "memory_plan", "staging"]
 COMPARE_KEYS = ["inputs", "names", "schema", "tasks_not_in_every_input"]
@@ -66,6 +67,8 @@ MUTATIONS: dict[str, int] = {
     "cell_redeclare": 2,        # cell, how: its spec entry and cell.json edited to agree on another identity
     "attempts_symlink_out": 1,  # attempts/ a link outside the run, and an old history for the report to move
     "json_nest": 1,             # spec.json, a cell.json or the lock: JSON nested deeper than Python parses
+    "cell_vanish": 1,           # a cell taken out of spec.json and its folder removed: a run without it
+    "drift_junk": 2,            # cell, how: a hand-written drift/<cell>.json of another shape
 }
 
 
@@ -246,6 +249,18 @@ def apply(run: Path, mutation: tuple[str, tuple[int, ...]], other: Path, outside
             rec.update(dtype=other_dtype, base_cell=cell)
         _dump(sp, spec)
         _dump(cj, rec)
+    elif name == "drift_junk":
+        body = _pick([{}, {"layers": "x"}, {"layers": [{"a": 1}]}, {"layers": [], "logprobs": 3}], a[1])
+        (run / "drift").mkdir(exist_ok=True)
+        _dump(run / "drift" / f"{cell or 'x'}.json", {"cell": cell or "x", "reference": "hf-fp32"} | body)
+    elif name == "cell_vanish":
+        sp = run / "spec.json"
+        if sp.is_file() and d is not None:
+            spec = _load(sp)
+            if isinstance(spec.get("cells"), list):
+                spec["cells"] = [c for c in spec["cells"] if not (isinstance(c, dict) and c.get("name") == cell)]
+                _dump(sp, spec)
+            _rm(d)
     elif name == "attempts_symlink_out":
         dest = outside / "attempts-dest"
         dest.mkdir(exist_ok=True)

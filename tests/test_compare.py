@@ -11,7 +11,7 @@ from pathlib import Path
 import ahead
 import pytest
 from conftest import evalparity_here, one_line_error
-from synthetic import make_lm_eval_dir
+from synthetic import make_lm_eval_dir, run_of_cells
 from verdict_schema import check_verdicts
 
 
@@ -39,15 +39,9 @@ def both(tiny_run, request, tmp_path_factory):
     directory is its cells: `report` reads cells/ and nothing else), against plain lm_eval's outputs of
     the same settings."""
     root = tmp_path_factory.mktemp("cmp")
-    run = root / "run"
-    (run / "cells").mkdir(parents=True)
     # The spec names the cells of the run; this copy is a run of two of them (a cell the spec names but the
     # folder lacks would make the sign-off INCOMPLETE).
-    spec = json.loads((tiny_run[0] / "spec.json").read_text())
-    spec["cells"] = [c for c in spec["cells"] if c["name"] in ("hf-fp32", "hf-bf16")]
-    (run / "spec.json").write_text(json.dumps(spec))
-    for cell in ("hf-fp32", "hf-bf16"):
-        shutil.copytree(tiny_run[0] / "cells" / cell, run / "cells" / cell)
+    run = run_of_cells(tiny_run[0], root / "run", ("hf-fp32", "hf-bf16"))
     proc = evalparity_here("report", str(run))
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
     plain = ahead.take("both", request)

@@ -32,7 +32,7 @@ import pytest
 from conftest import cli, evalparity_here, one_line_error, tiny_run_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from synthetic import write_cell_record
+from synthetic import run_of_cells, write_cell_record
 from verdict_schema import check_verdicts
 
 from evalparity import matrix, stager
@@ -526,13 +526,7 @@ def real_source(plain: Path, root: Path) -> Path:
     """A real run of hf-fp32 and hf-bf16: the shared tiny run's (``plain``) two HF cells, copied with its spec
     narrowed to them (a run folder is its cells, as in test_compare; ``report`` then signs them off), so that
     no test scores them again."""
-    (root / "cells").mkdir(parents=True)
-    spec = json.loads(layout.spec_file(plain).read_text())
-    spec["cells"] = [c for c in spec["cells"] if c["name"] in (REF, "hf-bf16")]
-    layout.spec_file(root).write_text(json.dumps(spec))
-    for name in (REF, "hf-bf16"):
-        shutil.copytree(layout.cell_dir(plain, name), layout.cell_dir(root, name))
-    return root
+    return run_of_cells(plain, root, (REF, "hf-bf16"))
 
 
 @dataclass(frozen=True)

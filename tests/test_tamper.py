@@ -133,6 +133,9 @@ CASES = {
     "the failing cell re-declared a repeat of a cell that is not there": ([("cell_redeclare", (2, 0))], 2,
                                                                          "not a cell of this spec"),
     "a cell re-declared a named cell of another dtype": ([("cell_redeclare", (1, 1))], 2, "was loaded as"),
+    "the failing cell taken out of spec.json, its folder removed": ([("cell_vanish", (2,))], 2,
+                                                                     "no longer names"),
+    "a hand-written drift summary of another shape": ([("drift_junk", (2, 2))], 2, "drift summary"),
     "attempts/ a link outside the run": ([("attempts_symlink_out", (0,))], 2, "symbolic link"),
     "spec.json nested too deeply to parse": ([("json_nest", (0,))], 2, "corrupt"),
     "a cell.json nested too deeply to parse": ([("json_nest", (1,))], 2, "corrupt"),
@@ -334,3 +337,30 @@ def test_every_record_field_of_a_wrong_type_is_one_line_never_a_traceback(folder
                     shutil.rmtree(top, ignore_errors=True)
                 tried += 1
     assert tried > 700
+
+
+def test_a_link_planted_at_a_temporary_files_name_is_never_written_through(folders):
+    """The lock's and the records' temporary files have names a planter can predict (host and pid): a link
+    put there beforehand would have had the lock's JSON, or a record, written into its target outside the
+    run. Here the report runs in this process, so its pid is known; the links are replaced, never followed."""
+    import platform
+
+    from evalparity.files import write_json
+
+    run0, baseline, *_ = folders
+    top, run, outside = _copy(run0)
+    try:
+        precious = outside / "precious.txt"
+        planted = [run / f".evalparity.lock.{platform.node()}.{os.getpid()}.tmp",
+                   run / "stats" / f".verdicts.json.{os.getpid()}.tmp"]
+        for link in planted:
+            link.parent.mkdir(exist_ok=True)
+            link.symlink_to(precious)
+        got = evalparity_here("report", str(run))
+        assert (got.returncode, tamper.sign_off_line(got.stdout)) == baseline, got.stderr[-2000:]
+        assert precious.read_text() == "keep me"
+        write_json(run / "stats" / "verdicts.json", {"x": 1})  # the same writer, called directly
+        assert precious.read_text() == "keep me"
+        assert json.loads((run / "stats" / "verdicts.json").read_text()) == {"x": 1}
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from evalparity.errors import EvalParityError
 from evalparity.files import read_json
 from evalparity.report import figures, sections
 from evalparity.report.context import Drift, Figure, ReportContext
@@ -70,13 +71,20 @@ def _drift(run_dir: Path, figdir: Path, colors: dict[str, str]) -> Drift | None:
     summaries = load_drift(run_dir)
     if not summaries:
         return None
-    drawn = [figure(figures.save(figures.draw_drift_by_layer(summaries, colors), figdir / "drift_by_layer.png"),
-                    "Relative error and cosine distance by layer"),
-             figure(figures.save(figures.draw_first_drifting_layer(summaries, colors),
-                                 figdir / "first_drifting_layer.png"), "Where each cell starts to drift"),
-             figure(figures.save(figures.draw_drift_by_position(summaries, colors), figdir / "drift_by_position.png"),
-                    "Final-layer drift by token position")]
-    return sections.drift(summaries, [f for f in drawn if f is not None])
+    try:
+        drawn = [figure(figures.save(figures.draw_drift_by_layer(summaries, colors), figdir / "drift_by_layer.png"),
+                        "Relative error and cosine distance by layer"),
+                 figure(figures.save(figures.draw_first_drifting_layer(summaries, colors),
+                                     figdir / "first_drifting_layer.png"), "Where each cell starts to drift"),
+                 figure(figures.save(figures.draw_drift_by_position(summaries, colors),
+                                     figdir / "drift_by_position.png"), "Final-layer drift by token position")]
+        return sections.drift(summaries, [f for f in drawn if f is not None])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+        # read_drift_summaries checks a summary's cell and reference; the measurements are drift.worker's, and
+        # one of another shape (hand-written, or another version's) is refused here, never a traceback
+        raise EvalParityError(f"{layout.drift_dir(run_dir)}: a drift summary evalparity cannot read "
+                              f"({type(err).__name__}: {str(err)[:60]}): rerun `evalparity drift` to redo it, or "
+                              "move drift/ out of the run") from None
 
 
 def build_context(run_dir: Path, figdir: Path) -> ReportContext:

@@ -204,10 +204,11 @@ def _attention(m: dict) -> str:
 
 def _cell_row(name: str, m: dict) -> list[str]:
     ver = m.get("versions", {})
-    return [name, m.get("status", "?"), str(m.get("batch_size", "–")), m.get("device_name", "–"),
+    # device_name and source are free text of the record (unverified): text whatever was written there
+    return [name, m.get("status", "?"), str(m.get("batch_size", "–")), str(m.get("device_name") or "–"),
             f"{num(m.get('load_s'))} / {num(m.get('eval_s'))}",
             num(m.get("peak_rss_gib")) + (f" / GPU {num(m['peak_gpu_gib'])}" if "peak_gpu_gib" in m else ""),
-            _attention(m) if m.get("precision") else "–", _versions(ver) if ver else m.get("source", "–")]
+            _attention(m) if m.get("precision") else "–", _versions(ver) if ver else str(m.get("source") or "–")]
 
 
 def setting_text(value) -> str:

@@ -152,6 +152,7 @@ class RunLock:
         """Rewrite this lock's record (atomically: a reader sees the old one or the new one)."""
         info = self.info | changes
         tmp = self.path.with_name(f"{self.path.name}.{platform.node()}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)  # never written through a link planted under that name (files.atomic_target)
         tmp.write_text(json.dumps(info))
         os.replace(tmp, self.path)
         self.info = json.loads(json.dumps(info))
@@ -175,6 +176,7 @@ class RunLock:
 def _create_exclusive(path: Path, text: str) -> bool:
     """Create ``path`` holding ``text`` if it does not exist (True), atomically; False if it exists."""
     tmp = path.with_name(f"{path.name}.{platform.node()}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)  # never written through a link planted under that name (files.atomic_target)
     tmp.write_text(text)
     try:
         os.link(tmp, path)  # atomic, and the lock is whole the moment it exists

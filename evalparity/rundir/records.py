@@ -506,7 +506,27 @@ def verify_run(run_dir: Path) -> VerifiedRun:
             incomplete.append((name, got))
         else:
             cells[name] = got
+    _check_run_cells(run_dir, named, cells)
     return VerifiedRun(kind, data, identity, named, cells, incomplete)
+
+
+def _check_run_cells(run_dir: Path, named: list[str], cells: dict[str, CellRecord]) -> None:
+    """Every cell a finished cell's record says its run had (``run_cells``: the spec's cells when it was made)
+    is a cell of the spec still. The cells are not in the spec's identity, so that a run folder may gain
+    cells, and a run only ever adds them (``matrix.prepare_run_dir`` keeps the union); a cell taken out of
+    spec.json, with its folder, would otherwise leave the run and its verdict the sign-off without a trace.
+    Records made before evalparity wrote the list say nothing here."""
+    for name, rec in cells.items():
+        listed = rec.extra.get("run_cells")
+        if listed is None:
+            continue
+        path = layout.cell_record(layout.cell_dir(run_dir, name))
+        if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
+            raise _refuse(path, "its run_cells is not a list of cell names", "restore it, or rerun into a new --out")
+        gone = [x for x in listed if x not in named]
+        if gone:
+            raise _refuse(path, f"it was made in a run with cell {gone[0]}, which spec.json no longer names (a cell "
+                          "taken out of the spec by hand)", "restore the spec and that cell, or rerun into a new --out")
 
 
 def incomplete_error(run: VerifiedRun, fix: str = "rerun the same command to finish them") -> EvalParityError:
