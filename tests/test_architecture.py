@@ -44,6 +44,7 @@ STAGES: list[tuple[str, ...]] = [
      "evalparity.progress_file",  # what a worker tells its parent (progress.json, phase lines; procs, files)
      "evalparity.mps",  # the run's own CUDA MPS server for cells that share a GPU (procs only)
      "evalparity.shapes",  # what the memory plan and the backends share: model shapes, dtype sizes
+     "evalparity.slim",  # transformers without scikit-learn in processes that load models (stdlib only)
      "evalparity.backends.registry",  # backend names only: spec checks them; the modules load when picked
      "evalparity.backends.base"),  # the contract the registry checks: a Protocol, typing only at run time
     ("evalparity.spec", "evalparity.rundir", "evalparity.runlog", "evalparity.stats.options"),
@@ -68,7 +69,7 @@ LEAVES = {"evalparity.errors": set(), "evalparity.config": set(), "evalparity.qu
           "evalparity.hostenv": set(),
           "evalparity.printable": set(), "evalparity.procs": set(),
           "evalparity.mps": {"evalparity.procs", "evalparity.files", "evalparity.config"},
-          "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set(),
+          "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set(), "evalparity.slim": set(),
           "evalparity.progress_file": {"evalparity.procs", "evalparity.files"}}
 # What `import evalparity.cli` must not load (seconds of start-up each; the verbs load them when they run).
 HEAVY = ("torch", "lm_eval", "vllm", "pandas", "scipy", "numpy", "transformers", "datasets", "pyarrow",
