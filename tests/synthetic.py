@@ -165,7 +165,8 @@ def reseal(root: Path) -> None:
         if (d / "cell.json").exists() and (d / "samples.parquet").exists():
             old = json.loads((d / "cell.json").read_text())
             write_cell_record(d, spec, c.name, len(read_table(d / "samples.parquet")),
-                              **{k: v for k, v in old.items() if k not in ("spec_identity", "table")})
+                              **{k: v for k, v in old.items()
+                                 if k not in ("spec_identity", "table", "run_cells", "model_args")})
 
 
 def run_of_cells(src: Path, dest: Path, names: tuple[str, ...]) -> Path:

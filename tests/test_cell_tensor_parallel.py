@@ -12,7 +12,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from synthetic import make_run
+from synthetic import make_run, reseal
 from test_memplan import H200, L40S, LLAMA14, SMOL  # the shapes and GPUs the memory plan is tested on
 
 from evalparity import backends, matrix, memplan, placement, stager, variants
@@ -269,6 +269,7 @@ def test_a_finished_tp2_cell_resumed_at_another_size_is_refused(tmp_path):
     path = run / "cells" / "vllm-tp2" / "cell.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {
         "cell": "vllm-tp2", "base_cell": "vllm-tp2", "variant": {"args": {"tensor_parallel_size": "2"}}}))
+    reseal(run)  # the records as a run of these cells would have written them (run_cells: vllm-tp2, not vllm-bf16)
     spec = records.read_spec(run)
     assert set(records.verify_run(run).cells) == {"hf-fp32", "vllm-tp2"}
     matrix.prepare_run_dir(run, spec)  # the same size: resumes

@@ -12,7 +12,7 @@ import pytest
 from conftest import evalparity, one_line_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from synthetic import make_run
+from synthetic import make_run, reseal
 
 from evalparity import backends, variants
 from evalparity.cellenv import cell_environment
@@ -148,6 +148,7 @@ def _variant_run(root):
     rec = json.loads((run / "cells" / "fp8" / "cell.json").read_text())
     rec |= {"cell": "fp8", "base_cell": "fp8", "variant": {"args": {"quantization": "fp8"}}}
     (run / "cells" / "fp8" / "cell.json").write_text(json.dumps(rec))
+    reseal(run)  # the records as a run of these cells would have written them (run_cells: fp8, not vllm-bf16)
     return run
 
 
