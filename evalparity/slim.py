@@ -3,8 +3,9 @@
 transformers' generation utilities (``generation/candidate_generator.py``, imported by every causal-LM class
 through ``GenerationMixin``) import ``sklearn.metrics.roc_curve`` whenever scikit-learn is installed, and
 lm-eval installs it. That one import brings in scikit-learn, ``scipy.stats`` and ``scipy.special``: measured
-on this project's 2-core CPU machine, ``from transformers import AutoModelForCausalLM`` plus lm-eval's HF
-model took 8.9-20.3 s with it and 4.5-7.0 s without it (three fresh processes each; torch already imported).
+on this project's 2-core CPU machine (shared with another job), ``from transformers import
+AutoModelForCausalLM`` plus lm-eval's HF model took 8.9-20.3 s with it and 4.5-7.0 s without it (three fresh
+processes each; torch already imported); on an H200 host the HF probe's load 12.2-13.7 s against 8.5-9.2 s.
 Every cell, probe, ``evalparity hidden`` worker and the embedded model's preparation pays that once per
 process, before its model loads.
 
