@@ -18,7 +18,7 @@ from evalparity.errors import EvalParityError
 from evalparity.files import sha256, write_json
 from evalparity.rundir import check_name, contents, layout, records, recover_outputs, units
 from evalparity.rundir.records import STATUS_OK
-from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE
+from evalparity.spec import SHORT_DTYPE, dtype_of
 
 logger = logging.getLogger(__name__)
 MISSING_TASKS = "tasks_not_in_every_input"  # compare.json: [{"task", "missing_from": [cell names]}]
@@ -32,7 +32,7 @@ def dtype_for(results: dict) -> str | None:
     else:
         m = re.search(r"dtype=([A-Za-z0-9_.]+)", str(args))
         dtype = m.group(1) if m else None
-    return DTYPE_ALIASES.get(str(dtype).replace("torch.", "").lower()) if dtype else None
+    return dtype_of(dtype) if dtype else None
 
 
 def cell_name_for(results: dict, fallback: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,12 @@ def parse_dtype(name: str) -> str:
     if key not in DTYPE_ALIASES:
         raise EvalParityError(f"unknown dtype {name!r}: use fp32/float32, bf16/bfloat16 or fp16/float16")
     return DTYPE_ALIASES[key]
+
+
+def dtype_of(value) -> str | None:
+    """A dtype as a model's arguments record it (``bfloat16``, ``torch.float16``, ``fp32``...) as a spec dtype
+    (``float32``, ``bfloat16``, ``float16``); None for a spelling that is none of those."""
+    return DTYPE_ALIASES.get(str(value).replace("torch.", "").lower())
 
 
 def parse_backend(name: str) -> str:
@@ -352,13 +359,28 @@ def build_cells(backends: list[str], dtypes: list[str], batch_size: int | str,
     return tuple(cells)
 
 
+def repeat_without_base(cells: Sequence[CellSpec], others: Collection[str] = ()) -> CellSpec | None:
+    """The first repeat (a tagged cell that is not a TF32 cell) that repeats no cell of the run: its base is
+    neither an untagged cell of ``cells`` with its backend and dtype nor one of ``others`` (names of the cells
+    a run directory holds already, whose entries are checked when that spec is read). The statistics pair a
+    repeat with its base only, for the noise floor, never with the reference: without its base it takes part
+    in no comparison, and its verdict's absence says nothing. One rule for the plan (``check_repeats_have_base``)
+    and for a spec read back (``records``, where a hand-edited tag and label could otherwise take a cell out of
+    every comparison: the cells are not in the spec's identity, so that a run folder may gain cells)."""
+    bases = {c.name: c for c in cells if not c.tag}
+    for c in cells:
+        if not c.tag or c.tf32 or c.base_name in others:
+            continue
+        base = bases.get(c.base_name)
+        if base is None or (base.backend, base.dtype) != (c.backend, c.dtype):
+            return c
+    return None
+
+
 def check_repeats_have_base(cells: tuple[CellSpec, ...], others: list[str]) -> None:
-    """Every repeat (a tagged cell that is not a TF32 cell) repeats a cell of the run: among ``cells``, or
-    ``others`` (the cells its run directory holds already). A repeat without its base measures no noise floor
-    and takes part in no comparison: its GPU time would buy nothing, and its verdicts' absence would say
-    nothing. One line, before anything starts (``records`` refuses such a spec when a run is verified)."""
-    bases = {c.name for c in cells if not c.tag} | set(others)
-    lone = next((c for c in cells if c.tag and not c.tf32 and c.base_name not in bases), None)
+    """``repeat_without_base`` as the plan's one-line refusal, before anything starts: its GPU time would buy
+    nothing."""
+    lone = repeat_without_base(cells, others)
     if lone is not None:
         raise EvalParityError(f"--repeat makes {lone.name}, a repeat of {lone.base_name}, which is not a cell of this "
                               f"run: add {lone.base_name} (its backend and dtype) to the run, or drop the repeat")

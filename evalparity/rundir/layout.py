@@ -45,6 +45,7 @@ from evalparity.config import (
     TMP_PREFIX,
     VERDICTS_FILE,
 )
+from evalparity.errors import EvalParityError
 from evalparity.rundir.names import check_name
 
 
@@ -113,8 +114,6 @@ def attempts_dir(run: Path, name: str, folder: str = CELLS) -> Path:
     path = Path(run) / ATTEMPTS / folder / check_name(name)
     for part in (path.parents[1], path.parent, path):
         if part.is_symlink():
-            from evalparity.errors import EvalParityError
-
             raise EvalParityError(f"{part} is a symbolic link (to {os.readlink(part)}): a run keeps its failed "
                                   "attempts in a folder of its own; remove the link and rerun")
     return path

@@ -35,7 +35,7 @@ from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.files import loads, read_json, sha256, write_json
 from evalparity.rundir import layout
 from evalparity.rundir.names import check_name, check_name_ok
-from evalparity.spec import DTYPE_ALIASES, SHORT_DTYPE, CellSpec, RunSpec
+from evalparity.spec import SHORT_DTYPE, CellSpec, RunSpec, dtype_of, repeat_without_base
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 COMPARE_SCHEMA = "evalparity.compare/1"
@@ -246,6 +246,7 @@ def check_spec(path: Path) -> dict:
 def _spec_parts_problem(spec: dict) -> str | None:
     """What is wrong inside spec.json's lists and objects (every field is read by ``RunSpec.from_json`` and
     into the identity, so each must have the type it is written with), in words; None when nothing is."""
+    derived_cells = []
     for c in spec.get("cells", []):
         if not isinstance(c, dict) or not isinstance(c.get("name"), str):
             return f"a cell entry is {json.dumps(c)[:60]}, not an object with a name"
@@ -264,12 +265,14 @@ def _spec_parts_problem(spec: dict) -> str | None:
             if bad is not None:
                 return f"cell {c['name']}: {key!r} holds {json.dumps(bad)[:40]}, not a [key, value] pair of strings"
         derived = CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False),
-                           label=c.get("label", "")).name
-        if derived != c["name"]:
-            return f"cell {c['name']} is named {derived} by its backend, dtype, tag and label"
-    problem = _repeat_problem(spec.get("cells", []))
-    if problem:
-        return problem
+                           label=c.get("label", ""))
+        if derived.name != c["name"]:
+            return f"cell {c['name']} is named {derived.name} by its backend, dtype, tag and label"
+        derived_cells.append(derived)
+    lone = repeat_without_base(derived_cells)
+    if lone is not None:
+        return (f"cell {lone.name} is a repeat of {lone.base_name}, which is not a cell of this spec with its backend "
+                "and dtype")
     for key in ("tasks", "include_paths"):
         if not all(isinstance(t, str) for t in spec.get(key, [])):
             return f"{key!r} holds something other than names"
@@ -284,24 +287,6 @@ def _spec_parts_problem(spec: dict) -> str | None:
         return f"'alignment' has an unknown setting {unknown[0]!r}"
     problem = shape_problem(alignment, ALIGNMENT_FIELDS)
     return f"alignment: {problem}" if problem else None
-
-
-def _repeat_problem(cells: list[dict]) -> str | None:
-    """A repeat (a tagged cell that is not a TF32 cell) must repeat an untagged cell of the spec with its own
-    backend and dtype. The statistics pair a repeat with its base only for the noise floor, never against the
-    reference: a cell whose tag and label were edited to name a base that is not there would leave every
-    comparison, and its verdict the sign-off, without a trace (the whole entry is editable: the cells are not
-    in the spec's identity, so that a run folder may gain cells)."""
-    by_name = {c["name"]: c for c in cells}
-    for c in cells:
-        if not c.get("tag") or c.get("tf32"):
-            continue
-        base_name = c.get("label") or f"{c['backend']}-{SHORT_DTYPE[c['dtype']]}"
-        base = by_name.get(base_name)
-        if base is None or base.get("tag") or (base["backend"], base["dtype"]) != (c["backend"], c["dtype"]):
-            return (f"cell {c['name']} is a repeat of {base_name}, which is not a cell of this spec with its backend "
-                    "and dtype")
-    return None
 
 
 def read_spec(run_dir: Path) -> RunSpec:
@@ -416,8 +401,7 @@ def _loaded_dtype(rec: CellRecord) -> str | None:
     args = rec.extra.get("model_args")
     if not isinstance(args, dict) or args.get("dtype") is None:
         return None
-    raw = str(args["dtype"])
-    return DTYPE_ALIASES.get(raw.replace("torch.", "").lower(), raw)
+    return dtype_of(args["dtype"]) or str(args["dtype"])
 
 
 def _refuse(path: Path, what: str, fix: str) -> EvalParityError:
