@@ -71,11 +71,12 @@ def child(mode: str, cache: Path) -> None:
         mark[0] = now
 
     t0 = mark[0]
-    import torch  # noqa: F401  the imports every conversion needs, timed apart
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
-    AutoModelForCausalLM.from_config  # noqa: B018  transformers' lazy modules: load the auto classes now
+    if mode == "before":  # the imports that conversion needs, timed apart (the current one needs neither)
+        import torch  # noqa: F401
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+        AutoModelForCausalLM.from_config  # noqa: B018  transformers' lazy modules: load the auto classes now
     from evalparity.data import embedded
-    lap("import torch+transformers")
+    lap("import torch+transformers" if mode == "before" else "import evalparity")
 
     real = embedded._convert_gguf
     conv = [0.0]
@@ -147,8 +148,10 @@ def main() -> None:
             print(f"  {phase:28s} {statistics.median(r['phases'][phase] for r in rs):6.2f}")
         print(f"  {'= conversion':28s} {statistics.median(r['conversion'] for r in rs):6.2f}")
         print(f"  {'= model_path() total':28s} {statistics.median(r['total'] for r in rs):6.2f}")
-    same = all(r["manifest"] == results["before"][0]["manifest"] for rs in results.values() for r in rs)
-    print(f"\nsame files (every MANIFEST sha256 equal): {'yes' if same else 'NO'}")
+    first = results["before"][0]["manifest"]
+    differ = sorted({f for rs in results.values() for r in rs for f in first.keys() | r["manifest"].keys()
+                     if r["manifest"].get(f) != first.get(f)})
+    print(f"\nsame files (every MANIFEST sha256 equal): {'yes' if not differ else 'NO: ' + ', '.join(differ)}")
 
 
 if __name__ == "__main__":

