@@ -347,6 +347,20 @@ def test_drift_takes_the_run_lock(tmp_path):
         assert _snapshot(run) == before
 
 
+def test_drift_refuses_a_verdicts_record_it_cannot_recompute_before_any_model_loads(tmp_path):
+    """Its statistics are recomputed with the options ``verdicts.json`` records: a record without them is
+    refused in one line naming ``report``, and the run is left as it was."""
+    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4)
+    (run / "stats").mkdir(exist_ok=True)
+    (run / "stats" / "verdicts.json").write_text(json.dumps({"sign_off": {"status": "PASS"}}))
+    before = _snapshot(run)
+    proc = evalparity("drift", "--run-dir", str(run), "--cells", "hf-bf16", "--model", "/nonexistent-model-dir",
+                      "--device", "cpu", timeout=120)
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "its options are not the statistics' options" in line, line
+    assert "evalparity report" in line and _snapshot(run) == before
+
+
 @ahead.job("published_drift")
 def _published_drift(ctx: ahead.Context):
     """A synthetic run of hf-fp32 and hf-bf16 with its report, probed by drift twice: with --out elsewhere
@@ -362,7 +376,15 @@ def _published_drift(ctx: ahead.Context):
         before = _snapshot(run)
         elsewhere = ctx.run(cli("drift", "--run-dir", str(run), "--out", str(root / "elsewhere"), *args))
         after = _snapshot(run)
-        return run, report, before, elsewhere, after, ctx.run(cli("drift", "--run-dir", str(run), *args))
+        # then verdicts.json is edited by hand (another sign-off, every verdict EQUIVALENT) before drift publishes
+        path = run / "stats" / "verdicts.json"
+        true = json.loads(path.read_text())
+        edited = json.loads(path.read_text())
+        edited["sign_off"]["status"] = "PASS" if true["sign_off"]["status"] != "PASS" else "FAIL"
+        for c in edited["comparisons"]:
+            c["verdict"] = "EQUIVALENT"
+        path.write_text(json.dumps(edited))
+        return run, report, before, elsewhere, after, ctx.run(cli("drift", "--run-dir", str(run), *args)), true
     return work
 
 
@@ -376,7 +398,7 @@ def published_drift(request):
 def test_drift_publishes_into_the_run_staged_and_leaves_it_alone_with_out(published_drift):
     """With --out elsewhere the run is only read (its report was rewritten); without, drift/ and the report
     are swapped in together, with nothing of the staging left behind."""
-    run, report, before, elsewhere, after, proc = published_drift
+    run, report, before, elsewhere, after, proc, _ = published_drift
     assert report.returncode in (0, 3, 4), report.stderr[-3000:]
     assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
     assert (run.parent / "elsewhere" / "hf-bf16.json").is_file()
@@ -385,6 +407,21 @@ def test_drift_publishes_into_the_run_staged_and_leaves_it_alone_with_out(publis
     assert (run / "drift" / "hf-bf16.json").is_file() and (run / "drift" / "hf-bf16.log").is_file()
     assert "hf-bf16" in (run / "report" / "report.md").read_text().split("drift", 1)[-1]
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # no stage, trash or lock
+
+
+def test_drift_recomputes_the_statistics_it_publishes_from_the_tables(published_drift):
+    """The report drift publishes into a run shows what the run's tables give, not what ``verdicts.json`` says:
+    a hand-edited sign-off and verdicts (``_published_drift``) are recomputed, with a warning line naming the
+    difference (review finding F4: they used to reach the report as found)."""
+    run, *_, proc, true = published_drift
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    now = json.loads((run / "stats" / "verdicts.json").read_text())
+    assert now["sign_off"] == true["sign_off"] and now["options"] == true["options"]
+    assert [c["verdict"] for c in now["comparisons"]] == [c["verdict"] for c in true["comparisons"]]
+    said = "PASS" if true["sign_off"]["status"] != "PASS" else "FAIL"
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert f"said {said}; the run's tables give {true['sign_off']['status']}" in out, out[-2000:]
+    assert true["sign_off"]["status"] in (run / "report" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("seed", range(10))

@@ -12,12 +12,13 @@ from evalparity import config, rundir
 from evalparity import mps as mps_mod
 from evalparity.cli.options import Device, at_least, parse_layers, positive_finite
 from evalparity.cli.output import console, safe
-from evalparity.config import DRIFT, REPORT
+from evalparity.config import DRIFT, REPORT, STATS
 from evalparity.devices import resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.models import resolve_model
 from evalparity.rundir import layout, records
 from evalparity.spec import split_list
+from evalparity.stats.options import StatsOptions
 
 DEFAULT_CELLS = "vllm-fp32,vllm-bf16,vllm-fp16,hf-bf16,hf-fp16"
 
@@ -56,6 +57,9 @@ def drift(
     dest = layout.drift_dir(run_dir) if into else out or Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}"
     lock = rundir.acquire(run_dir, create=False, flag="--run-dir") if into else rundir.acquire(dest, flag="--out")
     with lock:
+        # the statistics drift will recompute before it re-renders the run's report: a record that cannot be
+        # read back is refused before anything loads
+        found = recorded_statistics(run_dir) if into else None
         if run_dir is not None:
             model = model or run_model(run_dir)
             run_spec = records.read_spec(run_dir)
@@ -81,7 +85,7 @@ def drift(
                                          dump=dump, together=together, console=console, shown=shown,
                                          mps_choice=mps, reference_too=reference_too)
 
-        results, html = into_run(run_dir, probe) if into else (probe(dest, dest), None)
+        results, html = into_run(run_dir, probe, found) if into else (probe(dest, dest), None)
     console.print(f"drift: {len(texts)} prompts, {len(results)} cell(s) in {time.perf_counter() - t0:.0f} s -> {safe(dest)}")
     for c, s in results.items():
         ls = s["layers"]
@@ -104,28 +108,59 @@ def run_device(spec, device: str) -> str:
     return spec.device
 
 
-def into_run(run_dir: Path, probe) -> tuple[dict[str, dict], Path | None]:
-    """Drift into ``run_dir/drift`` and, when the run has its statistics, its report again, both written into
-    a staging folder and swapped in together (``rundir.staged_outputs``, as ``report`` does): a kill or an
-    error midway leaves the previous drift/ and report/ whole. Call it holding the run's lock. Returns the
-    results and the report's path (None when the run has no statistics yet: ``report`` writes it later)."""
-    from evalparity.report import write_report  # heavy: pandas, jinja2, matplotlib
+def into_run(run_dir: Path, probe,
+             found: tuple[StatsOptions, object] | None) -> tuple[dict[str, dict], Path | None]:
+    """Drift into ``run_dir/drift`` and, when the run has its statistics, its statistics and report again, all
+    written into a staging folder and swapped in together (``rundir.staged_outputs``, as ``report`` does): a
+    kill or an error midway leaves the previous drift/, stats/ and report/ whole. Call it holding the run's
+    lock. Returns the results and the report's path (None when the run has no statistics yet: ``report``
+    writes them later). ``found``: ``recorded_statistics(run_dir)``, read by the caller before anything loads.
 
-    with_report = layout.verdicts_file(run_dir).exists()
-    names = (DRIFT, REPORT) if with_report else (DRIFT,)
+    The statistics are recomputed from the run's verified tables (``compute``, as ``report`` does) with the
+    options its ``verdicts.json`` records (the last ones asked for), before any model loads: the report
+    drift publishes shows no verdict that the tables do not give. Before, it re-rendered ``stats/`` as found,
+    so a hand-edited ``verdicts.json`` reached the report. A recomputed sign-off that differs from the one
+    found is said in a warning line."""
+    from evalparity.report import write_report  # heavy: pandas, jinja2, matplotlib
+    from evalparity.stats.compare import compute  # heavy: pandas, scipy, statsmodels
+
+    names = (DRIFT, STATS, REPORT) if found else (DRIFT,)
     staged = ""
     try:
         with rundir.staged_outputs(run_dir, names) as stage:
             staged = str(stage)
+            if found:
+                opts, said = found
+                now = compute(stage, opts, source=run_dir).sign_off
+                if now != said:
+                    console.print(f"[yellow]warning:[/yellow] {safe(layout.verdicts_file(run_dir))} said "
+                                  f"{safe(said)}; the run's tables give {now} under its recorded options: the "
+                                  "statistics and report are recomputed")
             results = probe(layout.drift_dir(stage), layout.drift_dir(run_dir))
-            html = run_dir / Path(write_report(stage)["html"]).relative_to(stage) if with_report else None
+            html = run_dir / Path(write_report(stage)["html"]).relative_to(stage) if found else None
     except EvalParityError as err:  # messages name the run directory, not the staging folder
         raise EvalParityError(str(err).replace(staged, str(run_dir)) if staged else str(err), err.exit_code) from None
     except OSError as err:
         raise EvalParityError(f"could not write the drift results into {run_dir} ({err.strerror or err}): free "
-                              "space or make it writable, then rerun (the previous drift/ and report/ are "
-                              "unchanged)") from None
+                              "space or make it writable, then rerun (the previous drift/, stats/ and report/ "
+                              "are unchanged)") from None
     return results, html
+
+
+def recorded_statistics(run_dir: Path) -> tuple[StatsOptions, object] | None:
+    """The statistics options and the sign-off status that the run's ``verdicts.json`` records; None when the
+    run has none yet. A record that is not one is refused in one line, naming ``report`` as the fix."""
+    from evalparity.files import read_json
+
+    path = layout.verdicts_file(run_dir)
+    if not path.exists():
+        return None
+    record = read_json(path)
+    if not isinstance(record, dict):
+        raise EvalParityError(f"{path} is not a verdicts record: rerun `evalparity report {run_dir}` with your "
+                              "statistics options, then drift")
+    said = record.get("sign_off", {}).get("status") if isinstance(record.get("sign_off"), dict) else None
+    return StatsOptions.from_dict(record.get("options"), where=str(path)), said
 
 
 def check_arguments(run_dir: Path | None, prompts: Path | None, n_prompts: int, *, gen_tokens: int = 0,
