@@ -95,14 +95,6 @@ def refuse_identical_samples(files: list[dict[str, Path]], args: list[Path], tas
                                       "runs; identical samples agree exactly and need no statistics")
 
 
-def missing_tasks(tasks: dict[str, set[str]]) -> list[dict]:
-    """Per task that some inputs lack, the cells (inputs) it is missing from: compared on the others it
-    would silently drop out, so it is named on the terminal and in compare.json (``MISSING_TASKS``)."""
-    every = set.union(*tasks.values())
-    return [{"task": t, "missing_from": [n for n, have in tasks.items() if t not in have]}
-            for t in sorted(every) if any(t not in have for have in tasks.values())]
-
-
 def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> list[str]:
     """Read every lm-eval output folder (``DIR`` or ``DIR@STAMP``), check that they can be paired honestly
     (different runs, aligned docs, tasks in common), and publish each as a cell of ``run_dir``."""
@@ -131,7 +123,7 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
         raise EvalParityError("the lm-eval outputs have no task in common: compare runs of the same tasks")
     files = [f for *_, f in loaded]
     refuse_identical_samples(files, paths, set.intersection(*(set(f) for f in files)))
-    missing = missing_tasks(tasks)
+    missing = records.tasks_left_out(tasks)  # named on the terminal and in compare.json (MISSING_TASKS)
     if missing:
         logger.warning("not in every input, so not compared: " + "; ".join(
             f"{m['task']} (missing from {', '.join(m['missing_from'])})" for m in missing)
@@ -159,6 +151,7 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
             "versions": {"lm_eval": (results.get("lm_eval_version") or "?")},
             "finished": json.dumps(results.get("date")),
             "spec_identity": records.compare_identity(sources, final),  # what compare.json names
+            "input_tasks": sorted(tasks[name]),  # what compare.json's MISSING_TASKS is checked against
             "table": records.seal_table(tmp, len(t)).to_json(),
         })
         units.publish(run_dir, name, STATUS_OK)

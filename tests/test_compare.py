@@ -174,3 +174,38 @@ def test_tasks_missing_from_some_inputs_are_named_and_recorded(tmp_path):
     proc = evalparity_here("compare", str(b), str(full), "--out", str(tmp_path / "o2"), "--no-fail-on-inconclusive")
     assert "not in every input" not in proc.stderr
     assert json.loads((tmp_path / "o2" / "compare.json").read_text())["tasks_not_in_every_input"] == []
+
+
+@pytest.mark.parametrize("edit", ["emptied", "other cell", "dropped"])
+def test_a_comparisons_tasks_left_out_are_held_to_its_cells_inputs(tmp_path, edit):
+    """compare.json's tasks_not_in_every_input is not in the comparison's identity (the tables hold only the
+    tasks in common), so each cell's record lists its input's tasks and the run's verification holds the two
+    together: emptied, pointed at another cell or dropped, the report would stop naming the task some inputs
+    lacked (review finding F8). A comparison whose records do not list them (made before) still verifies."""
+    a = make_lm_eval_dir(tmp_path / "a", dtype="float32", task="syn_a")
+    make_lm_eval_dir(a, dtype="float32", task="syn_b", seed=5)
+    b = make_lm_eval_dir(tmp_path / "b", dtype="bfloat16", task="syn_a", seed=1)
+    out = tmp_path / "o"
+    proc = evalparity_here("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
+    assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
+    cells = sorted(p.name for p in (out / "cells").iterdir())
+    listed = {c: json.loads((out / "cells" / c / "cell.json").read_text())["input_tasks"] for c in cells}
+    assert listed == {c: ["syn_a"] if c == "hf-bf16" else ["syn_a", "syn_b"] for c in cells} and len(cells) == 2
+    path = out / "compare.json"
+    record = json.loads(path.read_text())
+    if edit == "emptied":
+        record["tasks_not_in_every_input"] = []
+    elif edit == "other cell":
+        record["tasks_not_in_every_input"][0]["missing_from"] = [n for n in record["names"] if n != "hf-bf16"]
+    else:
+        del record["tasks_not_in_every_input"]
+    path.write_text(json.dumps(record))
+    line = one_line_error(evalparity_here("report", str(out), "--no-fail-on-inconclusive"))
+    assert "compare.json: its tasks_not_in_every_input is not what its cells' inputs had (they say: syn_b " \
+           "missing from hf-bf16)" in line, line
+    for c in cells:  # a comparison made before the records listed their inputs' tasks
+        rec = json.loads((out / "cells" / c / "cell.json").read_text())
+        del rec["input_tasks"]
+        (out / "cells" / c / "cell.json").write_text(json.dumps(rec))
+    proc = evalparity_here("report", str(out), "--no-fail-on-inconclusive")
+    assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]

@@ -491,7 +491,39 @@ def verify_run(run_dir: Path) -> VerifiedRun:
         else:
             cells[name] = got
     _check_run_cells(run_dir, named, cells)
+    if kind == "compare":
+        _check_tasks_left_out(run_dir, data, cells)
     return VerifiedRun(kind, data, identity, named, cells, incomplete)
+
+
+def tasks_left_out(tasks: dict[str, set[str] | list[str]]) -> list[dict]:
+    """Per task that some inputs lack, in task order, the cells (inputs, in their order) it is missing from:
+    ``compare.json``'s ``tasks_not_in_every_input``, from each cell's input's tasks."""
+    have = {name: set(t) for name, t in tasks.items()}
+    every = set().union(*have.values()) if have else set()
+    return [{"task": t, "missing_from": [n for n, h in have.items() if t not in h]}
+            for t in sorted(every) if any(t not in h for h in have.values())]
+
+
+def _check_tasks_left_out(run_dir: Path, data: dict, cells: dict[str, CellRecord]) -> None:
+    """A comparison's ``tasks_not_in_every_input`` is what its cells' inputs had (each record's
+    ``input_tasks``): emptied or edited, the report would stop naming a task some inputs lacked, which the
+    tables (the tasks in common) cannot show. Not in the comparison's identity, so that comparisons made
+    before the records listed their input's tasks still verify: those (any record without the list) say
+    nothing here."""
+    listed = {name: rec.extra.get("input_tasks") for name, rec in cells.items()}
+    if not listed or any(v is None for v in listed.values()) or set(cells) != set(data["names"]):
+        return
+    for name, v in listed.items():
+        if not isinstance(v, list) or not all(isinstance(t, str) for t in v):
+            raise _refuse(layout.cell_record(layout.cell_dir(run_dir, name)), "its input_tasks is not a list of task "
+                          "names", "rerun the same `evalparity compare` into a new --out")
+    want = tasks_left_out({n: listed[n] for n in data["names"]})
+    got = data.get("tasks_not_in_every_input") or []
+    if got != want:
+        said = "; ".join(f"{m['task']} missing from {', '.join(m['missing_from'])}" for m in want) or "none"
+        raise _refuse(layout.compare_file(run_dir), "its tasks_not_in_every_input is not what its cells' inputs had "
+                      f"(they say: {said})", "rerun the same `evalparity compare` into a new --out")
 
 
 def _check_run_cells(run_dir: Path, named: list[str], cells: dict[str, CellRecord]) -> None:
