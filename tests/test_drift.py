@@ -352,13 +352,64 @@ def test_drift_refuses_a_verdicts_record_it_cannot_recompute_before_any_model_lo
     refused in one line naming ``report``, and the run is left as it was."""
     run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4)
     (run / "stats").mkdir(exist_ok=True)
-    (run / "stats" / "verdicts.json").write_text(json.dumps({"sign_off": {"status": "PASS"}}))
+    from evalparity.stats.record import SCHEMA
+
+    (run / "stats" / "verdicts.json").write_text(json.dumps({"schema": SCHEMA, "sign_off": {"status": "PASS"}}))
     before = _snapshot(run)
     proc = evalparity("drift", "--run-dir", str(run), "--cells", "hf-bf16", "--model", "/nonexistent-model-dir",
                       "--device", "cpu", timeout=120)
     line = one_line_error(proc)
-    assert proc.returncode == 2 and "its options are not the statistics' options" in line, line
+    assert proc.returncode == 2 and "its options are not this evalparity's statistics options" in line, line
     assert "evalparity report" in line and _snapshot(run) == before
+
+
+@pytest.mark.parametrize("edit, said", [
+    ({"compare": [["hf-fp32", "hf-bf16"]]}, "every cell is already compared with the reference"),
+    ({"compare": [["hf-bf16", "nope"]]}, "nope"),
+    ({"reference": "vllm-bf16"}, "options.reference 'vllm-bf16' is not a cell of the run (hf-fp32, hf-bf16)"),
+    ({"metric_margins": {"acc": 0.9, "perplexity": 1e9}}, "is above the largest margin"),
+    ({"n_resamples": 10**6}, "options.n_resamples is 1000000, which no command sets"),
+    ({"schema": "evalparity.verdicts/2"}, "was written by another evalparity (schema 'evalparity.verdicts/2'"),
+])
+def test_drift_reads_back_only_options_report_would_take(tmp_path, edit, said):
+    """``recorded_statistics`` (drift, before anything loads) holds a verdicts record's options to the rules
+    of ``report``'s command line and the run's cells; anything else is one line naming ``report``."""
+    from evalparity.cli.drift import recorded_statistics
+    from evalparity.errors import EvalParityError
+
+    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4)
+    assert evalparity_here("report", str(run), "--no-fail-on-inconclusive").returncode in (0, 3, 4)
+    assert recorded_statistics(run)[0].as_dict() == json.loads((run / "stats" / "verdicts.json").read_text())["options"]
+    path = run / "stats" / "verdicts.json"
+    record = json.loads(path.read_text())
+    if "schema" in edit:
+        record.update(edit)
+    else:
+        record["options"].update(edit)
+    path.write_text(json.dumps(record))
+    with pytest.raises(EvalParityError) as err:
+        recorded_statistics(run)
+    line = str(err.value)
+    assert said in line and "rerun `evalparity report" in line and "\n" not in line, line
+
+
+def test_drift_finishes_a_report_killed_while_publishing_before_it_reads_the_options(tmp_path):
+    """A ``report --margin 2pp`` killed between its renames (stats/ in, report/ not yet) is finished by the
+    next command on the run: drift does it first, under the lock, so the options it reads back are the
+    last ones asked for; here drift then fails on its model, and the publish is finished all the same."""
+    from evalparity.config import KILL_ENV
+
+    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4)
+    assert evalparity_here("report", str(run), "--no-fail-on-inconclusive").returncode in (0, 3, 4)
+    killed = evalparity("report", str(run), "--margin", "2pp", env={KILL_ENV: "publish-outputs"}, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (run / "report").exists() and any(p.name.startswith(".") for p in run.iterdir())
+    proc = evalparity("drift", "--run-dir", str(run), "--cells", "hf-bf16", "--model", str(tmp_path / "no-model"),
+                      "--device", "cpu", timeout=300)
+    assert proc.returncode == 2 and "no-model" in one_line_error(proc), proc.stderr[-2000:]
+    assert json.loads((run / "stats" / "verdicts.json").read_text())["options"]["margin"] == 0.02
+    assert (run / "report" / "report.html").is_file()
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
 
 
 @ahead.job("published_drift")

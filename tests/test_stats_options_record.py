@@ -2,9 +2,10 @@
 --run-dir``, which recomputes a run's statistics with them before it re-renders the report.
 
 Generated cases: options as a user types them (``--margin`` with units, per-metric margins, pairs, every
-switch) come back with the same record and the same margin for every metric, proportion or not; a record of
-any other shape (keys missing or added, a value of the wrong type, out of range) is one EvalParityError line,
-never another exception.
+switch) come back with the same record and the same margin, or the same refusal, for every metric, proportion
+or not; a record the command line could not have made (keys missing or added, a value of the wrong type or
+out of range, a proportion margin of 50 points or more, a pair given twice, resamples or a seed no command
+sets) is one EvalParityError line, never another exception.
 """
 
 from __future__ import annotations
@@ -59,14 +60,12 @@ def margin_or_error(opts: StatsOptions, metric: str, proportion: bool):
 @settings(max_examples=300, deadline=None)
 @given(options())
 def test_recorded_options_read_back_as_they_were_asked_for(opts):
-    back = StatsOptions.from_dict(opts.as_dict(), where="verdicts.json")
+    back = StatsOptions.from_dict(opts.as_dict())
     assert back.as_dict() == opts.as_dict()
     for metric in (*METRICS, "other"):
-        for proportion in (True, False):
-            want = margin_or_error(opts, metric, proportion)
-            if isinstance(want, str):  # a bare number >= 0.5 for a proportion: the run refused it, no record
-                continue
-            assert margin_or_error(back, metric, proportion) == want, (metric, proportion)
+        for proportion in (True, False):  # a refusal too (a bare 0.5 or more for a proportion metric)
+            assert margin_or_error(back, metric, proportion) == margin_or_error(opts, metric, proportion), \
+                (metric, proportion)
 
 
 CORRUPTIONS = [
@@ -81,10 +80,21 @@ CORRUPTIONS = [
     ("multiple unknown", lambda d: d.update(multiple="bonferroni")),
     ("direction unknown", lambda d: d.update(direction="better")),
     ("cluster not bool", lambda d: d.update(cluster="yes")),
-    ("resamples huge", lambda d: d.update(n_resamples=10**12)),
+    ("resamples huge", lambda d: d.update(n_resamples=10**6)),
     ("resamples zero", lambda d: d.update(n_resamples=0)),
     ("resamples float", lambda d: d.update(n_resamples=2000.5)),
     ("seed negative", lambda d: d.update(seed=-1)),
+    ("seed another", lambda d: d.update(seed=7)),
+    ("margin 50 points", lambda d: d.update(margin=0.5)),
+    ("margin zero", lambda d: d.update(margin=0.0)),
+    ("metric margin above the largest", lambda d: d.update(metric_margins={"perplexity": 1e9})),
+    ("metric margin for loglikelihood", lambda d: d.update(metric_margins={"loglikelihood": 0.1})),
+    ("metric name with a comma", lambda d: d.update(metric_margins={"acc,x": 0.01})),
+    ("metric name with markup", lambda d: d.update(metric_margins={"[bold]acc": 0.01})),
+    ("pair twice", lambda d: d.update(compare=[["a", "b"], ["a", "b"]])),
+    ("pair reversed", lambda d: d.update(compare=[["a", "b"], ["b", "a"]])),
+    ("pair with itself", lambda d: d.update(compare=[["a", "a"]])),
+    ("pair with a colon", lambda d: d.update(compare=[["a:b", "c"]])),
     ("metric margin text", lambda d: d.update(metric_margins={"acc": "1pp"})),
     ("metric margin zero", lambda d: d.update(metric_margins={"acc": 0.0})),
     ("metric margin inf", lambda d: d.update(metric_margins={"acc": float("inf")})),
@@ -99,11 +109,22 @@ def test_a_record_of_another_shape_is_one_line(what, spoil):
     d = copy.deepcopy(StatsOptions.from_cli(margin="1pp,perplexity=0.05").as_dict())
     spoil(d)
     with pytest.raises(EvalParityError) as err:
-        StatsOptions.from_dict(d, where="RUN/stats/verdicts.json")
+        StatsOptions.from_dict(d)
     assert "\n" not in str(err.value)
+
+
+def test_a_proportion_margin_of_50_points_per_metric_is_refused_as_typed_bare():
+    """acc=0.9 in a record: the command line refuses it for a proportion metric (``margin_for``), typed bare
+    or in points; read back, it is refused the same way, and a non-proportion metric keeps it."""
+    back = StatsOptions.from_dict({**StatsOptions().as_dict(), "metric_margins": {"acc": 0.9}})
+    with pytest.raises(EvalParityError, match="too large for a proportion"):
+        back.margin_for("acc", proportion=True)
+    assert back.margin_for("acc", proportion=False) == 0.9
+    with pytest.raises(EvalParityError, match="too large for a proportion"):
+        StatsOptions.from_cli(margin="acc=0.9").margin_for("acc", proportion=True)
 
 
 @pytest.mark.parametrize("record", [None, [], "options", 3])
 def test_no_options_at_all_is_one_line(record):
-    with pytest.raises(EvalParityError, match="RUN/stats/verdicts.json: its options are not"):
-        StatsOptions.from_dict(record, where="RUN/stats/verdicts.json")
+    with pytest.raises(EvalParityError, match="its options are not this evalparity's statistics options"):
+        StatsOptions.from_dict(record)

@@ -59,6 +59,8 @@ def drift(
     with lock:
         # the statistics drift will recompute before it re-renders the run's report: a record that cannot be
         # read back is refused before anything loads
+        if into:
+            rundir.recover_outputs(run_dir)  # a report killed while publishing: finished first, as report does
         found = recorded_statistics(run_dir) if into else None
         if run_dir is not None:
             model = model or run_model(run_dir)
@@ -131,7 +133,12 @@ def into_run(run_dir: Path, probe,
             staged = str(stage)
             if found:
                 opts, said = found
-                now = compute(stage, opts, source=run_dir).sign_off
+                try:
+                    now = compute(stage, opts, source=run_dir).sign_off
+                except EvalParityError as err:  # its fixes name report's flags: said as what report would say
+                    raise EvalParityError(f"the statistics {layout.verdicts_file(run_dir)} records cannot be "
+                                          f"recomputed ({err}): rerun `evalparity report {run_dir}` with your "
+                                          "statistics options, then drift", err.exit_code) from None
                 if now != said:
                     console.print(f"[yellow]warning:[/yellow] {safe(layout.verdicts_file(run_dir))} said "
                                   f"{safe(said)}; the run's tables give {now} under its recorded options: the "
@@ -148,19 +155,37 @@ def into_run(run_dir: Path, probe,
 
 
 def recorded_statistics(run_dir: Path) -> tuple[StatsOptions, object] | None:
-    """The statistics options and the sign-off status that the run's ``verdicts.json`` records; None when the
-    run has none yet. A record that is not one is refused in one line, naming ``report`` as the fix."""
+    """The statistics options and the sign-off status that the run's ``verdicts.json`` records, checked as
+    ``report`` checks its command line (``StatsOptions.from_dict``; the pairs against the run's cells); None
+    when the run has none yet. Call it holding the run's lock, after ``rundir.recover_outputs`` (a ``report``
+    killed while publishing is finished first, so these are the last options asked for). Anything else is
+    refused in one line naming ``report`` as the fix, before any model loads."""
+    from evalparity import signoff
     from evalparity.files import read_json
+    from evalparity.stats.record import SCHEMA
 
     path = layout.verdicts_file(run_dir)
     if not path.exists():
         return None
+    fix = f"rerun `evalparity report {run_dir}` with your statistics options, then drift"
     record = read_json(path)
     if not isinstance(record, dict):
-        raise EvalParityError(f"{path} is not a verdicts record: rerun `evalparity report {run_dir}` with your "
-                              "statistics options, then drift")
+        raise EvalParityError(f"{path} is not a verdicts record: {fix}")
+    if record.get("schema") != SCHEMA:
+        raise EvalParityError(f"{path} was written by another evalparity (schema {str(record.get('schema'))[:40]!r}, "
+                              f"not {SCHEMA}): {fix}")
+    try:
+        opts = StatsOptions.from_dict(record.get("options"))
+        cells = signoff.run_cells(run_dir)
+        if opts.reference not in cells:
+            raise EvalParityError(f"options.reference {opts.reference[:40]!r} is not a cell of the run "
+                                  f"({', '.join(cells)})")
+        signoff.check_pairs(opts, cells)
+    except EvalParityError as err:
+        raise EvalParityError(f"{path} records statistics options that `evalparity report` would refuse ({err}): "
+                              f"{fix}") from None
     said = record.get("sign_off", {}).get("status") if isinstance(record.get("sign_off"), dict) else None
-    return StatsOptions.from_dict(record.get("options"), where=str(path)), said
+    return opts, said
 
 
 def check_arguments(run_dir: Path | None, prompts: Path | None, n_prompts: int, *, gen_tokens: int = 0,

@@ -34,7 +34,6 @@ FORMS = "write 1pp, 1% or 0.01 for one percentage point"
 MARGIN = "1pp"  # --margin's default, as typed: one percentage point for every proportion metric
 MIN_MARGIN = 1e-8  # 1e-06 percentage points; the smallest margin (or --ll-tolerance) in any metric's unit
 MAX_MARGIN = 1e8  # the largest margin of a non-proportion metric (or --ll-tolerance), in its unit
-MAX_RESAMPLES = 1_000_000  # bootstrap resamples a recorded options block may ask for (the default is 2,000)
 LOGLIKELIHOOD = "loglikelihood"  # compared against --ll-tolerance, not against a --margin
 
 
@@ -188,61 +187,48 @@ class StatsOptions:
         return self.margin if proportion else None
 
     @classmethod
-    def from_dict(cls, d: object, *, where: str) -> StatsOptions:
+    def from_dict(cls, d: object) -> StatsOptions:
         """``as_dict``'s inverse: the options a ``verdicts.json`` records, for a command that recomputes a run's
-        statistics as they were last asked for (``drift --run-dir``, which re-renders the report). A per-metric
-        margin comes back as the value it recorded, in its metric's unit: its unit as typed (pp, % or bare) only
-        decided, then, whether a bare number was refused, so ``margin_for`` answers as it did. Any other shape
-        is an EvalParityError naming ``where``."""
+        statistics as they were last asked for (``drift --run-dir``, which re-renders the report), read back
+        through the command line's own rules (``from_cli``), so that a record the command line could not have
+        made (a proportion margin of 50 points, a pair given twice) is refused as the command line refuses it.
+        The margins come back as bare numbers: a per-metric margin then gets, for a proportion metric, the
+        check a bare number gets (below 0.5), which a margin typed in pp or % passed already when it was
+        parsed; every other metric's is its value, as before. ``n_resamples`` and ``seed`` are not options of
+        any command: another value than theirs is refused. Raises a one-line EvalParityError."""
         keys = set(cls().as_dict())
         if not isinstance(d, dict) or set(d) != keys:
-            got = sorted(d) if isinstance(d, dict) else type(d).__name__
-            raise EvalParityError(f"{where}: its options are not the statistics' options (keys {got}): rerun "
-                                  "`evalparity report` on the run with your statistics options")
+            got = ", ".join(sorted(map(str, d))) if isinstance(d, dict) else type(d).__name__
+            raise EvalParityError(f"its options are not this evalparity's statistics options (found: {got[:200]})")
+        for key in ("n_resamples", "seed"):  # fixed: no command sets them
+            if d[key] != getattr(cls(), key) or isinstance(d[key], bool):
+                raise EvalParityError(f"options.{key} is {str(d[key])[:40]}, which no command sets "
+                                      f"(evalparity uses {getattr(cls(), key)})")
 
-        def number(key: str, kind: type = float):
-            v = d[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int) or \
-                    (kind is float and not math.isfinite(v)):
-                raise EvalParityError(f"{where}: options.{key} = {str(v)[:40]!r} is not a number: rerun "
-                                      "`evalparity report` on the run with your statistics options")
-            return kind(v)
-
-        def text(key: str) -> str:
-            if not isinstance(d[key], str):
-                raise EvalParityError(f"{where}: options.{key} is not text: rerun `evalparity report` on the run")
-            return d[key]
-
-        def flag(key: str) -> bool:
-            if not isinstance(d[key], bool):
-                raise EvalParityError(f"{where}: options.{key} is not true or false: rerun `evalparity report` on "
-                                      "the run")
-            return d[key]
+        def number(key: str, value: object) -> str:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise EvalParityError(f"options.{key} = {str(value)[:40]!r} is not a finite number")
+            return repr(float(value))
 
         per, pairs = d["metric_margins"], d["compare"]
-        if not isinstance(per, dict) or not all(isinstance(k, str) and not isinstance(v, bool)
-                                                and isinstance(v, (int, float)) for k, v in per.items()):
-            raise EvalParityError(f"{where}: options.metric_margins is not metric -> margin: rerun `evalparity "
-                                  "report` on the run")
+        if not isinstance(per, dict) or not all(isinstance(k, str) and "," not in k for k in per):
+            raise EvalParityError("options.metric_margins is not metric -> margin")
         if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2
-                                                  and all(isinstance(x, str) for x in p) for p in pairs):
-            raise EvalParityError(f"{where}: options.compare is not a list of cell pairs: rerun `evalparity "
-                                  "report` on the run")
-        for key, top in (("n_resamples", MAX_RESAMPLES), ("seed", 2**32 - 1)):
-            if not 0 <= number(key, int) <= top or (key == "n_resamples" and d[key] < 1):
-                raise EvalParityError(f"{where}: options.{key} = {d[key]!r} is out of range: rerun `evalparity "
-                                      "report` on the run")
-        margins = []
-        for metric, value in per.items():
-            if not (math.isfinite(value) and MIN_MARGIN <= value <= MAX_MARGIN):
-                raise EvalParityError(f"{where}: options.metric_margins.{metric[:40]} = {value!r} is not a margin: "
-                                      "rerun `evalparity report` on the run")
-            margins.append((metric, MetricMargin(float(value), True)))
-        return cls(reference=text("reference"), margin=number("margin"), metric_margins=tuple(margins),
-                   ll_tolerance=number("ll_tolerance"), alpha=number("alpha"), multiple=text("multiple"),
-                   cluster=flag("cluster"), gate_logprobs=flag("gate_logprobs"), direction=text("direction"),
-                   n_resamples=number("n_resamples", int), seed=number("seed", int),
-                   pairs=tuple((a, b) for a, b in pairs))
+                                                  and all(isinstance(x, str) and ":" not in x for x in p)
+                                                  for p in pairs):
+            raise EvalParityError("options.compare is not a list of cell pairs")
+        for key in ("reference", "multiple", "direction"):
+            if not isinstance(d[key], str):
+                raise EvalParityError(f"options.{key} is not text")
+        for key in ("cluster", "gate_logprobs"):
+            if not isinstance(d[key], bool):
+                raise EvalParityError(f"options.{key} is not true or false")
+        margin = ",".join([number("margin", d["margin"])]
+                          + [f"{m}={number(f'metric_margins.{m}', v)}" for m, v in per.items()])
+        return cls.from_cli(margin=margin, compare=[f"{a}:{b}" for a, b in pairs], reference=d["reference"],
+                            ll_tolerance=float(number("ll_tolerance", d["ll_tolerance"])),
+                            alpha=float(number("alpha", d["alpha"])), multiple=d["multiple"],
+                            cluster=d["cluster"], gate_logprobs=d["gate_logprobs"], direction=d["direction"])
 
     def as_dict(self) -> dict:
         return {"reference": self.reference, "margin": self.margin,
