@@ -154,13 +154,20 @@ def test_the_same_input_twice_is_refused(tmp_path):
     assert not out.exists()
 
 
-def test_tasks_missing_from_some_inputs_are_named_and_recorded(tmp_path):
+def compare_with_a_task_missing(tmp_path: Path):
+    """``evalparity compare`` of an fp32 output with tasks syn_a and syn_b and a bf16 one with syn_a only:
+    (the second input, the output folder, the command's result)."""
     a = make_lm_eval_dir(tmp_path / "a", dtype="float32", task="syn_a")
     make_lm_eval_dir(a, dtype="float32", task="syn_b", seed=5)
     b = make_lm_eval_dir(tmp_path / "b", dtype="bfloat16", task="syn_a", seed=1)
     out = tmp_path / "o"
     proc = evalparity_here("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
     assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
+    return b, out, proc
+
+
+def test_tasks_missing_from_some_inputs_are_named_and_recorded(tmp_path):
+    b, out, proc = compare_with_a_task_missing(tmp_path)
     warned = [ln for ln in proc.stderr.splitlines() if "not in every input" in ln]
     assert len(warned) == 1 and "syn_b (missing from hf-bf16)" in warned[0], proc.stderr
     record = json.loads((out / "compare.json").read_text())
@@ -182,12 +189,7 @@ def test_a_comparisons_tasks_left_out_are_held_to_its_cells_inputs(tmp_path, edi
     tasks in common), so each cell's record lists its input's tasks and the run's verification holds the two
     together: emptied, pointed at another cell or dropped, the report would stop naming the task some inputs
     lacked (review finding F8). A comparison whose records do not list them (made before) still verifies."""
-    a = make_lm_eval_dir(tmp_path / "a", dtype="float32", task="syn_a")
-    make_lm_eval_dir(a, dtype="float32", task="syn_b", seed=5)
-    b = make_lm_eval_dir(tmp_path / "b", dtype="bfloat16", task="syn_a", seed=1)
-    out = tmp_path / "o"
-    proc = evalparity_here("compare", str(a), str(b), "--out", str(out), "--no-fail-on-inconclusive")
-    assert proc.returncode in (0, 3, 4), proc.stderr[-2000:]
+    _, out, _ = compare_with_a_task_missing(tmp_path)
     cells = sorted(p.name for p in (out / "cells").iterdir())
     listed = {c: json.loads((out / "cells" / c / "cell.json").read_text())["input_tasks"] for c in cells}
     assert listed == {c: ["syn_a"] if c == "hf-bf16" else ["syn_a", "syn_b"] for c in cells} and len(cells) == 2
