@@ -183,7 +183,7 @@ def test_tasks_missing_from_some_inputs_are_named_and_recorded(tmp_path):
     assert json.loads((tmp_path / "o2" / "compare.json").read_text())["tasks_not_in_every_input"] == []
 
 
-@pytest.mark.parametrize("edit", ["emptied", "other cell", "dropped"])
+@pytest.mark.parametrize("edit", ["emptied", "other cell", "dropped", "one record's list dropped"])
 def test_a_comparisons_tasks_left_out_are_held_to_its_cells_inputs(tmp_path, edit):
     """compare.json's tasks_not_in_every_input is not in the comparison's identity (the tables hold only the
     tasks in common), so each cell's record lists its input's tasks and the run's verification holds the two
@@ -195,6 +195,15 @@ def test_a_comparisons_tasks_left_out_are_held_to_its_cells_inputs(tmp_path, edi
     assert listed == {c: ["syn_a"] if c == "hf-bf16" else ["syn_a", "syn_b"] for c in cells} and len(cells) == 2
     path = out / "compare.json"
     record = json.loads(path.read_text())
+    if edit == "one record's list dropped":  # with the list emptied to match: one compare writes every cell
+        rec = json.loads((out / "cells" / "hf-bf16" / "cell.json").read_text())
+        del rec["input_tasks"]
+        (out / "cells" / "hf-bf16" / "cell.json").write_text(json.dumps(rec))
+        record["tasks_not_in_every_input"] = []
+        path.write_text(json.dumps(record))
+        line = one_line_error(evalparity_here("report", str(out), "--no-fail-on-inconclusive"))
+        assert "hf-bf16/cell.json: its input_tasks is not a list of task names" in line, line
+        return
     if edit == "emptied":
         record["tasks_not_in_every_input"] = []
     elif edit == "other cell":

@@ -207,6 +207,42 @@ def test_an_edited_shipped_file_is_refused_and_nothing_is_published(prepared, tm
         assert list((tmp_path / f"cache{n}" / "models").iterdir()) == []
 
 
+def test_a_prepared_folder_that_is_not_the_pinned_one_is_prepared_again(prepared, tmp_path):
+    """A prepared folder edited together with its own manifest (or prepared by an older evalparity, under
+    another transformers) matches its manifest but not the pin: it is prepared again, into the pinned one.
+    A manifest that is not UTF-8 JSON, or is nested too deeply, is no manifest: prepared again too."""
+    wheel = next((prepared[1].parent.parent / "wheels").iterdir())
+    for n, spoil in enumerate(("config", "not utf-8", "nested")):
+        cache = tmp_path / f"cache{n}"
+        folder = cache / "models" / embedded.MODEL_NAME
+        shutil.copytree(prepared[1], folder)
+        manifest = json.loads((folder / "MANIFEST.json").read_text())
+        if spoil == "config":
+            cfg = json.loads((folder / "config.json").read_text())
+            cfg["rms_norm_eps"] = 1e-6
+            (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+            manifest["config.json"] = embedded.sha256(folder / "config.json")
+            (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+            assert embedded._verified(folder) and not embedded._verified(folder, embedded.pinned_manifest())
+        else:
+            (folder / "MANIFEST.json").write_bytes(b"\xff\xfe{}" if spoil == "not utf-8" else b"[" * 100000)
+            assert not embedded._verified(folder)
+        with pytest.MonkeyPatch.context() as mp:
+            assert _prepare_in(cache, wheel, mp) == folder
+        assert json.loads((folder / "MANIFEST.json").read_text()) == embedded.pinned_manifest()
+
+
+def test_a_damaged_pin_is_one_line(tmp_path):
+    shipped = tmp_path / "shipped"
+    shutil.copytree(embedded.SHIPPED, shipped)
+    for damage in (b"[" * 100000, b"\xff\xfe", b"[1, 2]", b'{"config.json": 3}'):
+        (shipped / "MANIFEST.json").write_bytes(damage)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(embedded, "SHIPPED", shipped)
+            with pytest.raises(EvalParityError, match=r"MANIFEST.json is missing or damaged: reinstall evalparity$"):
+                embedded.pinned_manifest()
+
+
 def test_under_a_transformers_the_shipped_files_do_not_fit_it_makes_them_itself(prepared, tmp_path):
     """transformers 4 reads neither the shipped config's ``rope_parameters`` nor their tokenizer's class (a
     second review: a wrong RoPE base, without a word): under it the installed transformers makes the files,

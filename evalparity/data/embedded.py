@@ -35,7 +35,7 @@ from pathlib import Path
 
 from evalparity import config, procs, slim
 from evalparity.errors import EvalParityError
-from evalparity.files import RACY_NS, HashCache, sha256, stamped_sha256
+from evalparity.files import RACY_NS, HashCache, loads, sha256, stamped_sha256
 from evalparity.quiet import quiet
 
 logger = logging.getLogger(__name__)
@@ -75,21 +75,31 @@ def _files(folder: Path) -> list[Path]:
     return [p for p in sorted(folder.iterdir()) if p.is_file() and p.name != "MANIFEST.json"]
 
 
-def _verified(folder: Path) -> bool:
-    """Whether ``folder`` holds exactly its MANIFEST.json's files and bytes. The hashes come through the
-    cache of files' hashes (``files.HashCache``: a file changed since it was hashed has another stamp and
-    is hashed again), so that a 538 MB model is not read on every run: 0.5 s of a warm run's setup on an
-    H200 machine (results/staged-h200, ``setup_steps_s.model``)."""
+def _verified(folder: Path, pinned: dict[str, str] | None = None) -> bool:
+    """Whether ``folder`` holds exactly its MANIFEST.json's files and bytes, and, given ``pinned``, whether
+    that manifest is the pinned one (a folder edited with its manifest to match, or prepared by an older
+    evalparity, is then prepared again). The hashes come through the cache of files' hashes
+    (``files.HashCache``: a file changed since it was hashed has another stamp and is hashed again), so that a
+    538 MB model is not read on every run: 0.5 s of a warm run's setup on an H200 machine
+    (results/staged-h200, ``setup_steps_s.model``)."""
     m = folder / "MANIFEST.json"
     if not m.exists():
         return False
     cache = HashCache()
     try:
-        ok = json.loads(m.read_text()) == {p.name: cache.sha256(p)[0] for p in _files(folder)}
-    except (OSError, json.JSONDecodeError):
+        manifest = loads(m.read_text())
+        if pinned is not None and manifest != pinned:
+            return False
+        ok = manifest == {p.name: cache.sha256(p)[0] for p in _files(folder)}
+    except (OSError, ValueError):  # not UTF-8, not JSON, nested too deeply: not a manifest evalparity wrote
         return False
     cache.save()
     return ok
+
+
+def _model_pin() -> dict[str, str] | None:
+    """The manifest the embedded model's folder must have: the pinned one where the shipped files are used."""
+    return pinned_manifest() if shipped_files_fit() else None
 
 
 def _publish(tmp: Path, final: Path, pinned: dict[str, str] | None = None) -> None:
@@ -122,7 +132,7 @@ def _publish(tmp: Path, final: Path, pinned: dict[str, str] | None = None) -> No
 def model_path(prepare: bool = True) -> Path:
     """The embedded model's safetensors folder, prepared (and verified) on first use."""
     final = config.embedded_models_dir() / MODEL_NAME
-    if _verified(final):
+    if _verified(final, _model_pin()):
         return final
     if not prepare:
         raise EvalParityError(f"the embedded model is not prepared: run `evalparity models prepare` "
@@ -189,7 +199,8 @@ def _sweep_stale(parent: Path) -> None:
 
 def prepare_in_background() -> subprocess.Popen | None:
     """The embedded model's one-time preparation started in a process of its own (``procs``: it dies with the
-    run), or None when its folder is there already (``model_path`` verifies it afterwards, as on every run).
+    run), or None when its folder is there already, with the pinned manifest where there is one (``model_path``
+    verifies it afterwards, as on every run).
 
     Why: on a fresh H200 the preparation took 15.5 s of the run's setup, and the check of every task's data
     8.4 s after it, one after the other (``setup_steps_s`` in results/staged-h200/cold16). The run checks the
@@ -199,8 +210,10 @@ def prepare_in_background() -> subprocess.Popen | None:
     conversion silences stdout and logging for its duration (``quiet``), which would swallow the run's own lines.
     Its output goes to ``prepare.log`` in the cache directory, never to the run folder."""
     final = config.embedded_models_dir() / MODEL_NAME
-    if (final / "MANIFEST.json").exists():
-        return None
+    with contextlib.suppress(OSError, ValueError):
+        found, pin = loads((final / "MANIFEST.json").read_text()), _model_pin()
+        if pin is None or found == pin:
+            return None  # prepared: model_path verifies its bytes afterwards, as on every run
     log_path = config.cache_dir() / "prepare.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1")  # it reads the GGUF it unzipped, nothing from the hub
@@ -365,7 +378,7 @@ def pinned_manifest() -> dict[str, str]:
     written by ``scripts/embedded_files.py``)."""
     path = SHIPPED / "MANIFEST.json"
     try:
-        pinned = json.loads(path.read_text())
+        pinned = loads(path.read_text())
     except (OSError, ValueError):
         pinned = None
     if not isinstance(pinned, dict) or not all(isinstance(v, str) for v in pinned.values()):

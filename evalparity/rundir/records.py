@@ -512,18 +512,19 @@ def _check_tasks_left_out(run_dir: Path, data: dict, cells: dict[str, CellRecord
     before the records listed their input's tasks still verify: those (any record without the list) say
     nothing here."""
     listed = {name: rec.extra.get("input_tasks") for name, rec in cells.items()}
-    if not listed or any(v is None for v in listed.values()) or set(cells) != set(data["names"]):
+    if all(v is None for v in listed.values()) or set(cells) != set(data["names"]):
         return
-    for name, v in listed.items():
+    fix = "rerun the same `evalparity compare` into a new --out"
+    for name, v in listed.items():  # one compare writes every cell: some with the list and some without is an edit
         if not isinstance(v, list) or not all(isinstance(t, str) for t in v):
             raise _refuse(layout.cell_record(layout.cell_dir(run_dir, name)), "its input_tasks is not a list of task "
-                          "names", "rerun the same `evalparity compare` into a new --out")
+                          "names (the comparison's other cells list theirs)", fix)
     want = tasks_left_out({n: listed[n] for n in data["names"]})
     got = data.get("tasks_not_in_every_input") or []
     if got != want:
         said = "; ".join(f"{m['task']} missing from {', '.join(m['missing_from'])}" for m in want) or "none"
         raise _refuse(layout.compare_file(run_dir), "its tasks_not_in_every_input is not what its cells' inputs had "
-                      f"(they say: {said})", "rerun the same `evalparity compare` into a new --out")
+                      f"(they say: {said[:300]})", fix)
 
 
 def _check_run_cells(run_dir: Path, named: list[str], cells: dict[str, CellRecord]) -> None:

@@ -206,9 +206,13 @@ class StatsOptions:
                                       f"(evalparity uses {getattr(cls(), key)})")
 
         def number(key: str, value: object) -> str:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            try:  # an integer of 400 digits is JSON, and too large for a float
+                f = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+            except OverflowError:
+                f = math.nan
+            if not math.isfinite(f):
                 raise EvalParityError(f"options.{key} = {str(value)[:40]!r} is not a finite number")
-            return repr(float(value))
+            return repr(f)
 
         per, pairs = d["metric_margins"], d["compare"]
         if not isinstance(per, dict) or not all(isinstance(k, str) and "," not in k for k in per):
