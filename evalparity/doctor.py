@@ -6,6 +6,7 @@ import importlib
 import importlib.metadata as md
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from evalparity import backends, config
@@ -103,6 +104,13 @@ def diagnose(console: Console, tasks: str | None, datasets_dir: str | None,
                                       if dev == "cpu" else ""))
     console.print("dtypes: " + ", ".join(f"{d} {'no: ' + bad[d] if d in bad else 'yes'}" for d in dtypes))
     console.print(f"cache: {config.cache_dir()}")
+    try:  # the files a preparation copies, and the manifest it must give (data/embedded.py)
+        pin = embedded.shipped_files_fit() and embedded.pinned_manifest()
+        console.print("embedded model files: " + ("shipped, pinned" if pin else
+                                                  "made by this transformers (the shipped ones need transformers 5)"))
+    except EvalParityError as err:
+        problems += 1
+        console.print(f"embedded model files: [red]{escape(str(err))}[/red]")
     try:
         console.print(f"embedded model: {embedded.model_path(prepare=False)}")
     except Exception:  # noqa: BLE001

@@ -54,4 +54,25 @@ def test_doctor_reports_backends_and_missing_data(tmp_path):
     assert "vllm" in out and "transformers" in out and "device: cpu" in out
     assert "task evalparity_smoke: data available (24 docs" in out
     assert "ceval/ceval-exam" in out and proc.returncode == 1
+    assert "embedded model files: shipped, pinned" in out
     assert "Traceback" not in out
+
+
+def test_doctor_names_damaged_embedded_model_files(tmp_path, monkeypatch):
+    """A damaged pin (``data/smollm2/MANIFEST.json``) is a problem doctor names, with its fix; the
+    preparation would refuse it in the same words."""
+    import shutil
+
+    from rich.console import Console
+
+    from evalparity import doctor
+    from evalparity.data import embedded
+
+    shipped = tmp_path / "shipped"
+    shutil.copytree(embedded.SHIPPED, shipped)
+    (shipped / "MANIFEST.json").write_text("[")
+    monkeypatch.setattr(embedded, "SHIPPED", shipped)
+    console = Console(record=True, width=300)
+    assert doctor.diagnose(console, None, None) >= 1
+    text = console.export_text()
+    assert f"embedded model files: {shipped / 'MANIFEST.json'} is missing or damaged: reinstall evalparity" in text
