@@ -108,7 +108,7 @@ def _publish(tmp: Path, final: Path, pinned: dict[str, str] | None = None) -> No
     files in it), so that neither the run's check of the folder (``_verified``) nor the model's fingerprint
     reads it again. The files are hashed once they are ``RACY_NS`` old: a younger file's hash would not be
     cached (``HashCache``), and the next run would read the 538 MB again. ``pinned``: the manifest the folder
-    must have (``PINNED``), checked before it is published; another is an EvalParityError and nothing is
+    must have (``pinned_manifest()``), checked before it is published; another is an EvalParityError and nothing is
     published."""
     newest = max((max(st.st_mtime_ns, st.st_ctime_ns) for st in map(os.stat, _files(tmp))), default=0)
     time.sleep(max(0.0, (newest + RACY_NS - time.time_ns()) / 1e9 + 0.01))
