@@ -21,3 +21,31 @@ def test_vllm_cells_record_the_model_runner_vllm_chose(tiny_run):
         settings = json.loads((out / "cells" / cell / "cell.json").read_text())["settings"]
         assert settings["model_runner"] == "vllm.v1.worker.cpu_model_runner.CPUModelRunner", (cell, settings)
     assert "model_runner" not in json.loads((out / "cells" / "hf-fp32" / "cell.json").read_text())["settings"]
+
+
+class _Engine:
+    def __init__(self, answer):
+        self.answer = answer
+
+    def collective_rpc(self, method):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return [self.answer]
+
+
+class _LM:
+    def __init__(self, answer):
+        self.model = type("LLM", (), {"llm_engine": _Engine(answer)})()
+
+
+def test_the_two_gpu_runners_are_named_and_anything_else_is_kept_as_its_class():
+    from evalparity.backends.vllm import model_runner
+
+    assert model_runner(_LM("vllm.v1.worker.gpu.model_runner.GPUModelRunner")) == \
+        "V2 (vllm.v1.worker.gpu.model_runner.GPUModelRunner)"
+    assert model_runner(_LM("vllm.v1.worker.gpu_model_runner.GPUModelRunner")) == \
+        "V1 (vllm.v1.worker.gpu_model_runner.GPUModelRunner)"
+    assert model_runner(_LM("vllm.v1.worker.xpu_model_runner.XPUModelRunner")) == \
+        "vllm.v1.worker.xpu_model_runner.XPUModelRunner"
+    assert model_runner(_LM(RuntimeError("no workers"))) == "unknown"
+    assert model_runner(object()) == "unknown"

@@ -239,19 +239,28 @@ def _runner_class(worker) -> str:
     return "unknown" if runner is None else f"{type(runner).__module__}.{type(runner).__qualname__}"
 
 
+#: vLLM's two GPU model runners, by module: both classes are named GPUModelRunner.
+RUNNER_NAMES = {"vllm.v1.worker.gpu.model_runner": "V2", "vllm.v1.worker.gpu_model_runner": "V1"}
+
+
 def model_runner(lm) -> str:
-    """The class of the model runner vLLM's worker uses, e.g. ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``.
+    """The model runner vLLM's worker uses, as its class, named V1 or V2 where it is one of vLLM's two GPU
+    runners: e.g. ``V2 (vllm.v1.worker.gpu.model_runner.GPUModelRunner)``.
 
     Why it is recorded: vLLM (0.26 here) picks one of two GPU model runners per model (V2, its default for
     dense decoders, or V1; ``VLLM_USE_V2_MODEL_RUNNER`` overrides the choice), and they compute prompt
     logprobs differently: V1 one request at a time, copying each request's results to pageable host memory,
-    V2 for the whole batch at once. The numbers are the same formula, but the runner is a setting of the cell like its
-    attention backend, and a comparison across runs made under different runners should show it. Asked of
-    the worker through ``collective_rpc``; "unknown" where this vLLM cannot say."""
+    V2 for the whole batch at once. Same formula, not the same bits: on an H200 a request's loglikelihood
+    differed by 1.4e-6 nats on average between them (hidden states bit-identical; results/variants-h200,
+    ``runner29``). So the runner is a setting of the cell like its attention backend, and runs made under
+    different runners should show it. Asked of the worker through ``collective_rpc``; "unknown" where this
+    vLLM cannot say."""
     try:
-        return str(lm.model.llm_engine.collective_rpc(_runner_class)[0])
+        path = str(lm.model.llm_engine.collective_rpc(_runner_class)[0])
     except Exception:  # noqa: BLE001 - a record, best effort: another vLLM layout says nothing here
         return "unknown"
+    name = RUNNER_NAMES.get(path.rpartition(".")[0])
+    return f"{name} ({path})" if name else path
 
 
 # ---------------------------------------------------------------- what this machine has

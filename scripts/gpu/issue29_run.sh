@@ -15,7 +15,7 @@
 #             against vllm-bf16
 #   noreuse   hf-fp32 and one candidate (cand=vllm:bf16), both scored: the time a sign-off takes today
 #   runner    vLLM's two GPU model runners against each other: vllm-fp32-v1 and vllm-bf16-v1
-#             (env.VLLM_USE_V2_MODEL_RUNNER=0) against vllm-fp32 and vllm-bf16 (vLLM's own choice: V2 for SmolLM2),
+#             (env.VLLM_USE_V2_MODEL_RUNNER=0) against the reference vllm-fp32 and, vllm-bf16-v1, also against vllm-bf16 (vLLM's own choice: V2 for SmolLM2),
 #             --full --limit $LIMIT (default 2000): the runner's own drift, beside the dtypes'
 #   reuse     the same candidate with --reference-from the quant run's hf-fp32 ($SOURCE, default
 #             /tmp/i29-quant): the time a stored reference saves
@@ -67,7 +67,7 @@ case $MODE in
   runner)
     CELLS=(--backends vllm --dtypes fp32,bf16 --cell vllm-fp32-v1=vllm:fp32:env.VLLM_USE_V2_MODEL_RUNNER=0
            --cell vllm-bf16-v1=vllm:bf16:env.VLLM_USE_V2_MODEL_RUNNER=0 --reference vllm-fp32
-           --compare vllm-fp32-v1:vllm-fp32 --compare vllm-bf16-v1:vllm-bf16)
+           --compare vllm-bf16-v1:vllm-bf16)
     EXTRA=(--full --limit "${LIMIT:-2000}") ;;
   served)
     CELLS=(--backends vllm --dtypes bf16 --cell served=server:bf16 --reference vllm-bf16) ;;
