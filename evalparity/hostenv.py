@@ -1,6 +1,7 @@
 """What a cell ran on, beyond the Python packages it imported: a ``collect-env``-style record (as PyTorch's
-``collect_env`` and vLLM's bug template ask for), kept in each cell's record (``cell.json`` ``environment``)
-and shown side by side in the report's setup section.
+``collect_env`` and vLLM's bug template ask for) and the environment variables that steer the engines
+(``steering_variables``), kept in each cell's record (``cell.json`` ``environment``) and shown side by side
+in the report's setup section.
 
 Why per cell: on Ray the cells of one run may run on other hosts, with other drivers and GPUs; a difference
 between two cells' environments is a confound to see before calling a difference drift.
@@ -17,6 +18,17 @@ import sys
 
 # Packages whose versions change kernels: the attention libraries vLLM and HF may pick, and Triton.
 KERNEL_PACKAGES = ("triton", "flash_attn", "flashinfer-python", "xformers", "bitsandbytes")
+
+# Environment variables that steer the engines' choices and kernels: vLLM reads dozens (its model runner,
+# attention backend, sampler, batch-invariant kernels), Triton and torch some, cuBLAS and cuDNN a few.
+# Recorded as the cell's process saw them, each as its own entry ("$NAME"), so that a variable set in one
+# shell and not another shows as a difference between cells or runs instead of passing for drift.
+ENV_PREFIXES = ("VLLM_", "TRITON_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "CUBLAS_", "CUBLASLT_", "CUDNN_",
+                "NVIDIA_TF32_", "CUDA_MPS_", "OMP_", "TOKENIZERS_")
+# Words that mark a name that may hold a credential: named, its value never written (run folders are shared).
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+MAX_VALUE = 200  # characters of a value kept (a path list can be long)
+WITHHELD = "(set; value withheld: the name suggests a credential)"
 
 
 def collect() -> dict[str, str]:
@@ -44,7 +56,35 @@ def collect() -> dict[str, str]:
     driver = _nvidia_driver()
     if driver:
         out["nvidia_driver"] = driver
+    return out | steering_variables(os.environ)
+
+
+def steering_variables(environ) -> dict[str, str]:
+    """``{"$NAME": value}`` for each variable of ``environ`` with one of ``ENV_PREFIXES`` (sorted; names and
+    values as one printable ASCII line, values cut at ``MAX_VALUE`` characters); a name that may hold a
+    credential (``may_hold_credential``) is kept with its value withheld."""
+    out = {}
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIXES):
+            continue
+        key = f"${_printable(name)}"
+        if may_hold_credential(name):
+            out[key] = WITHHELD
+            continue
+        value = _printable(str(environ[name]))
+        out[key] = value if len(value) <= MAX_VALUE else value[:MAX_VALUE] + "..."
     return out
+
+
+def may_hold_credential(name: str) -> bool:
+    """Whether a part of ``name`` between underscores is, or ends in, one of ``SECRET_WORDS`` (plural too):
+    VLLM_API_KEY, HF_TOKEN, MY_OAUTH; not TOKENIZERS_PARALLELISM."""
+    return any(part.endswith(w) or part == w + "S" for part in name.upper().split("_") for w in SECRET_WORDS)
+
+
+def _printable(text: str) -> str:
+    """One line of ASCII: control and non-ASCII characters as Python escapes."""
+    return text.encode("unicode_escape").decode("ascii")
 
 
 def _cpu_model() -> str:

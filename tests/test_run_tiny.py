@@ -134,6 +134,7 @@ def test_stats_and_report_written(run_dir):
     assert list((out / "report" / "figures").glob("*.png"))
     env = json.loads((out / "cells" / "vllm-fp32" / "cell.json").read_text())["environment"]  # hostenv, per cell
     assert env["cpu_cores"] == str(os.cpu_count()) and env["triton"] and env["python"]
+    assert env["$VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["$TOKENIZERS_PARALLELISM"] == "false"  # as set
     assert "| environment |" in (out / "report" / "report.md").read_text()
     gens = pd.read_parquet(out / "stats" / "generations.parquet")
     assert set(gens["cell"]) == {"vllm-fp32", "vllm-bf16", "hf-bf16", "hf-fp32-dp2"}
