@@ -70,10 +70,15 @@ fi
 read -r -a MORE <<< "${ARGS:-}"  # extra arguments for the run, e.g. ARGS="--mps off"
 EXTRA+=("${MORE[@]}")
 rm -rf "$RUN"
+if [[ -n ${UTIL:-} ]]; then  # UTIL=1: the GPU's utilisation every 0.5 s while the run runs (util.csv in its folder)
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "/tmp/util-$LABEL.csv" &
+  UTIL_PID=$!
+fi
 T0=$(date +%s.%N)
 timeout "$BUDGET" "${PY[@]}" -m evalparity.cli run --device cuda --tasks hellaswag --num-fewshot 0 \
   --datasets-dir .gpudata --out "$RUN" --no-fail-on-inconclusive "${EXTRA[@]}" 2>&1 | tail -40
 status=${PIPESTATUS[0]}
+if [[ -n ${UTIL_PID:-} ]]; then kill "$UTIL_PID"; cp "/tmp/util-$LABEL.csv" "$RUN/util.csv" 2>/dev/null; fi
 [[ -n ${VLLM_MP:-} ]] && cp /tmp/vllm.py.orig "$VLLM_PY"  # this call's later runs get the product's code
 if [[ -n ${MPS:-} ]]; then
   tail -5 "$CUDA_MPS_LOG_DIRECTORY"/control.log "$CUDA_MPS_LOG_DIRECTORY"/server.log 2>/dev/null
@@ -101,7 +106,7 @@ if [[ -n ${OUT:-} && -d $RUN ]]; then
     ls -la --time-style=+%T "$HOME/.cache" 2>/dev/null
     find "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" -name "*.json" ! -name "__grp__*" -printf "%TT %f\n" 2>/dev/null | sort
   ) > "$RUN/logs/caches.txt" 2>&1
-  (cd "$RUN" && tar czf "$OUT/$LABEL.tgz" spec.json run.json stats/verdicts.json cells/*/cell.json shards/*/cell.json mps.log \
+  (cd "$RUN" && tar czf "$OUT/$LABEL.tgz" spec.json run.json util.csv stats/verdicts.json cells/*/cell.json shards/*/cell.json mps.log \
      stages/round-*.json stages/*/cell.json logs report/report.md warmup.log setup-*.pstats \
      stages/*/profile.txt stages/*/profile.pstats stages/.tmp-*/profile.txt stages/.tmp-*/profile.pstats 2>/dev/null)
   ls -la "$OUT"
