@@ -137,8 +137,7 @@ def into_run(run_dir: Path, probe,
                     now = compute(stage, opts, source=run_dir).sign_off
                 except EvalParityError as err:  # its fixes name report's flags: said as what report would say
                     raise EvalParityError(f"the statistics {layout.verdicts_file(run_dir)} records cannot be "
-                                          f"recomputed ({err}): rerun `evalparity report {run_dir}` with your "
-                                          "statistics options, then drift", err.exit_code) from None
+                                          f"recomputed ({err}): {report_first(run_dir)}", err.exit_code) from None
                 if now != said:
                     console.print(f"[yellow]warning:[/yellow] {safe(layout.verdicts_file(run_dir))} said "
                                   f"{safe(said)}; the run's tables give {now} under its recorded options: the "
@@ -154,6 +153,11 @@ def into_run(run_dir: Path, probe,
     return results, html
 
 
+def report_first(run_dir: Path) -> str:
+    """The fix for a run whose recorded statistics drift cannot take: ``report`` writes them again."""
+    return f"rerun `evalparity report {run_dir}` with your statistics options, then drift"
+
+
 def recorded_statistics(run_dir: Path) -> tuple[StatsOptions, object] | None:
     """The statistics options and the sign-off status that the run's ``verdicts.json`` records, checked as
     ``report`` checks its command line (``StatsOptions.from_dict``; the pairs against the run's cells); None
@@ -167,7 +171,7 @@ def recorded_statistics(run_dir: Path) -> tuple[StatsOptions, object] | None:
     path = layout.verdicts_file(run_dir)
     if not path.exists():
         return None
-    fix = f"rerun `evalparity report {run_dir}` with your statistics options, then drift"
+    fix = report_first(run_dir)
     record = read_json(path)
     if not isinstance(record, dict):
         raise EvalParityError(f"{path} is not a verdicts record: {fix}")
