@@ -387,11 +387,12 @@ def load_model(spec: RunSpec, cell: CellSpec, backend, args: dict, meta: dict, p
     tm = tasks.task_manager(spec.include_paths)
     progress.update(force=True, phase="loading model")
     t0 = time.perf_counter()
+    shell = dict(os.environ)  # the cell's variables before the engine's import sets some of its own (hostenv)
     lm = backend.create_lm(args)
     meta["load_s"] = time.perf_counter() - t0
     log_phase(f"model loaded in {meta['load_s']:.1f} s")
     meta["precision"] = precision.probe() | {"attention_backend": backend.attention_backend(lm)}
-    meta["environment"] = hostenv.collect()  # after the load: torch and CUDA are up
+    meta["environment"] = hostenv.collect(shell)  # after the load: torch and CUDA are up
     meta["settings"]["bos_added"] = _bos_added(lm)
     meta["settings"] |= backend.loaded_settings(lm)
     meta["settings"]["template_cache"] = lmeval_patches.cache_templates()

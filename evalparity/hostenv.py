@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -25,15 +26,32 @@ KERNEL_PACKAGES = ("triton", "flash_attn", "flashinfer-python", "xformers", "bit
 # shell and not another shows as a difference between cells or runs instead of passing for drift.
 ENV_PREFIXES = ("VLLM_", "TRITON_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "CUBLAS_", "CUBLASLT_", "CUDNN_",
                 "NVIDIA_TF32_", "CUDA_MPS_", "OMP_", "TOKENIZERS_")
-# Words that mark a name that may hold a credential: named, its value never written (run folders are shared).
-SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+# Words that mark a name that may hold a credential: a part of the name (split at anything but letters and
+# digits, trailing digits dropped) that is one of them or ends in one. Its value is withheld unless it is a
+# plain number or switch (vLLM's ..._TOKENS thresholds are tuning, not secrets).
+SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PWD", "PASSPHRASE", "CREDENTIAL", "CRED",
+                "AUTH", "BEARER", "COOKIE", "SESSION", "JWT", "SAS", "DSN", "CERT", "CERTFILE", "KEYFILE", "PRIVATE",
+                "SIGNATURE", "HEADER", "HEADERS")
+# Values withheld whatever the name: what credentials look like (auth headers, PEM blocks, the token formats of
+# Hugging Face, OpenAI, GitHub and AWS, JWTs) and long opaque strings; a URL's user:password is masked.
+SECRET_VALUE = re.compile(r"(?i)authorization|bearer\s|basic\s|-----BEGIN|\bhf_[a-z0-9]{20,}|\bsk-[\w-]{16,}"
+                          r"|\bgh[pousr]_\w{30,}|\bAKIA[0-9A-Z]{16}|\beyJ[\w-]+\.[\w-]+|[A-Za-z0-9+=_-]{32,}")
+URL_USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
+PLAIN_VALUE = re.compile(r"(?i)-?\d+(\.\d+)?|true|false|yes|no|on|off")
+# Per process or per run, steering nothing: left out (a port, a shared-memory name, the MPS server's folders).
+PER_PROCESS = ("VLLM_PORT", "VLLM_HOST_IP", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 MAX_VALUE = 200  # characters of a value kept (a path list can be long)
+MAX_NAME = 100   # characters of a name kept
+MAX_VARIABLES = 100  # variables kept; the record says how many more there were
 WITHHELD = "(set; value withheld: the name suggests a credential)"
+WITHHELD_VALUE = "(set; value withheld: it looks like a credential)"
 
 
-def collect() -> dict[str, str]:
+def collect(environ=None) -> dict[str, str]:
     """The host, its accelerators and the kernel libraries, as strings ("absent" where a package is not
-    installed; GPU fields only where torch is already imported and sees CUDA). Never raises."""
+    installed; GPU fields only where torch is already imported and sees CUDA), and the steering variables of
+    ``environ`` (default: this process's now; a cell passes its environment from before the engine's import,
+    which sets some of its own). Never raises."""
     out = {"python": platform.python_version(), "os": platform.platform(), "host": platform.node(),
            "cpu": _cpu_model(), "cpu_cores": str(os.cpu_count()), "memory_gib": _memory_gib()}
     for dist in KERNEL_PACKAGES:
@@ -56,30 +74,43 @@ def collect() -> dict[str, str]:
     driver = _nvidia_driver()
     if driver:
         out["nvidia_driver"] = driver
-    return out | steering_variables(os.environ)
+    return out | steering_variables(os.environ if environ is None else environ)
 
 
 def steering_variables(environ) -> dict[str, str]:
     """``{"$NAME": value}`` for each variable of ``environ`` with one of ``ENV_PREFIXES`` (sorted; names and
-    values as one printable ASCII line, values cut at ``MAX_VALUE`` characters); a name that may hold a
-    credential (``may_hold_credential``) is kept with its value withheld."""
+    values as one printable ASCII line, cut at ``MAX_NAME`` and ``MAX_VALUE`` characters; at most
+    ``MAX_VARIABLES``, then one entry saying how many more), less the ``PER_PROCESS`` ones. Credentials are
+    never written: a value is withheld when the name may hold one (``may_hold_credential``) and the value is
+    not a plain number or switch, or when the value looks like one (``SECRET_VALUE``); a URL's
+    user:password is masked."""
+    names = [n for n in sorted(environ) if n.startswith(ENV_PREFIXES) and n not in PER_PROCESS
+             and not n.endswith("_SHM_BUFFER_NAME")]
     out = {}
-    for name in sorted(environ):
-        if not name.startswith(ENV_PREFIXES):
-            continue
-        key = f"${_printable(name)}"
-        if may_hold_credential(name):
+    for name in names[:MAX_VARIABLES]:
+        key = f"${_cut(_printable(name), MAX_NAME)}"
+        value = str(environ[name])
+        if may_hold_credential(name) and not PLAIN_VALUE.fullmatch(value.strip()):
             out[key] = WITHHELD
-            continue
-        value = _printable(str(environ[name]))
-        out[key] = value if len(value) <= MAX_VALUE else value[:MAX_VALUE] + "..."
+        elif SECRET_VALUE.search(value):
+            out[key] = WITHHELD_VALUE
+        else:
+            out[key] = _cut(_printable(URL_USERINFO.sub(r"\1***@", value)), MAX_VALUE)
+    if len(names) > MAX_VARIABLES:
+        out["$..."] = f"{len(names) - MAX_VARIABLES} more not recorded"
     return out
 
 
 def may_hold_credential(name: str) -> bool:
-    """Whether a part of ``name`` between underscores is, or ends in, one of ``SECRET_WORDS`` (plural too):
-    VLLM_API_KEY, HF_TOKEN, MY_OAUTH; not TOKENIZERS_PARALLELISM."""
-    return any(part.endswith(w) or part == w + "S" for part in name.upper().split("_") for w in SECRET_WORDS)
+    """Whether a part of ``name`` (split at anything but letters and digits, trailing digits dropped) is, or
+    ends in, one of ``SECRET_WORDS`` (plural too): VLLM_API_KEY, HF_TOKEN1, my-oauth, DB_PASS; not
+    TOKENIZERS_PARALLELISM."""
+    parts = [p.rstrip("0123456789") for p in re.split(r"[^A-Z0-9]+", name.upper())]
+    return any(p.endswith(w) or p == w + "S" for p in parts if p for w in SECRET_WORDS)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _printable(text: str) -> str:

@@ -8,25 +8,77 @@ import json
 import random
 import string
 
-from evalparity.hostenv import ENV_PREFIXES, MAX_VALUE, SECRET_WORDS, WITHHELD, steering_variables
+import pytest
+
+from evalparity.hostenv import (
+    ENV_PREFIXES,
+    MAX_NAME,
+    MAX_VALUE,
+    MAX_VARIABLES,
+    SECRET_WORDS,
+    WITHHELD,
+    WITHHELD_VALUE,
+    may_hold_credential,
+    steering_variables,
+)
 
 
 def test_steering_variables_are_kept_others_are_not_and_credentials_are_withheld():
     env = {"VLLM_USE_V2_MODEL_RUNNER": "0", "TRITON_F32_DEFAULT": "ieee", "HOME": "/root", "PATH": "/bin",
            "VLLM_API_KEY": "sk-secret", "HF_TOKEN": "hf_x", "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
-           "TOKENIZERS_PARALLELISM": "false", "VLLM_AUTH_TOKENS": "t1,t2"}
+           "TOKENIZERS_PARALLELISM": "false", "VLLM_AUTH_TOKENS": "t1,t2", "VLLM_PORT": "29500",
+           "VLLM_OBJECT_STORAGE_SHM_BUFFER_NAME": "buf_1234", "VLLM_MAX_BAD_WORDS_TOTAL_TOKENS": "128"}
     got = steering_variables(env)
     assert got == {"$CUBLAS_WORKSPACE_CONFIG": ":4096:8", "$TRITON_F32_DEFAULT": "ieee",
                    "$VLLM_API_KEY": WITHHELD, "$VLLM_AUTH_TOKENS": WITHHELD, "$TOKENIZERS_PARALLELISM": "false",
-                   "$VLLM_USE_V2_MODEL_RUNNER": "0"}
+                   "$VLLM_USE_V2_MODEL_RUNNER": "0", "$VLLM_MAX_BAD_WORDS_TOTAL_TOKENS": "128"}
     assert "sk-secret" not in json.dumps(got)
+
+
+# The review's cases: names a first rule let through, and credentials in the values of innocuous names.
+LEAKS = {
+    "VLLM_PASSWORD2": "hunter2", "VLLM_HF_TOKEN1": "hf_abcdefghijklmnopqrstuvwxyz", "VLLM_TOKEN2": "zq9abc",
+    "VLLM_PASS": "zq9pw", "VLLM_DB_PASS": "zq9pw", "VLLM_PWD": "zq9pw", "VLLM_CREDS": "zq9c", "VLLM_PASSPHRASE": "zq9p",
+    "VLLM_JWT": "zq9j", "VLLM_BEARER": "zq9b", "VLLM_COOKIE": "zq9c", "VLLM_SIGNATURE": "zq9s", "VLLM_PRIVATE": "zq9p",
+    "VLLM_DSN": "postgres://u:p@h/db", "VLLM_SSL_KEYFILE": "/etc/k.pem", "VLLM_SSL_CERTFILE": "/etc/c.pem",
+    "vllm_api-key": "zq9k", "VLLM_OTLP_HEADERS": "Authorization=Bearer eyJhbGciOi.eyJzdWIi.sig",
+    "VLLM_NOTE": "Bearer abc", "TORCH_SOMETHING": "-----BEGIN PRIVATE KEY-----",
+    "VLLM_X": "hf_abcdefghijklmnopqrstuvwxyz0123", "VLLM_Y": "sk-proj-abcdefghijklmnop",
+    "VLLM_Z": "ghp_" + "a" * 36, "VLLM_W": "AKIAABCDEFGHIJKLMNOP", "VLLM_V": "q" * 40,
+}
+
+
+@pytest.mark.parametrize("name", sorted(LEAKS))
+def test_credentials_in_names_or_values_are_never_written(name):
+    got = steering_variables({"VLLM_USE_V2_MODEL_RUNNER": "1", name: LEAKS[name]})
+    assert LEAKS[name] not in json.dumps(got)
+
+
+def test_a_url_keeps_its_host_and_loses_its_password():
+    got = steering_variables({"VLLM_S3_ENDPOINT": "https://user:wJalrSecret@s3.example.com/bucket",
+                              "TORCH_HUB_URL": "https://x:y@h.example/hub"})
+    assert got == {"$TORCH_HUB_URL": "https://***@h.example/hub", "$VLLM_S3_ENDPOINT": "https://***@s3.example.com/bucket"}
+
+
+def test_plain_numbers_and_switches_show_even_under_a_credential_like_name():
+    assert may_hold_credential("VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD")
+    got = steering_variables({"VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD": "1024", "VLLM_KEY_CACHE": "true",
+                              "VLLM_KEY": "zq9abc"})
+    assert got == {"$VLLM_KEY": WITHHELD, "$VLLM_KEY_CACHE": "true", "$VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD": "1024"}
+
+
+def test_many_or_long_variables_are_bounded():
+    env = {f"VLLM_V{i:04d}": "1" for i in range(MAX_VARIABLES + 25)} | {"VLLM_" + "N" * 500: "x" * 1000}
+    got = steering_variables(env)
+    assert len(got) == MAX_VARIABLES + 1 and got["$..."] == "26 more not recorded"
+    assert all(len(k) <= MAX_NAME + 4 and len(v) <= MAX_VALUE + 3 for k, v in got.items())
 
 
 def test_generated_environments_give_one_printable_bounded_line_per_variable_and_never_a_secret():
     rng = random.Random(26)
-    alphabet = string.printable + "é日\x00\x1b\u2028"
-    secret = [w for w in SECRET_WORDS] + [w.lower() + "s" for w in SECRET_WORDS] + ["API_KEY", "OAUTH"]
-    plain = ["PARALLELISM", "TOKENIZERS", "KEYBOARD", "USE", "V2", "MODEL", "RUNNER", "é", "A-B", ""]
+    alphabet = string.ascii_letters + string.digits + " .,:;/%é日\x00\x1b\u2028"
+    secret = list(SECRET_WORDS) + [w.lower() + "s" for w in SECRET_WORDS] + ["API_KEY", "OAUTH", "TOKEN2"]
+    plain = ["PARALLELISM", "TOKENIZERS", "KEYBOARD", "USE", "V2", "MODEL", "RUNNER", "A-B", "THRESHOLD", ""]
     for _ in range(300):
         env, secrets = {}, set()
         for _ in range(rng.randint(0, 12)):
@@ -35,7 +87,8 @@ def test_generated_environments_give_one_printable_bounded_line_per_variable_and
             if hidden:
                 parts.insert(rng.randint(0, len(parts)), rng.choice(secret))
             name = rng.choice(list(ENV_PREFIXES) + ["", "HOME_", "X_"]) + "_".join(parts)
-            env[name] = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 3 * MAX_VALUE)))
+            value = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 3 * MAX_VALUE)))
+            env[name] = value + "x"  # never a plain number or switch: a credential-like name always withholds it
             if hidden:
                 secrets.add(name)
         got = steering_variables(env)
@@ -49,4 +102,5 @@ def test_generated_environments_give_one_printable_bounded_line_per_variable_and
             if name in secrets:
                 assert shown == WITHHELD, name
             else:
-                assert shown.startswith(value.encode("unicode_escape").decode("ascii")[:MAX_VALUE]), name
+                assert shown == WITHHELD_VALUE or \
+                    shown.startswith(value.encode("unicode_escape").decode("ascii")[:MAX_VALUE]), name

@@ -230,22 +230,31 @@ def attention_backend(lm) -> str:
 
 def loaded_settings(lm) -> dict:
     """Whether the cell scored with flat prompt logprobs (``flat_scoring_params``), and the model runner
-    vLLM chose (``model_runner``)."""
-    return {"flat_logprobs": getattr(lm, "scoring_params", None) is not None, "model_runner": model_runner(lm)}
+    vLLM chose (``model_runner``: asked once, at the first call, and kept on the LM)."""
+    runner = getattr(lm, "evalparity_model_runner", None)
+    if runner is None:
+        runner = model_runner(lm)
+        try:
+            lm.evalparity_model_runner = runner
+        except AttributeError:  # an LM that takes no attributes: asked again next time
+            pass
+    return {"flat_logprobs": getattr(lm, "scoring_params", None) is not None, "model_runner": runner}
 
 
-def _runner_class(worker) -> str:
+def _runner_classes(worker) -> list[str]:
+    """The worker's model runner's class and its bases, as module.qualname, most derived first."""
     runner = getattr(worker, "model_runner", None)
-    return "unknown" if runner is None else f"{type(runner).__module__}.{type(runner).__qualname__}"
+    return [] if runner is None else [f"{c.__module__}.{c.__qualname__}" for c in type(runner).__mro__]
 
 
 #: vLLM's two GPU model runners, by module: both classes are named GPUModelRunner.
 RUNNER_NAMES = {"vllm.v1.worker.gpu.model_runner": "V2", "vllm.v1.worker.gpu_model_runner": "V1"}
+RPC_TIMEOUT_S = 30.0  # a worker that does not answer this in time is recorded as such, not waited for
 
 
 def model_runner(lm) -> str:
-    """The model runner vLLM's worker uses, as its class, named V1 or V2 where it is one of vLLM's two GPU
-    runners: e.g. ``V2 (vllm.v1.worker.gpu.model_runner.GPUModelRunner)``.
+    """The model runner vLLM's worker uses, as its class, named V1 or V2 where it is (or derives from) one of
+    vLLM's two GPU runners: e.g. ``V2 (vllm.v1.worker.gpu.model_runner.GPUModelRunner)``.
 
     Why it is recorded: vLLM (0.26 here) picks one of two GPU model runners per model (V2, its default for
     dense decoders, or V1; ``VLLM_USE_V2_MODEL_RUNNER`` overrides the choice), and they compute prompt
@@ -253,14 +262,27 @@ def model_runner(lm) -> str:
     V2 for the whole batch at once. Same formula, not the same bits: on an H200 a request's loglikelihood
     differed by 1.4e-6 nats on average between them (hidden states bit-identical; results/variants-h200,
     ``runner29``). So the runner is a setting of the cell like its attention backend, and runs made under
-    different runners should show it. Asked of the worker through ``collective_rpc``; "unknown" where this
-    vLLM cannot say."""
+    different runners should show it.
+
+    Read from the worker in this process where the engine runs here (the cells' default); else asked through
+    ``collective_rpc`` (``RPC_TIMEOUT_S``). What cannot be read says why, beginning with "unknown"."""
+    classes = None
     try:
-        path = str(lm.model.llm_engine.collective_rpc(_runner_class)[0])
-    except Exception:  # noqa: BLE001 - a record, best effort: another vLLM layout says nothing here
-        return "unknown"
-    name = RUNNER_NAMES.get(path.rpartition(".")[0])
-    return f"{name} ({path})" if name else path
+        engine = lm.model.llm_engine
+    except AttributeError:
+        return "unknown (not a vLLM engine)"
+    worker = getattr(getattr(engine, "model_executor", None), "driver_worker", None)
+    if worker is not None:
+        classes = _runner_classes(getattr(worker, "worker", worker))
+    if not classes:
+        try:
+            classes = engine.collective_rpc(_runner_classes, timeout=RPC_TIMEOUT_S)[0]
+        except Exception as err:  # noqa: BLE001 - a record, best effort; it says why
+            return f"unknown (the engine's worker did not say: {type(err).__name__})"
+    if not classes:
+        return "unknown (the worker has no model runner)"
+    name = next((RUNNER_NAMES[c.rpartition(".")[0]] for c in classes if c.rpartition(".")[0] in RUNNER_NAMES), None)
+    return f"{name} ({classes[0]})" if name else str(classes[0])
 
 
 # ---------------------------------------------------------------- what this machine has
