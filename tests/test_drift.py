@@ -704,3 +704,41 @@ def test_a_cell_s_own_checkpoint_and_interpreter_are_what_drift_loads(tiny_model
     assert plan["hf-fp32"]["python"] == sys.executable and plan["hf-fp32"]["model_args"]["pretrained"] == "/run-model"
     assert plan["mine"]["python"] == "/opt/alt/bin/python"
     assert plan["mine"]["model_args"]["pretrained"] == str(tiny_model)
+
+
+def test_each_probed_cell_records_the_engine_it_ran(drift_dir):
+    """A cell's drift record says what its engine ran with, as a run's cell does (``engine``: the backend's
+    loaded settings, the model runner among them, and the steering variables), for ``engine_warnings``."""
+    for cell in ("vllm-fp32", "vllm-bf16"):
+        engine = json.loads((drift_dir / f"{cell}.json").read_text())["engine"]
+        assert engine["settings"]["model_runner"] == "V1 (vllm.v1.worker.cpu_model_runner.CPUModelRunner)"
+        assert engine["variables"]["$VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_a_cell_probed_with_another_engine_than_the_run_s_is_said(tmp_path):
+    """``drift --run-dir`` warns, per cell, where the probe's engine differed from the one the run scored it
+    with: another model runner, or another value of a variable that steers the numerics. Records that say
+    nothing (older runs), threads and caches, and agreeing engines give no warning."""
+    from evalparity.drift import engine_differences, engine_warnings
+
+    scored = {"settings": {"model_runner": "V2 (a.B)"},
+              "environment": {"python": "3.12", "$VLLM_ATTENTION_BACKEND": "FLASH_ATTN", "$OMP_NUM_THREADS": "2"}}
+    same = {"settings": {"model_runner": "V2 (a.B)"},
+            "variables": {"$VLLM_ATTENTION_BACKEND": "FLASH_ATTN", "$OMP_NUM_THREADS": "8"}}
+    assert engine_differences(scored, same) == []
+    other = {"settings": {"model_runner": "V1 (c.D)"}, "variables": {"$VLLM_USE_V2_MODEL_RUNNER": "0"}}
+    assert engine_differences(scored, other) == [
+        "model runner V1 (c.D), where the run's was V2 (a.B)",
+        "VLLM_ATTENTION_BACKEND=(unset), where the run's was FLASH_ATTN",
+        "VLLM_USE_V2_MODEL_RUNNER=0, where the run's was (unset)"]
+    assert engine_differences({"settings": {}, "environment": {"python": "3.12"}}, other) == []  # an older record
+    assert engine_differences(scored, None) == []
+
+    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=3)
+    path = run / "cells" / "hf-bf16" / "cell.json"
+    rec = json.loads(path.read_text())
+    rec["settings"]["model_runner"] = "V2 (a.B)"
+    path.write_text(json.dumps(rec))
+    lines = engine_warnings(run, {"hf-bf16": {"engine": other}, "hf-fp32": {"engine": None}})
+    assert len(lines) == 1 and lines[0].startswith("hf-bf16 was probed with model runner V1 (c.D), where the run's "
+                                                   "was V2 (a.B)") and "may not be the run's" in lines[0]

@@ -96,6 +96,9 @@ def drift(
                       f"mean |Δ logprob| {s['prompt_logprobs']['abs_mean']:.2e}, "
                       f"tokenization mismatches {len(s['tokenization_mismatches'])}; load {s['load_s']:.1f} s, "
                       f"probe {s['probe_s']:.1f} s, generate {s['generate_s']:.1f} s")
+    if run_dir is not None:
+        for line in probe_drift.engine_warnings(run_dir, results):
+            console.print(f"[yellow]warning:[/yellow] {safe(line)}")
     if html is not None:
         console.print(f"report: {safe(html)}")
     if len(results) < len([c for c in launch if c != reference]):

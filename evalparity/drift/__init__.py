@@ -109,6 +109,45 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
     return plan
 
 
+#: The variables whose difference between a run's cell and its probe is worth a warning: those that steer
+#: vLLM's and the kernels' numerics (hostenv records more: threads, caches, the MPS server's folders).
+NUMERIC_PREFIXES = ("$VLLM_", "$TRITON_", "$NVIDIA_TF32_", "$CUBLAS_", "$CUBLASLT_", "$CUDNN_")
+
+
+def engine_differences(scored: dict, probed: dict | None) -> list[str]:
+    """How the engine a cell was probed with differs from the one the run scored it with: its model runner
+    (``settings.model_runner``) and the numerics-steering variables (``NUMERIC_PREFIXES``) of the cell's
+    ``environment`` against the probe's ``engine`` record (``drift.worker.load_side``). Empty where they agree
+    or where the cell's record predates them (it says nothing to compare)."""
+    if not isinstance(probed, dict) or not isinstance(scored, dict):
+        return []
+    out = []
+    ran = (scored.get("settings") or {}).get("model_runner")
+    now = (probed.get("settings") or {}).get("model_runner")
+    if ran and now and ran != now:
+        out.append(f"model runner {now}, where the run's was {ran}")
+    env = scored.get("environment") or {}
+    if any(k.startswith("$") for k in env):
+        mine = probed.get("variables") or {}
+        for name in sorted({k for k in (*env, *mine) if k.startswith(NUMERIC_PREFIXES)}):
+            if env.get(name) != mine.get(name):
+                out.append(f"{name[1:]}={mine.get(name, '(unset)')}, where the run's was {env.get(name, '(unset)')}")
+    return out
+
+
+def engine_warnings(run_dir: Path, results: dict[str, dict]) -> list[str]:
+    """One line per probed cell of ``run_dir`` whose engine differed from the run's (``engine_differences``):
+    its drift may not be the drift the run's verdicts saw."""
+    lines = []
+    for cell, result in results.items():
+        rec = records.read_cell(layout.cell_dir(run_dir, cell))
+        diffs = engine_differences(rec.to_json() if rec is not None else {}, result.get("engine"))
+        if diffs:
+            lines.append(f"{cell} was probed with {'; '.join(diffs[:5])}{' …' if len(diffs) > 5 else ''}: its drift "
+                         "may not be the run's; probe it from the same environment as the run")
+    return lines
+
+
 def cannot_probe(spec: RunSpec, cell: CellSpec) -> str:
     """Why drift cannot probe ``cell`` as the run loaded it, or "": its backend's optional ``cannot_probe``
     (vLLM: an engine over several GPUs, whose hooks run in worker processes), asked before anything loads, so

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from evalparity import backends, slim
+from evalparity import backends, hostenv, slim
 from evalparity.backends import precision
 from evalparity.backends.probes import HiddenBatch
 from evalparity.drift.measure import DriftAccumulator
@@ -55,8 +55,17 @@ def load_side(spec: dict, name: str):
     if shares_gpu(spec, name) and launch.get("gpu_budget_gib") and \
             getattr(backends.get(launch["backend"]), "drift_memory_capped", False):
         cap_gpu_memory(float(launch["gpu_budget_gib"]), launch["model_args"].get("device"))
-    lm = backends.get(launch["backend"]).create_lm(dict(launch["model_args"]))
-    return backends.get(launch["backend"]).drift_probe(lm)
+    shell = dict(os.environ)  # before the engine's import sets some of its own (as a cell records it)
+    backend = backends.get(launch["backend"])
+    lm = backend.create_lm(dict(launch["model_args"]))
+    probe = backend.drift_probe(lm)
+    # what the engine ran with, for the record: compared with the run's cell (``drift.engine_warnings``)
+    engine = {"settings": backend.loaded_settings(lm), "variables": hostenv.steering_variables(shell)}
+    try:
+        probe.engine = engine
+    except AttributeError:  # a probe that takes no attributes: no engine record (the warning then says nothing)
+        pass
+    return probe
 
 
 def shares_gpu(spec: dict, name: str) -> bool:
@@ -309,6 +318,7 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
         "reference_timing": ref.timing, "pooling": ref.pooling, "prompts_probed": len(matched),
         "prompts_skipped": sum(x is None for x in ref.ids),  # shorter than two tokens, or a repeat
         "launch": {k: v for k, v in spec["launch"][cell].items() if k != "env"},
+        "engine": getattr(probe, "engine", None),
     }
 
 
