@@ -28,10 +28,13 @@ ENV_PREFIXES = ("VLLM_", "TRITON_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_", "CUB
                 "NVIDIA_TF32_", "CUDA_MPS_", "OMP_", "TOKENIZERS_")
 # Words that mark a name that may hold a credential: a part of the name (split at anything but letters and
 # digits, trailing digits dropped) that is one of them or ends in one. Its value is withheld unless it is a
-# plain number or switch (vLLM's ..._TOKENS thresholds are tuning, not secrets).
+# plain number or switch under no ALWAYS_SECRET word (vLLM's ..._TOKENS thresholds are tuning, not secrets).
 SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASS", "PWD", "PASSPHRASE", "CREDENTIAL", "CRED",
                 "AUTH", "BEARER", "COOKIE", "SESSION", "JWT", "SAS", "DSN", "CERT", "CERTFILE", "KEYFILE", "PRIVATE",
                 "SIGNATURE", "HEADER", "HEADERS")
+# Of those, the words whose values are withheld even when plain numbers (a numeric password or key is still
+# one): all but TOKEN, whose names in vLLM's own list are thresholds (VLLM_..._TOKEN_THRESHOLD, ..._TOKENS).
+ALWAYS_SECRET = tuple(w for w in SECRET_WORDS if w != "TOKEN")
 # Values withheld whatever the name: what credentials look like (auth headers, PEM blocks, the token formats of
 # Hugging Face, OpenAI, GitHub and AWS, JWTs) and long opaque strings; a URL's user:password is masked.
 SECRET_VALUE = re.compile(r"(?i)authorization|bearer\s|basic\s|-----BEGIN|\bhf_[a-z0-9]{20,}|\bsk-[\w-]{16,}"
@@ -82,15 +85,16 @@ def steering_variables(environ) -> dict[str, str]:
     values as one printable ASCII line, cut at ``MAX_NAME`` and ``MAX_VALUE`` characters; at most
     ``MAX_VARIABLES``, then one entry saying how many more), less the ``PER_PROCESS`` ones. Credentials are
     never written: a value is withheld when the name may hold one (``may_hold_credential``) and the value is
-    not a plain number or switch, or when the value looks like one (``SECRET_VALUE``); a URL's
-    user:password is masked."""
+    not a plain number or switch (or the name has an ``ALWAYS_SECRET`` word), or when the value looks like
+    one (``SECRET_VALUE``); a URL's user:password is masked."""
     names = [n for n in sorted(environ) if n.startswith(ENV_PREFIXES) and n not in PER_PROCESS
              and not n.endswith("_SHM_BUFFER_NAME")]
     out = {}
     for name in names[:MAX_VARIABLES]:
         key = f"${_cut(_printable(name), MAX_NAME)}"
         value = str(environ[name])
-        if may_hold_credential(name) and not PLAIN_VALUE.fullmatch(value.strip()):
+        if may_hold_credential(name) and (may_hold_credential(name, ALWAYS_SECRET)
+                                          or not PLAIN_VALUE.fullmatch(value.strip())):
             out[key] = WITHHELD
         elif SECRET_VALUE.search(value):
             out[key] = WITHHELD_VALUE
@@ -101,12 +105,12 @@ def steering_variables(environ) -> dict[str, str]:
     return out
 
 
-def may_hold_credential(name: str) -> bool:
+def may_hold_credential(name: str, words: tuple[str, ...] = SECRET_WORDS) -> bool:
     """Whether a part of ``name`` (split at anything but letters and digits, trailing digits dropped) is, or
-    ends in, one of ``SECRET_WORDS`` (plural too): VLLM_API_KEY, HF_TOKEN1, my-oauth, DB_PASS; not
+    ends in, one of ``words`` (plural too): VLLM_API_KEY, HF_TOKEN1, my-oauth, DB_PASS; not
     TOKENIZERS_PARALLELISM."""
     parts = [p.rstrip("0123456789") for p in re.split(r"[^A-Z0-9]+", name.upper())]
-    return any(p.endswith(w) or p == w + "S" for p in parts if p for w in SECRET_WORDS)
+    return any(p.endswith(w) or p == w + "S" for p in parts if p for w in words)
 
 
 def _cut(text: str, limit: int) -> str:

@@ -60,11 +60,14 @@ def test_a_url_keeps_its_host_and_loses_its_password():
     assert got == {"$TORCH_HUB_URL": "https://***@h.example/hub", "$VLLM_S3_ENDPOINT": "https://***@s3.example.com/bucket"}
 
 
-def test_plain_numbers_and_switches_show_even_under_a_credential_like_name():
+def test_plain_numbers_show_under_a_token_threshold_name_and_no_other_credential_like_name():
     assert may_hold_credential("VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD")
     got = steering_variables({"VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD": "1024", "VLLM_KEY_CACHE": "true",
                               "VLLM_KEY": "zq9abc"})
-    assert got == {"$VLLM_KEY": WITHHELD, "$VLLM_KEY_CACHE": "true", "$VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD": "1024"}
+    assert got == {"$VLLM_KEY": WITHHELD, "$VLLM_KEY_CACHE": WITHHELD,
+                   "$VLLM_MULTI_STREAM_GEMM_TOKEN_THRESHOLD": "1024"}
+    numeric = {"VLLM_PASSWORD": "123456", "VLLM_DB_PASS": "2024", "VLLM_SECRET": "true", "VLLM_API_KEY": "123"}
+    assert steering_variables(numeric) == {f"${n}": WITHHELD for n in numeric}  # a numeric password is one
 
 
 def test_many_or_long_variables_are_bounded():
