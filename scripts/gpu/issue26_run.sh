@@ -16,15 +16,7 @@
 #            rate on one H200, to price a sign-off at the stopping n
 set -uo pipefail
 source .gpu/bin/env.sh
-# RUNNER: vLLM's GPU model runner. The recipe's env.sh sets VLLM_USE_V2_MODEL_RUNNER=0 (V1), which no user's
-# machine sets; "vllm" (the default since session 26) unsets it, so that vLLM chooses as it does for a user
-# (in 0.26, V2 for dense decoders); "v1" / "v2" force one. Each cell records the runner it got (settings.model_runner).
-case ${RUNNER:-vllm} in
-  vllm) unset VLLM_USE_V2_MODEL_RUNNER ;;
-  v1) export VLLM_USE_V2_MODEL_RUNNER=0 ;;
-  v2) export VLLM_USE_V2_MODEL_RUNNER=1 ;;
-  *) echo "RUNNER must be vllm, v1 or v2"; exit 2 ;;
-esac
+source scripts/gpu/runner.sh  # RUNNER=vllm (default), v1 or v2: vLLM's model runner
 # CODE=DIR (a folder of the checkout, carried, holding another commit's evalparity/ package): run that code
 # instead, for an A/B on one machine (scripts/gpu/old_code.sh makes one). PYTHONSAFEPATH: `python -m` and
 # `-c` put the working directory (this checkout, with its evalparity/) first on sys.path, ahead of

@@ -8,15 +8,7 @@
 #   hidden  benchmarks/hidden_bench.py on SmolLM2, $N (10000) HellaSwag prompts, 3 layers, last token
 set -uo pipefail
 source .gpu/bin/env.sh
-# RUNNER: vLLM's GPU model runner. The recipe's env.sh sets VLLM_USE_V2_MODEL_RUNNER=0 (V1), which no user's
-# machine sets; "vllm" (the default since session 26) unsets it, so that vLLM chooses as it does for a user
-# (in 0.26, V2 for dense decoders); "v1" / "v2" force one. Each cell records the runner it got (settings.model_runner).
-case ${RUNNER:-vllm} in
-  vllm) unset VLLM_USE_V2_MODEL_RUNNER ;;
-  v1) export VLLM_USE_V2_MODEL_RUNNER=0 ;;
-  v2) export VLLM_USE_V2_MODEL_RUNNER=1 ;;
-  *) echo "RUNNER must be vllm, v1 or v2"; exit 2 ;;
-esac
+source scripts/gpu/runner.sh  # RUNNER=vllm (default), v1 or v2: vLLM's model runner
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
 MODE=${MODE:-drift}
 LABEL=${LABEL:-$MODE}

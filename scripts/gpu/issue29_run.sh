@@ -15,21 +15,15 @@
 #             against vllm-bf16
 #   noreuse   hf-fp32 and one candidate (cand=vllm:bf16), both scored: the time a sign-off takes today
 #   runner    vLLM's two GPU model runners against each other: vllm-fp32-v1 and vllm-bf16-v1
-#             (env.VLLM_USE_V2_MODEL_RUNNER=0) against the reference vllm-fp32 and, vllm-bf16-v1, also against vllm-bf16 (vLLM's own choice: V2 for SmolLM2),
-#             --full --limit $LIMIT (default 2000): the runner's own drift, beside the dtypes'
+#             (env.VLLM_USE_V2_MODEL_RUNNER=0) against the reference vllm-fp32, and vllm-bf16-v1 also
+#             against vllm-bf16 (vLLM's own choice: V2 for SmolLM2), --full --limit $LIMIT (default 2000):
+#             the runner's own drift, beside the dtypes'
 #   reuse     the same candidate with --reference-from the quant run's hf-fp32 ($SOURCE, default
 #             /tmp/i29-quant): the time a stored reference saves
 # Set WHEELS=.gpuwheel (carried) to install extra wheels (tenacity, for lm-eval's API models) first.
 set -uo pipefail
 source .gpu/bin/env.sh
-# RUNNER: as in issue26_run.sh (the recipe's env.sh forces vLLM's V1 model runner; "vllm", the default, lets
-# vLLM choose as on a user's machine; "v1" / "v2" force one).
-case ${RUNNER:-vllm} in
-  vllm) unset VLLM_USE_V2_MODEL_RUNNER ;;
-  v1) export VLLM_USE_V2_MODEL_RUNNER=0 ;;
-  v2) export VLLM_USE_V2_MODEL_RUNNER=1 ;;
-  *) echo "RUNNER must be vllm, v1 or v2"; exit 2 ;;
-esac
+source scripts/gpu/runner.sh  # RUNNER=vllm (default), v1 or v2: vLLM's model runner
 export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
 MODE=${MODE:-variants}
 LABEL=${LABEL:-$MODE}
