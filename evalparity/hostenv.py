@@ -50,11 +50,11 @@ WITHHELD = "(set; value withheld: the name suggests a credential)"
 WITHHELD_VALUE = "(set; value withheld: it looks like a credential)"
 
 
-def collect(environ=None) -> dict[str, str]:
+def collect(environ) -> dict[str, str]:
     """The host, its accelerators and the kernel libraries, as strings ("absent" where a package is not
     installed; GPU fields only where torch is already imported and sees CUDA), and the steering variables of
-    ``environ`` (default: this process's now; a cell passes its environment from before the engine's import,
-    which sets some of its own). Never raises."""
+    ``environ`` (a cell passes its environment from before the engine's import, which sets some of its own).
+    Never raises."""
     out = {"python": platform.python_version(), "os": platform.platform(), "host": platform.node(),
            "cpu": _cpu_model(), "cpu_cores": str(os.cpu_count()), "memory_gib": _memory_gib()}
     for dist in KERNEL_PACKAGES:
@@ -77,7 +77,7 @@ def collect(environ=None) -> dict[str, str]:
     driver = _nvidia_driver()
     if driver:
         out["nvidia_driver"] = driver
-    return out | steering_variables(os.environ if environ is None else environ)
+    return out | steering_variables(environ)
 
 
 def steering_variables(environ) -> dict[str, str]:
