@@ -742,3 +742,33 @@ def test_a_cell_probed_with_another_engine_than_the_run_s_is_said(tmp_path):
     lines = engine_warnings(run, {"hf-bf16": {"engine": other}, "hf-fp32": {"engine": None}})
     assert len(lines) == 1 and lines[0].startswith("hf-bf16 was probed with model runner V1 (c.D), where the run's "
                                                    "was V2 (a.B)") and "may not be the run's" in lines[0]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_engine_differences_name_exactly_the_numerics_variables_that_differ(seed):
+    """Generated records: every numerics-steering variable (``NUMERIC_PREFIXES``) set differently, or in one
+    record only, is named once with both values; threads, caches and agreeing variables never are; the
+    runner is named when both records give one and they differ."""
+    import random
+
+    from evalparity.drift import NUMERIC_PREFIXES, engine_differences
+
+    rng = random.Random(seed)
+    for _ in range(200):
+        names = [rng.choice([*NUMERIC_PREFIXES, "$OMP_", "$TORCH_", "$TOKENIZERS_"]) + rng.choice("ABC")
+                 for _ in range(rng.randint(0, 8))]
+        scored_env = {"python": "3.12"} | {n: rng.choice("01x") for n in names if rng.random() < 0.7}
+        mine = {n: rng.choice("01x") for n in names if rng.random() < 0.7}
+        runners = [rng.choice([None, "V1 (a)", "V2 (b)"]) for _ in range(2)]
+        scored = {"settings": {"model_runner": runners[0]}, "environment": scored_env}
+        probed = {"settings": {"model_runner": runners[1]}, "variables": mine}
+        got = engine_differences(scored, probed)
+        differing = sorted(n for n in set(scored_env) | set(mine)
+                           if n.startswith(NUMERIC_PREFIXES) and scored_env.get(n) != mine.get(n))
+        if not any(k.startswith("$") for k in scored_env):
+            differing = []  # a record without variables says nothing to compare
+        want = [f"{n[1:]}={mine.get(n, '(unset)')}, where the run's was {scored_env.get(n, '(unset)')}"
+                for n in differing]
+        if all(runners) and runners[0] != runners[1]:
+            want.insert(0, f"model runner {runners[1]}, where the run's was {runners[0]}")
+        assert got == want
