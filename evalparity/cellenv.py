@@ -8,11 +8,10 @@ heavy is imported, so that its command starts the worker within a second (issue 
 from __future__ import annotations
 
 from evalparity.backends import registry
-from evalparity.spec import CellSpec, RunSpec
+from evalparity.spec import CellSpec
 
 
-def cell_environment(spec: RunSpec, backend_env: dict[str, str], offline: bool,
-                     cell: CellSpec | None = None) -> dict[str, str]:
+def cell_environment(backend_env: dict[str, str], offline: bool, cell: CellSpec | None = None) -> dict[str, str]:
     """The variables a cell process needs on top of its host's environment (which, on a cluster, is that
     host's own, not this one's), the plugin modules that register backends (``backends.registry``), and the
     cell's own (``env.VAR=`` of a ``--cell``: they win over the backend's, as the user asked)."""

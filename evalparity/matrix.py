@@ -244,7 +244,7 @@ def plan_jobs(spec: RunSpec, run_dir: Path, force: bool, cells_per_gpu: int = 1,
             meta = units.read_cell_json(layout.cell_dir(run_dir, cell.name)) or {}
             done[cell.name] = CellOutcome(cell.name, "skipped", 0.0, meta)
             continue
-        env = cell_environment(spec, backends.get(cell.backend).environment(spec, cell), offline, cell) \
+        env = cell_environment(backends.get(cell.backend).environment(spec, cell), offline, cell) \
             | dict(extra_env or {})
         todo = shards.pending_shards(run_dir, cell, force, spec.identity()) if cell.shards > 1 else [0]
         if cell.shards > 1 and not todo:
@@ -344,7 +344,7 @@ def _run_staged(spec: RunSpec, run_dir: Path, model_path: str, offline: bool, co
     """A staged spec: its rounds (``stager``), each cell one job, or one per replica (``--shards``), but a reused
     reference, on the executor the cells would get."""
     gpus = {c.name: job_gpus(spec, c, placement.cells_per_gpu) for c in spec.cells}
-    envs = {c.name: cell_environment(spec, backends.get(c.backend).environment(spec, c), offline, c)
+    envs = {c.name: cell_environment(backends.get(c.backend).environment(spec, c), offline, c)
             | dict(placement.cell_env) for c in spec.cells}
     replicas = [(c.name, k) for c in spec.cells for k in range(c.shards)]  # each its own port range
     ports = {rep: job_port_base(str(run_dir.resolve()), i) for i, rep in enumerate(replicas)}

@@ -98,7 +98,7 @@ def _children(ctx: ahead.Context):
     for backend, module in (("hf", hf), ("vllm", vllm)):
         spec = RunSpec(model="m", tasks=("t",), cells=build_cells([backend], ["fp32"], 8, []), device="cpu",
                        leaf_docs=(("t", 1),))
-        env = cell_environment(spec, module.environment(spec, spec.cells[0]), offline=True)
+        env = cell_environment(module.environment(spec, spec.cells[0]), offline=True)
         cmd = [sys.executable, "-c", SCRIPT, backend, str(ctx.fixture("tiny_model")), str(data), ",".join(MODES)]
         cmds[backend] = (cmd, env)
     return lambda: (pairs, {b: ctx.run(cmd, env=env, timeout=600) for b, (cmd, env) in cmds.items()})

@@ -110,10 +110,10 @@ def test_the_args_and_env_reach_the_engine_and_the_process():
     cell = variants.parse_cell("bi=vllm:bf16:max_num_seqs=7,env.VLLM_BATCH_INVARIANT=1", 8, 1, NO_ARGS)
     spec = RunSpec(model="m", tasks=("t",), cells=(cell,))
     assert backends.get("vllm").model_args(spec, cell, "/m")["max_num_seqs"] == 7
-    env = cell_environment(spec, backends.get("vllm").environment(spec, cell), offline=True, cell=cell)
+    env = cell_environment(backends.get("vllm").environment(spec, cell), offline=True, cell=cell)
     assert env["VLLM_BATCH_INVARIANT"] == "1" and env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     mine = variants.parse_cell("x=vllm:bf16:env.VLLM_ENABLE_V1_MULTIPROCESSING=1", 8, 1, NO_ARGS)
-    env = cell_environment(spec, backends.get("vllm").environment(spec, mine), offline=True, cell=mine)
+    env = cell_environment(backends.get("vllm").environment(spec, mine), offline=True, cell=mine)
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"  # the user's own setting wins, and is recorded
 
 

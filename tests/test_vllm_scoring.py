@@ -50,7 +50,7 @@ SCRIPT = textwrap.dedent("""
 def _scoring_child(ctx: ahead.Context):
     spec = RunSpec(model="m", tasks=("t",), cells=build_cells(["vllm"], ["fp32"], 8, []), device="cpu",
                    leaf_docs=(("t", 1),))
-    env = cell_environment(spec, backend.environment(spec, spec.cells[0]), offline=True)
+    env = cell_environment(backend.environment(spec, spec.cells[0]), offline=True)
     cmd = [sys.executable, "-c", SCRIPT, str(ctx.fixture("tiny_model"))]
     return lambda: ctx.run(cmd, env=env, timeout=600)
 

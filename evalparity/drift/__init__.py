@@ -103,7 +103,7 @@ def launch_plan(model_path: str, cells: list[str], reference: str, *, device: st
         own = str(resolve_model(cell.model, max_len)[1]) if cell.model else model_path
         args = backend.model_args(spec, cell, own)
         plan[name] = {"backend": cell.backend, "dtype": cell.dtype, "tf32": cell.tf32, "model_args": args,
-                      "env": cell_environment(spec, backend.environment(spec, cell), offline=True, cell=cell),
+                      "env": cell_environment(backend.environment(spec, cell), offline=True, cell=cell),
                       "python": spec.interpreter(cell) or sys.executable,
                       "gpu_budget_gib": budgets.get(name, {}).get("budget_gib")}
     return plan
