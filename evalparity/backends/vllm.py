@@ -58,17 +58,11 @@ def model_args(spec: RunSpec, cell: CellSpec, model_path: str) -> dict:
 
 
 def environment(spec: RunSpec, cell: CellSpec) -> dict[str, str]:
-    return process_environment(spec.device, cell, spec.alignment.true_fp32)
-
-
-def process_environment(device: str, cell: CellSpec, true_fp32: bool) -> dict[str, str]:
-    """``environment`` from what is known before the run's spec is: the cell's process, and the warm-up of its
-    kernels (``evalparity.warmup``), which must compile under the same variables to fill the same cache."""
-    env = precision.environment(cell.dtype, true_fp32 and not cell.tf32)
+    env = precision.environment(cell.dtype, spec.alignment.true_fp32 and not cell.tf32)
     # The in-process engine starts in seconds instead of a minute, and the multi-process engine hangs
     # on some GPU hosts; nothing here needs the separate engine process.
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if device == "cpu":
+    if spec.device == "cpu":
         env["VLLM_TARGET_DEVICE"] = "cpu"
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
     else:
@@ -146,64 +140,6 @@ def warm_caches(architectures: list[str], device: str) -> list[str] | None:
     import sys
 
     return [sys.executable, "-m", "evalparity.backends.vllm_warmup", *architectures]
-
-
-def kernel_warmup_argv(device: str) -> list[str] | None:
-    """The command of the process that compiles a vLLM cell's kernels while the run sets up
-    (``backends/vllm_warmup.py`` says why); None on the CPU, whose engine compiles no kernels at start."""
-    if device == "cpu":
-        return None
-    import sys
-
-    return [sys.executable, "-m", "evalparity.backends.vllm_warmup", "--engine"]
-
-
-WARMUP_LAYERS = 1          # the warm-up engine's layers: every layer runs the same kernels
-WARMUP_SEQS = 1024         # vLLM's largest default max_num_seqs: the sampler's warm-up batch (rows of logits)
-WARMUP_MIN_KV = 64 << 20   # bytes of KV cache the warm-up engine asks for, at least
-
-
-def kernel_warmup_args(spec: RunSpec, cell: CellSpec, model_path: str, shape: ModelShape) -> dict | None:
-    """The cell's own engine arguments (``model_args``), changed only where the kernels do not depend on them:
-    random weights (``load_format=dummy``: nothing read), one layer, a small KV cache, a small share of the
-    GPU. None where the model's config.json has no top-level ``num_hidden_layers`` to cut (a warm-up of the
-    whole model would cost a load)."""
-    if not _top_level_layers(model_path):
-        return None
-    args = model_args(spec, cell, model_path)
-    overrides = args.get("hf_overrides") if isinstance(args.get("hf_overrides"), dict) else {}
-    args.update(load_format="dummy", hf_overrides=dict(overrides) | {"num_hidden_layers": WARMUP_LAYERS},
-                gpu_memory_utilization=0.01,
-                kv_cache_memory_bytes=kernel_warmup_kv_bytes(shape, cell.dtype, spec.alignment.max_length))
-    return args
-
-
-def kernel_warmup_kv_bytes(shape: ModelShape, dtype: str, max_length: int) -> int:
-    """KV cache for one layer: two full-length sequences and a block of 16 tokens for each of the sampler
-    warm-up's requests (vLLM's ``warmup_kernels``), at least ``WARMUP_MIN_KV``."""
-    per_token = 2 * max(1, shape.kv_heads) * max(1, shape.head_dim) * DTYPE_BYTES[dtype]
-    return max(WARMUP_MIN_KV, per_token * (2 * max_length + 16 * 2 * WARMUP_SEQS))
-
-
-def kernel_warmup_bytes(shape: ModelShape, dtype: str, max_length: int) -> int:
-    """GPU memory of one warm-up engine, over-estimated: the CUDA context, the embeddings and output layer
-    (untied) and one layer at ``dtype``, its KV cache, and the sampler warm-up's logits (``WARMUP_SEQS`` rows
-    of the vocabulary in fp32, four copies)."""
-    embeds = 2 * shape.vocab * shape.hidden
-    layer = max(0, shape.params - embeds) // max(1, shape.layers)
-    return (CUDA_CONTEXT + (embeds + layer) * DTYPE_BYTES[dtype] + kernel_warmup_kv_bytes(shape, dtype, max_length)
-            + 4 * WARMUP_SEQS * shape.vocab * 4)
-
-
-def _top_level_layers(model_path: str) -> bool:
-    """Whether the model's config.json names its layer count at the top (``hf_overrides`` can cut it there)."""
-    import json
-
-    try:
-        cfg = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and isinstance(cfg.get("num_hidden_layers"), int)
 
 
 def use_job_ports(args: dict | None = None) -> str | None:

@@ -199,9 +199,8 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             timings.step("cells")  # the cells' own checks (a vLLM cell's argument names) included
             probes = probe_interpreters(args.pythons, cell_specs)  # their imports overlap the setup
             # per-machine caches the cells would each fill at once (vLLM's model info), while the setup goes on
-            # and the kernels their engines compile at start, compiled by warm-ups that go once the memory plan is made
-            warm = warmup.start(cell_specs, dev, Path(what.model).expanduser() if what.model else None,
-                                true_fp32=align.true_fp32, run_key=str(run_dir.resolve()))
+            warm = warmup.start({c.backend for c in cell_specs}, dev,
+                                Path(what.model).expanduser() if what.model else None)
             timings.step("warmup_start")
             offline = go_offline_without_hub()
             check_local_model(what.model)  # a wrong --model path in one line before the tasks' data is read
@@ -213,7 +212,7 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             check_chat_template(align.apply_chat_template, align.fewshot_as_multiturn, model_path)
             timings.step("model")
             memory_plan = plan_memory(dev, place.ray, model_path, cell_specs, max_len, place.tensor_parallel,
-                                      place.cells_per_gpu, warm)
+                                      place.cells_per_gpu)
             placement = Placement(ray=place.ray, cells_per_gpu=memory_plan.cells_per_gpu if memory_plan
                                   else place.cells_per_gpu or 1, mps=place.mps)
             timings.step("memory_plan")
@@ -234,7 +233,6 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             from evalparity.matrix import reference_from  # heavy: pandas, scipy (matrix -> cells -> samples)
 
             spec, reused = reference_from(folder.reference_from, spec, opts.reference, run_dir)
-            warm.go(spec, str(model_path), pending_cells(spec, reused, run_dir, folder.force))
             sharing = mps.decide(place.mps, dev, shares_a_gpu(spec, placement, reused, run_dir, folder.force),
                                  place.ray not in (None, "local"))
             timings.step("reference_and_checks")
@@ -253,8 +251,6 @@ def run(*, what: ModelAndTasks, cells: CellOptions, folder: RunFolder, align: Al
             raise typer.Exit(signoff.exit_code(failed, code))
         finally:
             if warm is not None:
-                if warm.kernels:
-                    timings.facts["kernel_warmup"] = warm.record()
                 warm.close()
             if prep is not None:  # the run ended before it needed the model: its preparation stops too
                 embedded.stop_preparing(prep)
@@ -526,29 +522,17 @@ def check_chat_template(apply: bool, multiturn: bool | None, model_path) -> None
 
 
 def plan_memory(dev: str, ray: str | None, model_path, cell_specs, max_len: int, tensor_parallel: int,
-                cells_per_gpu: int | None, warm: warmup.Warmup | None = None):
+                cells_per_gpu: int | None):
     """The GPU memory plan of the run (``memplan``), printed; None on CPU, and for a Ray cluster named by
-    address, whose GPUs this host cannot see (its cells keep the fixed defaults). The kernel warm-ups
-    (``warmup``) start on this host's first GPU once it is made: what they may hold is left out of it, or
-    they are told to skip."""
-    warm = warm or warmup.Warmup()
+    address, whose GPUs this host cannot see (its cells keep the fixed defaults)."""
     if dev == "cpu":
-        warm.skip("the run is on the CPU")
         return None
     if ray not in (None, "local"):
-        warm.skip("the cells run on a Ray cluster's GPUs, not this host's")
         log("[dim]memory plan: skipped, the cells run on the Ray cluster's GPUs, not this host's[/dim]")
         return None
 
-    shape, gpus = memplan.read_shape(model_path), memplan.gpus_here()
-    if gpus:
-        held = warm.fit(shape, max_len, gpus[0].total)
-        gpus[0] = dataclasses.replace(gpus[0], free=max(0, gpus[0].free - held))
-        if held:
-            log(f"[dim]kernel warm-up: {len(warm.kernels)} engine(s) of one layer compile the cells' kernels while "
-                f"they start ({held / (1 << 30):.1f} GiB left out of the plan)[/dim]")
     plan = memplan.plan([(c.name, c.backend, c.dtype, c.batch_size) for c in cell_specs],
-                        shape, gpus, cpus=memplan.host_cpus(),
+                        memplan.read_shape(model_path), memplan.gpus_here(), cpus=memplan.host_cpus(),
                         max_length=max_len, n_jobs=sum(c.shards for c in cell_specs),
                         tensor_parallel=tensor_parallel, cells_per_gpu=cells_per_gpu,
                         sizes=own_gpus(cell_specs, tensor_parallel))
@@ -645,22 +629,16 @@ def report_documents(spec, plan, limit: int | None) -> None:
 
 
 # ------------------------------------------------------------------ the matrix and after
-def pending_cells(spec, reused, run_dir: Path, force: bool) -> set[str]:
-    """The cells this run still has to run: not finished (or ``--force``), and not a reused reference."""
-    from evalparity.rundir import units
-
-    return {c.name for c in spec.cells if (reused is None or c.name != reused.target)
-            and (force or not units.is_done(run_dir, c.name, identity=spec.identity()))}
-
-
 def shares_a_gpu(spec, placement, reused, run_dir: Path, force: bool) -> bool:
     """Whether more than one of the jobs this run still has to run (cells not finished, or their shards; a
     reused reference is none) would hold a GPU at the same time (``matrix.shares_gpus``): what an MPS server
     is for."""
     from evalparity.matrix import shares_gpus
+    from evalparity.rundir import units
 
-    pending = pending_cells(spec, reused, run_dir, force)
-    return shares_gpus(spec, placement, sum(c.shards for c in spec.cells if c.name in pending))
+    pending = [c for c in spec.cells if (reused is None or c.name != reused.target)
+               and (force or not units.is_done(run_dir, c.name, identity=spec.identity()))]
+    return shares_gpus(spec, placement, sum(c.shards for c in pending))
 
 
 def start_mps(choice: str, sharing: tuple[bool, str], timings: RunLog):

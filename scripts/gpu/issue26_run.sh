@@ -61,7 +61,7 @@ if [[ -n ${MPS:-} ]]; then  # an experiment: the cells' CUDA contexts through a 
 fi
 read -r -a MORE <<< "${ARGS:-}"  # extra arguments for the run, e.g. ARGS="--mps off"
 EXTRA+=("${MORE[@]}")
-rm -rf "$RUN" "$EVALPARITY_CACHE"/warmup-kernels-*.log  # this run's warm-up logs only
+rm -rf "$RUN"
 if [[ -n ${UTIL:-} ]]; then  # UTIL=1: the GPU's utilisation every 0.5 s while the run runs (util.csv in its folder)
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > "/tmp/util-$LABEL.csv" &
   UTIL_PID=$!
@@ -89,11 +89,6 @@ if [[ -n ${OUT:-} && -d $RUN ]]; then
   done
   cp /tmp/setup-$LABEL.pstats "$RUN/" 2>/dev/null || true
   cp "$EVALPARITY_CACHE/prepare.log" "$RUN/logs/prepare.log" 2>/dev/null || true  # a first run's model preparation, by phase
-  for f in "$EVALPARITY_CACHE"/warmup-kernels-*.log; do  # the kernel warm-ups' engines (evalparity/warmup.py)
-    [[ -f $f ]] || continue
-    grep -E "engine warm-up|init engine|took|Using V|Initializing|Traceback|Error" "$f" | head -40 \
-      > "$RUN/logs/$(basename "$f" .log).txt"
-  done
   ( # what the run's first engines compiled into the per-machine caches (CACHES=1)
     [[ -n ${CACHES:-} ]] || exit 0
     for d in "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" "${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}" \
