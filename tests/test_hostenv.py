@@ -107,3 +107,14 @@ def test_generated_environments_give_one_printable_bounded_line_per_variable_and
             else:
                 assert shown == WITHHELD_VALUE or \
                     shown.startswith(value.encode("unicode_escape").decode("ascii")[:MAX_VALUE]), name
+
+
+def test_the_report_tells_a_variable_set_to_none_from_one_unset():
+    """A variable's value is its text: "None" is a value, shown against a cell where it was unset; a setting
+    recorded as "None" (torch's CPU build writes ``torch_cuda`` so) stays among the unset ones."""
+    from evalparity.report.sections import side_by_side
+
+    table = side_by_side({"a": {"$VLLM_X": "None", "torch_cuda": "None", "$VLLM_Y": "None"},
+                          "b": {"torch_cuda": "None", "$VLLM_Y": "None"}}, "environment")
+    assert table.differing.rows == [["$VLLM_X", "None", "–"]]
+    assert table.shared.rows == [["$VLLM_Y", "None"]] and table.unset == ["torch_cuda"]

@@ -220,8 +220,12 @@ def setting_text(value) -> str:
     return str(value)
 
 
-def _unset(value) -> bool:
-    return value is None or value == "None"
+def _unset(key: str, value) -> bool:
+    """Whether a recorded value means "not set": None, or the text "None" that older records and torch's CPU
+    build (``torch.version.cuda``) wrote for one. Not for an environment variable (``$NAME``,
+    ``hostenv.steering_variables``): its value is the text it was set to, "None" included, so that a cell where
+    it was set to "None" and one where it was unset show as different."""
+    return value is None or (value == "None" and not key.startswith("$"))
 
 
 def side_by_side(records: dict[str, dict], label: str) -> SideBySide | None:
@@ -232,7 +236,7 @@ def side_by_side(records: dict[str, dict], label: str) -> SideBySide | None:
     keys = sorted({k for r in records.values() for k in r})
     shared, differing, unset = [], [], []
     for k in keys:
-        values = [None if _unset(r.get(k)) else setting_text(r[k]) for r in records.values()]
+        values = [None if _unset(k, r.get(k)) else setting_text(r[k]) for r in records.values()]
         if all(v is None for v in values):
             unset.append(k)
         elif len(records) > 1 and len(set(values)) == 1:
