@@ -717,6 +717,7 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
     configured it (``drift.launch_plan``)."""
     from evalparity.drift import (  # heavy: torch; only --drift
         cannot_probe,
+        engine_warnings,
         launch_plan,
         prompts_from_run,
         run_drift,
@@ -739,8 +740,12 @@ def localise_drift(run_dir: Path, model_path, n_prompts: int, cell_specs, opts, 
         return
     launch = launch_plan(str(model_path), probed, opts.reference, device=dev, max_len=max_len, run_spec=run_spec)
     with timings.stage("drift"), rundir.staged_outputs(run_dir, (DRIFT,)) as stage:  # drift/ published whole
-        run_drift(launch, prompts_from_run(run_dir, n_prompts), layout.drift_dir(stage), reference=opts.reference,
-                  max_len=max_len, together=together_ok(run_spec, [c for c in launch if c != opts.reference]),
-                  console=console, shown=layout.drift_dir(run_dir),
-                  mps_choice="off" if mps_choice == "off" else "auto",  # on: the run's cells; drift where it applies
-                  reference_too=together_ok(run_spec, list(launch)))
+        results = run_drift(
+            launch, prompts_from_run(run_dir, n_prompts), layout.drift_dir(stage), reference=opts.reference,
+            max_len=max_len, together=together_ok(run_spec, [c for c in launch if c != opts.reference]),
+            console=console, shown=layout.drift_dir(run_dir),
+            mps_choice="off" if mps_choice == "off" else "auto",  # on: the run's cells; drift where it applies
+            reference_too=together_ok(run_spec, list(launch)))
+    # the cells' own processes ran under the executor's environment: say where a probe's engine was another
+    for line in engine_warnings(run_dir, results):
+        log(f"[yellow]warning:[/yellow] {safe(line)}")
