@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import errno
+import functools
 import gc
 import importlib
 import importlib.metadata as md
@@ -34,12 +35,13 @@ import time
 import traceback
 from pathlib import Path
 
-from evalparity import __version__, backends, hostenv, lmeval_patches, procs, samples, shards, slim, tasks
+from evalparity import __version__, backends, hostenv, lmeval_patches, procs, samples, shards, slim, staging, tasks
 from evalparity.backends import precision, registry
 from evalparity.config import (
     PLACEMENT_ENV,
     REASON_FD_ENV,
     STAGES,
+    score_ahead,
     unit_location,
 )
 from evalparity.data import mirrors
@@ -523,6 +525,11 @@ def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, pr
     executor that cannot hold every cell at once restarts it for the next). Rounds already published are
     never scored again, so a killed run resumes at its last finished round. Returns the rounds scored.
 
+    A resident cell that waits may score its next rounds ahead (``Ahead``): while another cell of the run is
+    still loading its model, the GPU has time to spare. A round scored ahead is published only when the
+    run's record of that round asks for exactly the docs it scored (the same lm-eval call in the same
+    process, so the same numbers); otherwise it is thrown away and the round is scored as asked.
+
     ``shard`` (k, n): this process is replica k of the cell's n (``--shards``): it scores its share of every
     round (``RoundRequest.replica_share``) and publishes it as ``stages/<cell>.r<r>.<k>of<n>``; the run merges
     the n shares into the cell's part (``stager.merge_replicas``)."""
@@ -531,42 +538,156 @@ def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, pr
     args = backend.model_args(spec, cell, model_path)
     lm = tm = loaded = None
     scored, r = 0, 0
+    ahead = Ahead(run_dir, spec, cell) if resident and shard == (0, 1) else None
+    last: rounds.RoundRequest | None = None
     while True:
         unit = rounds.replica_part_name(cell.name, r, *shard)
         if any(units.is_done(run_dir, u, STAGES, identity=spec.identity())
                for u in {unit, rounds.part_name(cell.name, r)}):
             r += 1  # its share, or the cell's whole part (merged from the shares), is in
             continue
+        if ahead is not None and lm is not None and last is not None:
+            ahead.score(last, functools.partial(evaluate_round, lm, tm, spec, cell, backend, args), loaded, progress)
         progress.update(force=True, phase=f"waiting for round {r + 1}" if lm is not None else "starting")
         request = rounds.wait_for_round(run_dir, r, progress)
         if request is None:  # the run has decided: no round r
+            if ahead is not None:
+                ahead.discard()
             return scored
         request = request.replica_share(*shard)
+        last = request
         if lm is None:
             loaded = cell_meta(spec, cell, model_path, backend, args)
             lm, tm = load_model(spec, cell, backend, args, loaded, progress)
-        # every round's record carries what the load found (precision, attention backend, environment, BOS)
-        meta = copy.deepcopy(loaded) | {"round": r, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                        "load_s": loaded["load_s"] if not scored else 0.0}
-        if shard[1] > 1:
-            meta["shard"] = {"index": shard[0], "of": shard[1]}
         out = units.tmp_dir(run_dir, unit, STAGES)
         if out.exists():
             shutil.rmtree(out)
-        out.mkdir(parents=True)
-        t0 = time.perf_counter()
-        progress.update(force=True, phase=f"round {r + 1}")
-        evaluate(lm, tm, spec, cell, backend, args, meta, progress, out, task_names=list(request.tasks),
-                 limit=None, samples_arg=request.samples(), drop=request.placeholders(),
-                 groups=request.groups)
-        meta |= {"status": STATUS_OK, "wall_s": time.perf_counter() - t0,
-                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        meta = ahead.take(request, out) if ahead is not None else None
+        if meta is None:
+            # every round's record carries what the load found (precision, attention backend, environment, BOS)
+            meta = round_meta(loaded, r, scored, shard)
+            out.mkdir(parents=True)
+            progress.update(force=True, phase=f"round {r + 1}")
+            evaluate_round(lm, tm, spec, cell, backend, args, meta, progress, out, request)
         records.write_cell(out, meta)
         units.publish(run_dir, unit, STATUS_OK, STAGES)
         scored += 1
         r += 1
         if not resident:
             return scored
+
+
+def round_meta(loaded: dict, r: int, scored: int, shard: tuple[int, int] = (0, 1)) -> dict:
+    """A round's record before its scoring: what the load found, the round, when it started."""
+    meta = copy.deepcopy(loaded) | {"round": r, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                    "load_s": loaded["load_s"] if not scored else 0.0}
+    if shard[1] > 1:
+        meta["shard"] = {"index": shard[0], "of": shard[1]}
+    return meta
+
+
+def evaluate_round(lm, tm, spec: RunSpec, cell: CellSpec, backend, args: dict, meta: dict, progress: ProgressFile,
+                   out: Path, request: rounds.RoundRequest) -> None:
+    """Score one round's docs into ``out`` (``evaluate``), its status and timings into ``meta``."""
+    t0 = time.perf_counter()
+    evaluate(lm, tm, spec, cell, backend, args, meta, progress, out, task_names=list(request.tasks),
+             limit=None, samples_arg=request.samples(), drop=request.placeholders(), groups=request.groups)
+    meta |= {"status": STATUS_OK, "wall_s": time.perf_counter() - t0,
+             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+#: A cell's phases before its model is loaded (``load_model``): another cell in one of them leaves the GPU
+#: time to spare, which a waiting cell may use to score ahead.
+LOADING_PHASES = frozenset({"starting", "reading the task index", "loading model"})
+AHEAD_ROUNDS = 3  # rounds a cell scores ahead of the run's records, at most (each started only while allowed)
+
+
+class Ahead:
+    """A resident staged cell's rounds scored before the run asks for them (``run_staged``).
+
+    Why: on a fresh GPU machine the HF cells finish round 1 about 25 s before the vLLM cells have even loaded
+    (their engine's cold start), and the GPU is mostly idle meanwhile (results/staged-h200, session 26).
+    Scoring the next rounds in that time moves their work off the rounds that follow, which the GPU paces.
+
+    The guess is that every task of the last round goes on to its next look (``staging.predicted``). A round is
+    started ahead only while another cell is loading (``others_loading``: after that the GPU is what the
+    rounds wait for, and work the run may not need would slow the work it needs), at most ``AHEAD_ROUNDS``,
+    and never once the run has written its own record of that round or ended. A guess the run's record does
+    not match is thrown away whole, with every guess after it. The cost where the run stops earlier than
+    guessed: the GPU time of the rounds thrown away, and the end of the run waits for the one in progress
+    (the cell reads the run's decision between rounds). ``$EVALPARITY_SCORE_AHEAD`` (``config.score_ahead``):
+    off, auto, or always (tests)."""
+
+    def __init__(self, run_dir: Path, spec: RunSpec, cell: CellSpec):
+        self.run_dir, self.spec, self.cell = run_dir, spec, cell
+        self.mode = score_ahead()
+        self.plan = staging.StagingPlan.from_json(spec.staging) if spec.staging else None
+        self.done: list[tuple[rounds.RoundRequest, Path, dict]] = []  # in round order
+
+    def folder(self, r: int) -> Path:
+        return units.tmp_dir(self.run_dir, f"{rounds.part_name(self.cell.name, r)}.ahead", STAGES)
+
+    def others_loading(self) -> bool:
+        """Whether another cell of the run has not published its first round and is (by its progress file)
+        still starting, reading the task index or loading its model, or has not started."""
+        identity = self.spec.identity()
+        for other in self.spec.cells:
+            if other.name == self.cell.name or units.is_done(self.run_dir, rounds.part_name(other.name, 0), STAGES,
+                                                                identity=identity):
+                continue
+            for k in range(other.shards):
+                home = units.tmp_dir(self.run_dir, rounds.replica_name(other.name, k, other.shards), STAGES)
+                try:
+                    phase = json.loads(layout.progress_file(home).read_text()).get("phase")
+                except (OSError, ValueError, AttributeError):
+                    return True  # not started (or between two writes of its progress)
+                if phase in LOADING_PHASES:
+                    return True
+        return False
+
+    def allowed(self) -> bool:
+        return self.mode == "always" or (self.mode == "auto" and self.others_loading())
+
+    def score(self, last: rounds.RoundRequest, scoring, loaded: dict, progress: ProgressFile) -> None:
+        """Score the rounds after ``last`` (or after the last one scored ahead) while ``allowed``, each with
+        ``scoring(meta, progress, folder, request)`` (``evaluate_round`` on the loaded model), until the run
+        writes its own record of the next one or decides."""
+        if self.plan is None or self.mode == "off":
+            return
+        while len(self.done) < AHEAD_ROUNDS:
+            base = self.done[-1][0] if self.done else last
+            guess = staging.predicted(self.plan, base)
+            if guess is None or rounds.read_round(self.run_dir, guess.round, self.spec.identity()) is not None \
+                    or rounds.finished_at(self.run_dir) is not None or not self.allowed():
+                return
+            out = self.folder(guess.round)
+            if out.exists():
+                shutil.rmtree(out)
+            out.mkdir(parents=True)
+            meta = round_meta(loaded, guess.round, 1) | {"scored_ahead": True}
+            progress.update(force=True, phase=f"round {guess.round + 1}, ahead of the run's decision")
+            scoring(meta, progress, out, guess)
+            self.done.append((guess, out, meta))
+
+    def take(self, request: rounds.RoundRequest, out: Path) -> dict | None:
+        """The record of ``request``'s round scored ahead, moved to ``out``, where the guess asked for exactly
+        its docs; else None, every guess from this round on thrown away."""
+        if self.done and self.done[0][0].round < request.round:  # a round the run asked for otherwise
+            self.discard()
+        if not self.done or self.done[0][0].round != request.round:
+            return None
+        guess, folder, meta = self.done[0]
+        if not staging.same_docs(guess, request):
+            self.discard()
+            return None
+        self.done.pop(0)
+        folder.rename(out)
+        return meta
+
+    def discard(self) -> None:
+        for _, folder, _ in self.done:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.done.clear()
 
 
 def tell_parent(reason: str) -> None:

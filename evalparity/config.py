@@ -81,6 +81,22 @@ def progress_interval() -> float:
     return value
 
 
+AHEAD_ENV = "EVALPARITY_SCORE_AHEAD"  # auto (default), off, or always: a staged cell's scoring ahead (cells)
+AHEAD_CHOICES = ("auto", "off", "always")
+
+
+def score_ahead() -> str:
+    """``$EVALPARITY_SCORE_AHEAD``: ``auto`` (unset: a resident staged cell scores its next rounds while
+    another cell of the run is still loading its model, ``cells.run_staged``), ``off`` (never), or ``always``
+    (whenever it waits, for tests that must see it happen on a fast CPU). Anything else is refused."""
+    value = os.environ.get(AHEAD_ENV, "").strip().lower() or "auto"
+    if value not in AHEAD_CHOICES:
+        shown = os.environ[AHEAD_ENV].encode("unicode_escape").decode("ascii")
+        raise EvalParityError(f"${AHEAD_ENV}={shown!r} is not one of {', '.join(AHEAD_CHOICES)}: set it to off to "
+                              "score no round ahead, or unset it")
+    return value
+
+
 def check_environment() -> None:
     """Every ``EVALPARITY_*`` switch a user sets, read once so that a bad value is one line before a command
     starts anything, not a failure in each cell later: the cache directory, the profile switch and the
@@ -88,6 +104,7 @@ def check_environment() -> None:
     cache_dir()
     profile_enabled()
     progress_interval()
+    score_ahead()
     mirror = datasets_dir()
     if mirror and not Path(mirror).expanduser().is_dir():
         raise EvalParityError(f"${DATASETS_DIR_ENV}={mirror} is not a directory: point it at a dataset mirror "

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from evalparity import cells, memplan, progress, samples
+from evalparity import cells, memplan, progress, samples, staging
 from evalparity.config import CELLS, STAGES
 from evalparity.errors import EvalParityError
 from evalparity.rundir import layout, records, rounds, units
@@ -39,31 +39,19 @@ from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
 from evalparity.rundir.reuse import Source
 from evalparity.shards import aggregate, stage_merged
 from evalparity.spec import CellSpec, RunSpec
-from evalparity.staging import StagingPlan, order
+from evalparity.staging import StagingPlan
 
 logger = logging.getLogger(__name__)
 
 
 def first_request(plan: StagingPlan, identity: str) -> rounds.RoundRequest:
-    return _request(plan, identity, 0, [u.name for u in plan.units])
+    return staging.request_for(plan, identity, 0, [u.name for u in plan.units])
 
 
 def next_request(plan: StagingPlan, identity: str, r: int, trace) -> rounds.RoundRequest | None:
     """Round r's record from the decisions on rounds 0..r−1: the next look of every task still open."""
     units_ = trace.next_units()
-    return _request(plan, identity, r, units_) if units_ else None
-
-
-def _request(plan: StagingPlan, identity: str, r: int, names: list[str]) -> rounds.RoundRequest:
-    docs, padding = {}, {}
-    for name in names:
-        unit = plan.unit(name)
-        for leaf, ids in plan.increment(name, r).items():
-            if ids:
-                docs[leaf] = ids
-            else:  # a member with none left while its group goes on: one scored doc, dropped again
-                padding[leaf] = [int(order(plan.seed, leaf, dict(unit.leaves)[leaf])[0])]
-    return rounds.RoundRequest(r, identity, tuple(names), docs, padding)
+    return staging.request_for(plan, identity, r, units_) if units_ else None
 
 
 def read_parts(run_dir: Path, spec: RunSpec, upto: int) -> tuple[dict[str, pd.DataFrame], dict[str, dict]]:
@@ -236,7 +224,8 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
              "write_s": sum(m.get("write_s") or 0.0 for m in metas),
              "wall_s": wall or sum(m.get("wall_s") or 0.0 for m in metas),
              "rounds": [{"round": r, "rows": int(m.get("n_rows", 0)), "load_s": m.get("load_s"),
-                         "eval_s": m.get("eval_s"), "pid": m.get("pid"), "placement": m.get("placement")}
+                         "eval_s": m.get("eval_s"), "pid": m.get("pid"), "placement": m.get("placement"),
+                         "scored_ahead": bool(m.get("scored_ahead"))}  # before the run asked (cells.Ahead)
                         for r, m in enumerate(metas)],
              "aggregate": aggregate(table), "peak_rss_gib": max(m.get("peak_rss_gib") or 0 for m in metas),
              "started": first.get("started"), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -30,6 +30,7 @@ from functools import lru_cache
 import numpy as np
 
 from evalparity.errors import EvalParityError
+from evalparity.rundir import rounds
 from evalparity.stats.sequential import FIRST_LOOK, GROWTH, LAST_FRACTION, SPENDING, schedule
 
 
@@ -197,3 +198,33 @@ def units_of(tasks: Iterable[str], leaves: dict[str, int], groups: dict[str, lis
                 found.append(t)
         out[task] = sorted(found)
     return out
+
+
+# ---------------------------------------------------------------- round records from the plan
+def request_for(plan: StagingPlan, identity: str, r: int, names: list[str] | tuple[str, ...]) -> rounds.RoundRequest:
+    """Round r's record for the units ``names``: the docs look r of each adds (``StagingPlan.increment``)."""
+    docs, padding = {}, {}
+    for name in names:
+        unit = plan.unit(name)
+        for leaf, ids in plan.increment(name, r).items():
+            if ids:
+                docs[leaf] = ids
+            else:  # a member with none left while its group goes on: one scored doc, dropped again
+                padding[leaf] = [int(order(plan.seed, leaf, dict(unit.leaves)[leaf])[0])]
+    return rounds.RoundRequest(r, identity, tuple(names), docs, padding)
+
+
+def predicted(plan: StagingPlan, last: rounds.RoundRequest) -> rounds.RoundRequest | None:
+    """Round ``last.round + 1``'s record if every unit of ``last`` goes on to its next look (what a cell may
+    score ahead, ``cells.run_staged``); None where none of them has a next look. The run's own record for
+    that round is ``request_for`` the units its decision leaves open: the same record when all stay open."""
+    r = last.round + 1
+    names = sorted(n for n in last.tasks if r < len(plan.unit(n).looks))  # in the run's order (next_units)
+    return request_for(plan, last.identity, r, names) if names else None
+
+
+def same_docs(a: rounds.RoundRequest, b: rounds.RoundRequest) -> bool:
+    """Whether two records of a round ask for the same scoring: units (in the same order: lm-eval is called with
+    them so), docs and padding."""
+    return (a.round, a.identity, tuple(a.tasks), a.docs, a.padding) == \
+        (b.round, b.identity, tuple(b.tasks), b.docs, b.padding)

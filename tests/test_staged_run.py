@@ -25,6 +25,9 @@ from conftest import cli, evalparity
 from tiny import MC_YAML, WORDS
 from verdict_schema import check_verdicts
 
+from evalparity.config import AHEAD_ENV
+from evalparity.rundir import layout
+
 sys.path.insert(0, str(Path(__file__).parent))
 import toy_backend  # noqa: E402
 
@@ -330,3 +333,48 @@ def test_replicas_that_ran_on_another_device_are_not_merged(replica_run, tiny_mo
     said = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "ran with different device_name in round 1" in said, said[-2000:]
     assert not (stages / "hfcopy-fp32.r0").exists() and not (stages / ".tmp-hfcopy-fp32.r0").exists()
+
+
+# ---------------------------------------------------------------- rounds scored ahead (cells.Ahead)
+@pytest.fixture(scope="module")
+def ahead_run(tiny_model, tmp_path_factory):
+    """The staged test's run (tests/test_staged_run.py: st_same settles at look 2, st_plant goes on) on local
+    Ray with every waiting cell scoring ahead: round 2's guess (both tasks) is not the run's (st_plant only)."""
+    root = tmp_path_factory.mktemp("ahead")
+    tasks = make_staged_tasks(root / "tasks")
+    token = root / "ray_auth_token"
+    token.write_text(secrets.token_hex(32))
+    out = root / "run"
+    proc = evalparity(*args(tiny_model, tasks, out), "--ray", "local",
+                      env=ENV | {"RAY_AUTH_TOKEN_PATH": str(token), AHEAD_ENV: "always"})
+    return out, proc
+
+
+def test_rounds_scored_ahead_change_no_number(ahead_run, staged_run):
+    """The same tables, row for row, as the staged test's run (killed, resumed; never ahead)."""
+    out, proc = ahead_run
+    assert proc.returncode in (0, 4), proc.stdout[-3000:] + proc.stderr[-3000:]
+    plain = staged_run[0]
+    for cell in ("hf-fp32", "hfcopy-fp32"):
+        mine = pd.read_parquet(layout.table(layout.cell_dir(out, cell)))
+        theirs = pd.read_parquet(layout.table(layout.cell_dir(plain, cell)))
+        pd.testing.assert_frame_equal(mine, theirs)
+    assert json.loads((out / "stats" / "verdicts.json").read_text())["comparisons"] == \
+        json.loads((plain / "stats" / "verdicts.json").read_text())["comparisons"]
+
+
+def test_only_the_guesses_the_run_made_were_published(ahead_run):
+    """Round 3's guess (both tasks) is wrong: st_same settled at look 2. A cell scores ahead only while the run
+    has not written the round, so which of the right guesses (rounds 2 and 4) a cell made depends on which
+    cell published last; the first one to publish always has."""
+    out, _ = ahead_run
+    flags, guessed = [], []
+    for cell in ("hf-fp32", "hfcopy-fp32"):
+        merged = json.loads((layout.cell_dir(out, cell) / "cell.json").read_text())
+        flags.append([r["scored_ahead"] for r in merged["rounds"]])
+        log = (out / "stages" / f".tmp-{cell}" / "cell.log").read_text()
+        guessed.append("round 3, ahead of the run's decision" in log)
+    assert all(len(f) == 4 and not f[0] and not f[2] for f in flags), flags  # the wrong guess: scored again
+    assert any(f[1] for f in flags) and any(f[3] for f in flags), flags
+    assert any(guessed)  # the wrong guess was made, and thrown away
+    assert not list((out / "stages").glob(".tmp-*.ahead"))  # nothing scored ahead is left behind
