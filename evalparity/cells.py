@@ -385,9 +385,9 @@ def load_model(spec: RunSpec, cell: CellSpec, backend, args: dict, meta: dict, p
     if cell.dtype == "float32":
         precision.apply(spec.alignment.true_fp32 and not cell.tf32)
     mirrors.activate(mirrors.mirror_roots(spec.datasets_dir))
-    progress.update(force=True, phase="reading the task index")
+    progress.update(force=True, phase=PHASE_INDEX)
     tm = tasks.task_manager(spec.include_paths)
-    progress.update(force=True, phase="loading model")
+    progress.update(force=True, phase=PHASE_LOADING)
     t0 = time.perf_counter()
     shell = dict(os.environ)  # the cell's variables before the engine's import sets some of its own (hostenv)
     lm = backend.create_lm(args)
@@ -548,7 +548,7 @@ def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, pr
             continue
         if ahead is not None and lm is not None and last is not None:
             ahead.score(last, functools.partial(evaluate_round, lm, tm, spec, cell, backend, args), loaded, progress)
-        progress.update(force=True, phase=f"waiting for round {r + 1}" if lm is not None else "starting")
+        progress.update(force=True, phase=f"waiting for round {r + 1}" if lm is not None else PHASE_STARTING)
         request = rounds.wait_for_round(run_dir, r, progress)
         if request is None:  # the run has decided: no round r
             if ahead is not None:
@@ -559,16 +559,19 @@ def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, pr
         if lm is None:
             loaded = cell_meta(spec, cell, model_path, backend, args)
             lm, tm = load_model(spec, cell, backend, args, loaded, progress)
+            loaded["settings"]["score_ahead"] = ahead.mode if ahead is not None else "off (a process per round)"
         out = units.tmp_dir(run_dir, unit, STAGES)
         if out.exists():
             shutil.rmtree(out)
         meta = ahead.take(request, out) if ahead is not None else None
         if meta is None:
             # every round's record carries what the load found (precision, attention backend, environment, BOS)
-            meta = round_meta(loaded, r, scored, shard)
+            meta = round_meta(loaded, r, first=not scored, shard=shard)
             out.mkdir(parents=True)
             progress.update(force=True, phase=f"round {r + 1}")
             evaluate_round(lm, tm, spec, cell, backend, args, meta, progress, out, request)
+        if ahead is not None and ahead.discarded:  # rounds scored ahead and thrown away since the last part
+            meta["ahead_discarded"], ahead.discarded = ahead.discarded, []
         records.write_cell(out, meta)
         units.publish(run_dir, unit, STATUS_OK, STAGES)
         scored += 1
@@ -577,10 +580,11 @@ def run_staged(run_dir: Path, spec: RunSpec, cell: CellSpec, model_path: str, pr
             return scored
 
 
-def round_meta(loaded: dict, r: int, scored: int, shard: tuple[int, int] = (0, 1)) -> dict:
-    """A round's record before its scoring: what the load found, the round, when it started."""
+def round_meta(loaded: dict, r: int, *, first: bool, shard: tuple[int, int] = (0, 1)) -> dict:
+    """A round's record before its scoring: what the load found, the round, when it started, and the load's
+    time on the process's first round scored (``first``), none on the others."""
     meta = copy.deepcopy(loaded) | {"round": r, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                    "load_s": loaded["load_s"] if not scored else 0.0}
+                                    "load_s": loaded["load_s"] if first else 0.0}
     if shard[1] > 1:
         meta["shard"] = {"index": shard[0], "of": shard[1]}
     return meta
@@ -598,7 +602,9 @@ def evaluate_round(lm, tm, spec: RunSpec, cell: CellSpec, backend, args: dict, m
 
 #: A cell's phases before its model is loaded (``load_model``): another cell in one of them leaves the GPU
 #: time to spare, which a waiting cell may use to score ahead.
-LOADING_PHASES = frozenset({"starting", "reading the task index", "loading model"})
+PHASE_STARTING, PHASE_INDEX, PHASE_LOADING = "starting", "reading the task index", "loading model"
+LOADING_PHASES = frozenset({PHASE_STARTING, PHASE_INDEX, PHASE_LOADING})
+AHEAD_PHASE = "ahead of the run's decision"  # in the phase of a cell scoring a round ahead (``scoring_ahead``)
 AHEAD_ROUNDS = 3  # rounds a cell scores ahead of the run's records, at most (each started only while allowed)
 
 
@@ -623,9 +629,12 @@ class Ahead:
         self.mode = score_ahead()
         self.plan = staging.StagingPlan.from_json(spec.staging) if spec.staging else None
         self.done: list[tuple[rounds.RoundRequest, Path, dict]] = []  # in round order
+        self.discarded: list[dict] = []  # rounds scored ahead and thrown away, for the next part's record
+        for leftover in rounds.ahead_dirs(run_dir, cell.name):  # a killed process's: never trusted
+            shutil.rmtree(leftover, ignore_errors=True)
 
     def folder(self, r: int) -> Path:
-        return units.tmp_dir(self.run_dir, f"{rounds.part_name(self.cell.name, r)}.ahead", STAGES)
+        return rounds.ahead_dir(self.run_dir, self.cell.name, r)
 
     def others_loading(self) -> bool:
         """Whether another cell of the run has not published its first round and is (by its progress file)
@@ -664,9 +673,16 @@ class Ahead:
             if out.exists():
                 shutil.rmtree(out)
             out.mkdir(parents=True)
-            meta = round_meta(loaded, guess.round, 1) | {"scored_ahead": True}
-            progress.update(force=True, phase=f"round {guess.round + 1}, ahead of the run's decision")
-            scoring(meta, progress, out, guess)
+            meta = round_meta(loaded, guess.round, first=False) | {"scored_ahead": True}
+            progress.update(force=True, phase=f"round {guess.round + 1}, {AHEAD_PHASE}")
+            try:
+                scoring(meta, progress, out, guess)
+            except Exception as err:  # noqa: BLE001 - a guess is worth no failed run: the round is scored as asked
+                log_phase(f"round {guess.round + 1} scored ahead failed ({_reason(err)}): no more scoring ahead")
+                shutil.rmtree(out, ignore_errors=True)
+                self.discard()
+                self.mode = "off"
+                return
             self.done.append((guess, out, meta))
 
     def take(self, request: rounds.RoundRequest, out: Path) -> dict | None:
@@ -677,7 +693,7 @@ class Ahead:
         if not self.done or self.done[0][0].round != request.round:
             return None
         guess, folder, meta = self.done[0]
-        if not staging.same_docs(guess, request):
+        if not staging.same_request(guess, request):
             self.discard()
             return None
         self.done.pop(0)
@@ -685,9 +701,20 @@ class Ahead:
         return meta
 
     def discard(self) -> None:
-        for _, folder, _ in self.done:
+        for guess, folder, meta in self.done:
             shutil.rmtree(folder, ignore_errors=True)
+            self.discarded.append({"round": guess.round, "eval_s": meta.get("eval_s")})
         self.done.clear()
+
+
+def scoring_ahead(run_dir: Path, unit: str) -> bool:
+    """Whether the staged cell process of ``unit`` (a cell, or a replica's name) says it is scoring a round
+    ahead (its progress file): at the run's end, what it does is not needed (``stager``)."""
+    try:
+        phase = json.loads(layout.progress_file(units.tmp_dir(run_dir, unit, STAGES)).read_text()).get("phase")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(phase, str) and phase.endswith(AHEAD_PHASE)
 
 
 def tell_parent(reason: str) -> None:

@@ -192,6 +192,7 @@ def wheels_dir() -> Path:
 #   drift/                        DRIFT          the drift localisation (drift)
 #   .evalparity.lock              LOCK_NAME      one process at a time (rundir.acquire)
 #   .tmp-<unit>/                  TMP_PREFIX     a unit being written, in cells/ or shards/
+#   stages/.ahead-<cell>.r<r>/    AHEAD_PREFIX   a round a cell scored before the run asked (cells.Ahead)
 #   .tmp-outputs-<pid>-<token>/   STAGE_PREFIX   stats/ and report/ being written (rundir.staged_outputs),
 #                                                named in the lock's record until published or removed
 #     .committed                  COMMITTED      the staged set is whole and its publish has begun
@@ -219,6 +220,7 @@ VERDICTS_FILE = "verdicts.json"
 FAILED_SUFFIX = ".failed"
 LOCK_NAME = ".evalparity.lock"
 TMP_PREFIX = ".tmp-"
+AHEAD_PREFIX = ".ahead-"  # no unit's name starts with a dot, so no cell's folder can be one of these
 STAGE_PREFIX = f"{TMP_PREFIX}outputs-"
 COMMITTED = ".committed"
 TRASH_PREFIX = ".trash-"

@@ -225,7 +225,8 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
              "wall_s": wall or sum(m.get("wall_s") or 0.0 for m in metas),
              "rounds": [{"round": r, "rows": int(m.get("n_rows", 0)), "load_s": m.get("load_s"),
                          "eval_s": m.get("eval_s"), "pid": m.get("pid"), "placement": m.get("placement"),
-                         "scored_ahead": bool(m.get("scored_ahead"))}  # before the run asked (cells.Ahead)
+                         "scored_ahead": bool(m.get("scored_ahead")),  # before the run asked (cells.Ahead)
+                         "ahead_discarded": m.get("ahead_discarded") or []}  # and thrown away before it
                         for r, m in enumerate(metas)],
              "aggregate": aggregate(table), "peak_rss_gib": max(m.get("peak_rss_gib") or 0 for m in metas),
              "started": first.get("started"), "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -387,7 +388,9 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
         except BaseException:
             executor.stop()
             raise
-        _wait_residents(executor, live)
+        _wait_residents(executor, live, run_dir)
+        for leftover in rounds.ahead_dirs(run_dir):  # rounds scored ahead that the run did not ask for
+            shutil.rmtree(leftover, ignore_errors=True)
     if failed:
         return failed
     n_rounds = r + 1
@@ -486,11 +489,16 @@ def _drain(executor, live: dict, timeout: float = 120.0) -> None:
     live.clear()
 
 
-def _wait_residents(executor, live: dict, timeout: float = 60.0) -> None:
-    """Resident cells see ``finish.json`` and exit; wait for them (a stuck one is stopped)."""
+def _wait_residents(executor, live: dict, run_dir: Path, timeout: float = 60.0) -> None:
+    """Resident cells see ``finish.json`` and exit; wait for them (a stuck one is stopped). Those that are
+    scoring a round ahead (``cells.scoring_ahead``) read it only once that round is done: every part the run
+    needs is published, so they are stopped at once instead of waited for."""
     end = time.monotonic() + timeout
     while executor.busy() and time.monotonic() < end:
-        executor.poll()
+        for ended in executor.poll():
+            live.pop(ended.job.unit, None)
+        if live and all(cells.scoring_ahead(run_dir, unit) for unit in live):
+            break
         time.sleep(0.2)
     if executor.busy():
         executor.stop()

@@ -21,6 +21,7 @@ source, length or subject); a look is only evidence about the task if its docs a
 
 from __future__ import annotations
 
+import json
 import math
 import zlib
 from collections.abc import Iterable
@@ -223,8 +224,7 @@ def predicted(plan: StagingPlan, last: rounds.RoundRequest) -> rounds.RoundReque
     return request_for(plan, last.identity, r, names) if names else None
 
 
-def same_docs(a: rounds.RoundRequest, b: rounds.RoundRequest) -> bool:
-    """Whether two records of a round ask for the same scoring: units (in the same order: lm-eval is called with
-    them so), docs and padding."""
-    return (a.round, a.identity, tuple(a.tasks), a.docs, a.padding) == \
-        (b.round, b.identity, tuple(b.tasks), b.docs, b.padding)
+def same_request(a: rounds.RoundRequest, b: rounds.RoundRequest) -> bool:
+    """Whether two records of a round ask for the same scoring: every field, in the same order (lm-eval is
+    called with the units, leaves and docs in the order the record gives them)."""
+    return json.dumps(a.to_json()) == json.dumps(b.to_json())

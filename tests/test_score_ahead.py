@@ -6,7 +6,9 @@ tests/test_staged_run.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 
 import pytest
 
@@ -104,3 +106,95 @@ def test_a_misspelt_switch_is_refused_in_one_line(monkeypatch):
     monkeypatch.setenv(config.AHEAD_ENV, "sometimes")
     with pytest.raises(config.EvalParityError, match="EVALPARITY_SCORE_AHEAD='sometimes' is not one of"):
         config.score_ahead()
+
+
+def test_no_cell_folder_can_be_a_guess_folder(tmp_path):
+    """Guesses live in ``stages/.ahead-<cell>.r<r>``: a unit's name cannot start with a dot, so no cell (say
+    one named ``hf.r1.ahead``) has a folder or a process home there."""
+    from evalparity.rundir.names import check_name
+
+    folder = rounds.ahead_dir(tmp_path, "hf", 1)
+    assert folder.parent == tmp_path / "stages" and folder.name == ".ahead-hf.r1"
+    with pytest.raises(config.EvalParityError):
+        check_name(folder.name)
+    assert units.tmp_dir(tmp_path, "hf.r1.ahead", "stages") != folder
+
+
+def test_a_killed_processs_guesses_are_removed_when_the_cell_starts_again(tmp_path, monkeypatch):
+    spec = _spec()
+    mine, other = spec.cells[0].name, spec.cells[1].name
+    for cell, r in ((mine, 1), (mine, 12), (other, 1)):
+        rounds.ahead_dir(tmp_path, cell, r).mkdir(parents=True)
+    (tmp_path / "stages" / f".ahead-{mine}.rx").mkdir()  # not one of its guesses' names: left alone
+    monkeypatch.setenv(config.AHEAD_ENV, "auto")
+    cells.Ahead(tmp_path, spec, spec.cells[0])
+    assert [p.name for p in rounds.ahead_dirs(tmp_path)] == [f".ahead-{mine}.rx", f".ahead-{other}.r1"]
+
+
+def test_a_guess_that_fails_ends_scoring_ahead_and_not_the_run(tmp_path, monkeypatch):
+    ahead, log, spec = _ahead(tmp_path, monkeypatch, "always")
+    calls = []
+
+    def scoring(meta, progress, out, request):
+        calls.append(request.round)
+        if request.round == 2:
+            raise RuntimeError("CUDA out of memory")
+        meta["eval_s"] = 1.5
+
+    ahead.score(stager.first_request(PLAN, spec.identity()), scoring, {"load_s": 1.0}, _Progress())
+    assert calls == [1, 2] and ahead.mode == "off" and ahead.done == []
+    assert ahead.discarded == [{"round": 1, "eval_s": 1.5}] and not rounds.ahead_dirs(tmp_path)
+
+
+def test_a_guess_must_match_the_runs_record_in_every_field(tmp_path, monkeypatch):
+    ahead, log, spec = _ahead(tmp_path, monkeypatch, "always")
+    ahead.score(stager.first_request(PLAN, spec.identity()), _scoring(log), {"load_s": 1.0}, _Progress())
+    r1 = staging.request_for(PLAN, spec.identity(), 1, ["a", "b"])
+    grouped = dataclasses.replace(r1, groups={"ab": ["a", "b"]})
+    assert not staging.same_request(r1, grouped)
+    reordered = dataclasses.replace(r1, docs=dict(reversed(list(r1.docs.items()))))
+    assert not staging.same_request(r1, reordered) and staging.same_request(r1, dataclasses.replace(r1))
+    assert ahead.take(grouped, tmp_path / "stages" / "out") is None
+    assert [d["round"] for d in ahead.discarded] == [1, 2, 3]
+
+
+class _Executor:
+    def __init__(self, units: list[str]):
+        self.units, self.stopped = units, False
+
+    def busy(self) -> bool:
+        return bool(self.units) and not self.stopped
+
+    def poll(self):
+        return []
+
+    def stop(self):
+        self.stopped = True
+
+
+def _phase(run_dir, unit: str, phase: str) -> None:
+    home = units.tmp_dir(run_dir, unit, "stages")
+    home.mkdir(parents=True, exist_ok=True)
+    layout.progress_file(home).write_text(json.dumps({"phase": phase}))
+
+
+def test_the_runs_end_stops_cells_scoring_ahead_at_once_and_waits_for_the_others(tmp_path):
+    _phase(tmp_path, "hf-fp32", f"round 3, {cells.AHEAD_PHASE}")
+    _phase(tmp_path, "vllm-fp32", "waiting for round 3")
+    ex = _Executor(["hf-fp32"])
+    t0 = time.monotonic()
+    stager._wait_residents(ex, {"hf-fp32": object()}, tmp_path, timeout=30)
+    assert ex.stopped and time.monotonic() - t0 < 5
+    ex = _Executor(["hf-fp32", "vllm-fp32"])  # one that is not scoring ahead: waited for (up to the timeout)
+    t0 = time.monotonic()
+    stager._wait_residents(ex, {"hf-fp32": object(), "vllm-fp32": object()}, tmp_path, timeout=1.0)
+    assert ex.stopped and time.monotonic() - t0 >= 1.0
+
+
+def test_every_cell_process_gets_the_runs_choice(monkeypatch):
+    from evalparity.cellenv import cell_environment
+
+    monkeypatch.setenv(config.AHEAD_ENV, "OFF")
+    assert cell_environment({}, offline=True)[config.AHEAD_ENV] == "off"
+    monkeypatch.delenv(config.AHEAD_ENV)
+    assert cell_environment({}, offline=True)[config.AHEAD_ENV] == "auto"

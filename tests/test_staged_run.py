@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import secrets
 import sys
+from collections import Counter
 from pathlib import Path
 
 import ahead
@@ -338,8 +340,8 @@ def test_replicas_that_ran_on_another_device_are_not_merged(replica_run, tiny_mo
 # ---------------------------------------------------------------- rounds scored ahead (cells.Ahead)
 @pytest.fixture(scope="module")
 def ahead_run(tiny_model, tmp_path_factory):
-    """The staged test's run (tests/test_staged_run.py: st_same settles at look 2, st_plant goes on) on local
-    Ray with every waiting cell scoring ahead: round 2's guess (both tasks) is not the run's (st_plant only)."""
+    """The staged run above (st_same settles at look 2, st_plant goes on), on local Ray with every waiting cell
+    scoring ahead: the guess for round 3 (both tasks) is not the run's record (st_plant only)."""
     root = tmp_path_factory.mktemp("ahead")
     tasks = make_staged_tasks(root / "tasks")
     token = root / "ray_auth_token"
@@ -374,7 +376,13 @@ def test_only_the_guesses_the_run_made_were_published(ahead_run):
         flags.append([r["scored_ahead"] for r in merged["rounds"]])
         log = (out / "stages" / f".tmp-{cell}" / "cell.log").read_text()
         guessed.append("round 3, ahead of the run's decision" in log)
+        # every round scored ahead (one log line each) was published or recorded as thrown away
+        made = Counter(int(k) - 1 for k in re.findall(r"round (\d+), ahead of the run's decision", log))
+        published = Counter(r for r, f in enumerate(flags[-1]) if f)
+        thrown = Counter(d["round"] for r in merged["rounds"] for d in r["ahead_discarded"])
+        assert made == published + thrown, (cell, made, published, thrown)
+        assert merged["settings"]["score_ahead"] == "always"
     assert all(len(f) == 4 and not f[0] and not f[2] for f in flags), flags  # the wrong guess: scored again
     assert any(f[1] for f in flags) and any(f[3] for f in flags), flags
     assert any(guessed)  # the wrong guess was made, and thrown away
-    assert not list((out / "stages").glob(".tmp-*.ahead"))  # nothing scored ahead is left behind
+    assert not list((out / "stages").glob(".ahead-*"))  # nothing scored ahead is left behind

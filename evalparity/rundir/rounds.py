@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evalparity.config import STAGES
+from evalparity.config import AHEAD_PREFIX, STAGES
 from evalparity.errors import EvalParityError
 from evalparity.files import read_json, write_json
 from evalparity.rundir import layout, records
@@ -29,6 +29,24 @@ def part_name(cell: str, r: int) -> str:
 
 def part_dir(run_dir: Path, cell: str, r: int) -> Path:
     return layout.unit_dir(run_dir, part_name(cell, r), STAGES)
+
+
+def ahead_dir(run_dir: Path, cell: str, r: int) -> Path:
+    """Where a cell keeps its round r scored ahead of the run's record (``cells.Ahead``) until it is published
+    or thrown away: ``stages/.ahead-<cell>.r<r>``, a name no cell's own folder can have."""
+    return Path(run_dir) / STAGES / f"{AHEAD_PREFIX}{part_name(cell, r)}"
+
+
+def ahead_dirs(run_dir: Path, cell: str | None = None) -> list[Path]:
+    """The folders of rounds scored ahead that are still there: a cell's (its own leftovers from a killed
+    process), or every cell's (at the run's end, when no cell runs)."""
+    folder = Path(run_dir) / STAGES
+    stem = f"{AHEAD_PREFIX}{check_name(cell)}.r" if cell is not None else AHEAD_PREFIX
+    try:
+        return sorted(p for p in folder.iterdir() if p.name.startswith(stem)
+                      and (cell is None or p.name[len(stem):].isdigit()))
+    except OSError:
+        return []
 
 
 def replica_name(cell: str, k: int, n: int) -> str:
