@@ -10,7 +10,7 @@ from pathlib import Path
 from evalparity import devices
 from evalparity.backends import check_names, compat, parse_extra_args, precision
 from evalparity.backends.pretokenize import BatchedEncoding
-from evalparity.config import PORT_BASE_ENV
+from evalparity.config import PORT_BASE_ENV, WARMUP_ENV, vllm_warmup
 from evalparity.shapes import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import TENSOR_PARALLEL_ARG, CellSpec, RunSpec
 
@@ -158,11 +158,51 @@ def use_job_ports(args: dict | None = None) -> str | None:
     return os.environ.get("VLLM_PORT")
 
 
+#: What ``narrow_kernel_warmup`` says it did, recorded as the cell's ``kernel_warmup`` setting.
+WARMUP_NARROWED = "the run's sampling only: greedy with prompt logprobs (evalparity)"
+WARMUP_OWN = "vLLM's own: every sampling feature"
+
+
+def _run_sampling_warmup():
+    """The sampling parameters a cell's requests use, for vLLM's kernel warm-up: greedy (lm-eval's scoring
+    and its generations alike) with one prompt logprob per token (its scoring)."""
+    from vllm import SamplingParams  # optional: vllm
+
+    return SamplingParams(temperature=0.0, prompt_logprobs=1)
+
+
+def narrow_kernel_warmup() -> str:
+    """Make this process's vLLM engines warm up only the sampling kernels the run uses; returns what was done
+    (the cell records it as ``kernel_warmup``).
+
+    Why: vLLM's V2 model runner (its default on GPUs for dense decoders, 0.26) warms up by running a dummy
+    prefill and decode with ``SamplingParams.for_sampler_warmup()``, parameters that switch on every sampling
+    feature (penalties, top-k/top-p, min-p, logit bias, bad words, top-5 logprobs), so that each feature's
+    Triton kernels compile before the first request. A cell only ever scores prompt logprobs and generates
+    greedily, and vLLM's sampler skips the kernels of features no request in a batch uses; so the others'
+    compilations are a fresh machine's cost with nothing in return (Triton caches them per machine). The
+    warm-up still runs, with the run's own parameters, so the kernels the cells do use compile before the
+    first round as before. What the engine computes for a request does not depend on the warm-up's
+    parameters (the warm-up's requests are finished and its seed reset before any real request).
+    ``$EVALPARITY_VLLM_WARMUP=vllm`` keeps vLLM's own warm-up. A vLLM without this hook is left as it is."""
+    try:
+        from vllm import SamplingParams  # optional: vllm
+    except ImportError:
+        return WARMUP_OWN
+    if not isinstance(SamplingParams.__dict__.get("for_sampler_warmup"), staticmethod):
+        return f"{WARMUP_OWN} (this vLLM has no sampler warm-up to narrow)"
+    if vllm_warmup() == "vllm":
+        return f"{WARMUP_OWN} (${WARMUP_ENV}=vllm)"
+    SamplingParams.for_sampler_warmup = staticmethod(_run_sampling_warmup)
+    return WARMUP_NARROWED
+
+
 def create_lm(args: dict):
     """A VLLM LM that also keeps the generated token ids, keyed by the prompt text, and scores with flat
     prompt logprobs (``flat_scoring_params``) where vLLM has them."""
     compat.apply()
     use_job_ports(args)
+    warmup = narrow_kernel_warmup()
     from lm_eval.api.registry import get_model  # heavy: lm_eval; optional: vllm
 
     class RecordingVLLM(BatchedEncoding, get_model(lm_eval_model)):
@@ -204,7 +244,9 @@ def create_lm(args: dict):
                     self.generated_ids[context] = ids
             return res
 
-    return RecordingVLLM(**args)
+    lm = RecordingVLLM(**args)
+    lm.evalparity_kernel_warmup = warmup
+    return lm
 
 
 def attention_backend(lm) -> str:
@@ -229,8 +271,9 @@ def attention_backend(lm) -> str:
 
 
 def loaded_settings(lm) -> dict:
-    """Whether the cell scored with flat prompt logprobs (``flat_scoring_params``), and the model runner
-    vLLM chose (``model_runner``: asked once, at the first call, and kept on the LM)."""
+    """Whether the cell scored with flat prompt logprobs (``flat_scoring_params``), the model runner vLLM
+    chose (``model_runner``: asked once, at the first call, and kept on the LM) and its engine's kernel
+    warm-up (``narrow_kernel_warmup``)."""
     runner = getattr(lm, "evalparity_model_runner", None)
     if runner is None:
         runner = model_runner(lm)
@@ -238,7 +281,8 @@ def loaded_settings(lm) -> dict:
             lm.evalparity_model_runner = runner
         except AttributeError:  # an LM that takes no attributes: asked again next time
             pass
-    return {"flat_logprobs": getattr(lm, "scoring_params", None) is not None, "model_runner": runner}
+    return {"flat_logprobs": getattr(lm, "scoring_params", None) is not None, "model_runner": runner,
+            "kernel_warmup": getattr(lm, "evalparity_kernel_warmup", "unknown (not made by create_lm)")}
 
 
 def _runner_classes(worker) -> list[str]:

@@ -1,0 +1,126 @@
+"""A vLLM engine's kernel warm-up narrowed to the run's own sampling (``backends.vllm.narrow_kernel_warmup``).
+
+vLLM's V2 model runner compiles its sampling kernels before the first request by running a dummy batch with
+``SamplingParams.for_sampler_warmup()``. The cells replace those parameters with the run's own. Checked here:
+the hook is the one the installed vLLM's V2 warm-up calls (else the narrowing would silently do nothing); every
+sampling feature a cell's requests use is one the narrowed warm-up uses too (else its kernels would compile in
+the first round instead); ``$EVALPARITY_VLLM_WARMUP=vllm`` keeps vLLM's own; the choice is recorded. That the
+numbers do not change is a GPU measurement (results/staged-h200): the CPU build runs the V1 runner.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def sampling(monkeypatch):
+    """vLLM's ``SamplingParams``, its warm-up hook put back after the test."""
+    from evalparity.backends import compat
+
+    compat.apply()
+    from vllm import SamplingParams
+
+    monkeypatch.setattr(SamplingParams, "for_sampler_warmup", SamplingParams.__dict__["for_sampler_warmup"])
+    return SamplingParams
+
+
+def features(p) -> set[str]:
+    """The sampling features a request's parameters switch on, each of which has kernels of its own in vLLM's
+    V2 sampler (skipped for a batch whose requests do not use it)."""
+    on = {
+        "temperature": p.temperature not in (0, 1),  # 0 is greedy, 1 leaves the logits as they are
+        "prompt_logprobs": p.prompt_logprobs is not None,
+        "logprobs": p.logprobs is not None,
+        "penalties": (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) != (0, 0, 1),
+        "top_k": p.top_k not in (0, -1, None),
+        "top_p": p.top_p < 1,
+        "min_p": p.min_p > 0,
+        "logit_bias": bool(p.logit_bias),
+        "bad_words": bool(p.bad_words) or bool(getattr(p, "_bad_words_token_ids", None)),
+        "min_tokens": p.min_tokens > 0,
+    }
+    return {name for name, used in on.items() if used}
+
+
+def cells_sampling():
+    """The parameters a vLLM cell's requests carry: its scoring (``flat_scoring_params``, and lm-eval's own
+    for a vLLM without flat logprobs) and lm-eval's greedy generations, as its ``generate_until`` makes them
+    for a task's usual ``generation_kwargs``."""
+    import lm_eval.models.vllm_causallms as lm_vllm  # heavy: lm_eval, vllm (imported, nothing loaded)
+    from vllm import SamplingParams
+
+    from evalparity.backends import vllm as vllm_backend
+
+    made = [vllm_backend.flat_scoring_params(),
+            SamplingParams(temperature=0, prompt_logprobs=1, max_tokens=1, detokenize=False)]
+    for gen_kwargs in ({"until": ["\n\n"], "do_sample": False},
+                       {"until": ["Question:", "</s>"], "do_sample": False, "temperature": 0.0},
+                       {"max_gen_toks": 64}):
+        kwargs, until, max_gen_toks = lm_vllm.VLLM.modify_gen_kwargs(dict(gen_kwargs), eos="</s>")
+        made.append(SamplingParams(max_tokens=max_gen_toks, stop=until, **kwargs))
+    return [p for p in made if p is not None]
+
+
+def test_narrowed_warmup_uses_every_feature_the_cells_use_and_no_other(sampling):
+    from evalparity.backends import vllm as vllm_backend
+
+    full = features(sampling.for_sampler_warmup())
+    assert vllm_backend.narrow_kernel_warmup() == vllm_backend.WARMUP_NARROWED
+    narrowed = features(sampling.for_sampler_warmup())
+    used = set().union(*(features(p) for p in cells_sampling()))
+    assert used <= narrowed, f"the cells use {sorted(used - narrowed)}, which the narrowed warm-up would not compile"
+    assert narrowed <= used, f"the narrowed warm-up uses {sorted(narrowed - used)}, which no cell's request does"
+    assert narrowed < full, (narrowed, full)  # it compiles less than vLLM's own: the point of it
+    assert sampling.for_sampler_warmup().temperature == 0  # greedy, as the cells sample
+
+
+def test_vllm_warmup_switch_keeps_vllms_own(sampling, monkeypatch):
+    from evalparity.backends import vllm as vllm_backend
+
+    own = sampling.__dict__["for_sampler_warmup"]
+    monkeypatch.setenv("EVALPARITY_VLLM_WARMUP", "vllm")
+    said = vllm_backend.narrow_kernel_warmup()
+    assert said.startswith(vllm_backend.WARMUP_OWN) and "EVALPARITY_VLLM_WARMUP=vllm" in said
+    assert sampling.__dict__["for_sampler_warmup"] is own
+
+
+def test_a_vllm_without_the_hook_is_left_alone(sampling, monkeypatch):
+    from evalparity.backends import vllm as vllm_backend
+
+    monkeypatch.delattr(sampling, "for_sampler_warmup")
+    assert "no sampler warm-up to narrow" in vllm_backend.narrow_kernel_warmup()
+    assert "for_sampler_warmup" not in sampling.__dict__
+
+
+def test_the_hook_is_the_one_vllms_v2_warmup_calls():
+    """The installed vLLM's V2 warm-up (``vllm/v1/worker/gpu/warmup.py``) takes its sampling parameters from
+    ``SamplingParams.for_sampler_warmup()`` at call time, so replacing that staticmethod reaches it. A vLLM
+    that moves the call elsewhere fails here, not silently on a GPU."""
+    from evalparity.backends import compat
+
+    compat.apply()
+    spec = importlib.util.find_spec("vllm.v1.worker.gpu.warmup")
+    if spec is None or spec.origin is None:
+        pytest.skip("this vLLM has no V2 model runner warm-up")
+    tree = ast.parse(Path(spec.origin).read_text())
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "for_sampler_warmup" and isinstance(n.func.value, ast.Name)
+             and n.func.value.id == "SamplingParams"]
+    assert calls, "vLLM's V2 warm-up no longer calls SamplingParams.for_sampler_warmup()"
+
+
+def test_the_choice_reaches_every_cell_and_is_checked(monkeypatch):
+    from evalparity import cellenv, config
+    from evalparity.errors import EvalParityError
+
+    assert cellenv.cell_environment({}, offline=True)[config.WARMUP_ENV] == "run"
+    monkeypatch.setenv(config.WARMUP_ENV, " VLLM ")
+    assert cellenv.cell_environment({}, offline=True)[config.WARMUP_ENV] == "vllm"
+    monkeypatch.setenv(config.WARMUP_ENV, "none")
+    with pytest.raises(EvalParityError, match="is not one of run, vllm"):
+        config.check_environment()
