@@ -96,6 +96,12 @@ def test_vllm_and_hf_agree_in_fp32(vllm_out):
     assert set(t) >= {"load_s", "encode_s", "forward_s", "write_s"} and record["prompts_per_s"] > 0
     # where an end to end goes besides the work: the command's own start, its worker's before the load
     assert t["command_start_s"] > 0 and 0 < t["worker_start_s"] < t["total_s"]
+    # what each side's engine ran with, as a run's cell records it
+    engine = record["engine"]
+    assert engine["settings"]["model_runner"] == "V1 (vllm.v1.worker.cpu_model_runner.CPUModelRunner)", engine
+    assert engine["settings"]["kernel_warmup"] == "the run's sampling only: greedy with prompt logprobs (evalparity)"
+    assert engine["variables"]["$VLLM_ENABLE_V1_MULTIPROCESSING"] == "0", engine["variables"]
+    assert set(check["engine"]) == {"settings", "variables"}, check["engine"]  # the HF side's too
 
 
 def _direct(model_path, texts: list[str], pooling: str) -> list[list[torch.Tensor]]:
