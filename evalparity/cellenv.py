@@ -8,7 +8,7 @@ heavy is imported, so that its command starts the worker within a second (issue 
 from __future__ import annotations
 
 from evalparity.backends import registry
-from evalparity.config import AHEAD_ENV, WARMUP_ENV, score_ahead, vllm_warmup
+from evalparity.config import AHEAD_ENV, KERNEL_WARMUP_ENV, kernel_warmup, score_ahead
 from evalparity.spec import CellSpec
 
 
@@ -18,7 +18,7 @@ def cell_environment(backend_env: dict[str, str], offline: bool, cell: CellSpec 
     cell's own (``env.VAR=`` of a ``--cell``: they win over the backend's, as the user asked)."""
     env = dict(backend_env) | registry.plugin_environment() | dict(cell.env if cell is not None else ())
     env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "TQDM_MININTERVAL": "1",
-                AHEAD_ENV: score_ahead(), WARMUP_ENV: vllm_warmup()})  # the run's choices, on a Ray cluster's
+                AHEAD_ENV: score_ahead(), KERNEL_WARMUP_ENV: kernel_warmup()})  # the run's choices, on a Ray cluster's
     # hosts too (checked here first)
     if offline:
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})

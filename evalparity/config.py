@@ -97,19 +97,19 @@ def score_ahead() -> str:
     return value
 
 
-WARMUP_ENV = "EVALPARITY_VLLM_WARMUP"  # run (default) or vllm: what a vLLM engine's kernel warm-up exercises
-WARMUP_CHOICES = ("run", "vllm")
+KERNEL_WARMUP_ENV = "EVALPARITY_KERNEL_WARMUP"  # run (default) or vllm: what a vLLM engine's kernel warm-up runs
+KERNEL_WARMUP_CHOICES = ("run", "vllm")
 
 
-def vllm_warmup() -> str:
-    """``$EVALPARITY_VLLM_WARMUP``: ``run`` (unset: a vLLM engine's kernel warm-up exercises only the sampling
+def kernel_warmup() -> str:
+    """``$EVALPARITY_KERNEL_WARMUP``: ``run`` (unset: a vLLM engine's kernel warm-up exercises only the sampling
     the cells use, greedy with prompt logprobs, ``backends.vllm.narrow_kernel_warmup``) or ``vllm`` (vLLM's own
     warm-up, every sampling feature). Anything else is refused."""
-    value = os.environ.get(WARMUP_ENV, "").strip().lower() or "run"
-    if value not in WARMUP_CHOICES:
-        shown = os.environ[WARMUP_ENV].encode("unicode_escape").decode("ascii")
-        raise EvalParityError(f"${WARMUP_ENV}={shown!r} is not one of {', '.join(WARMUP_CHOICES)}: set it to vllm "
-                              "for vLLM's own kernel warm-up, or unset it")
+    value = os.environ.get(KERNEL_WARMUP_ENV, "").strip().lower() or "run"
+    if value not in KERNEL_WARMUP_CHOICES:
+        shown = os.environ[KERNEL_WARMUP_ENV].encode("unicode_escape").decode("ascii")
+        raise EvalParityError(f"${KERNEL_WARMUP_ENV}={shown!r} is not one of {', '.join(KERNEL_WARMUP_CHOICES)}: set "
+                              "it to vllm for vLLM's own kernel warm-up, or unset it")
     return value
 
 
@@ -121,7 +121,7 @@ def check_environment() -> None:
     profile_enabled()
     progress_interval()
     score_ahead()
-    vllm_warmup()
+    kernel_warmup()
     mirror = datasets_dir()
     if mirror and not Path(mirror).expanduser().is_dir():
         raise EvalParityError(f"${DATASETS_DIR_ENV}={mirror} is not a directory: point it at a dataset mirror "

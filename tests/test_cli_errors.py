@@ -162,7 +162,7 @@ def test_drift_numbers_out_of_range(tmp_path, extra, needle):
     ({"EVALPARITY_CACHE": "/dev/null/cache"}, "$EVALPARITY_CACHE=/dev/null/cache is not a directory"),
     ({"EVALPARITY_PROFILE": "maybe"}, "$EVALPARITY_PROFILE='maybe' is not a switch"),
     ({"EVALPARITY_SCORE_AHEAD": "yes"}, "$EVALPARITY_SCORE_AHEAD='yes' is not one of auto, off, always"),
-    ({"EVALPARITY_VLLM_WARMUP": "all"}, "$EVALPARITY_VLLM_WARMUP='all' is not one of run, vllm"),
+    ({"EVALPARITY_KERNEL_WARMUP": "all"}, "$EVALPARITY_KERNEL_WARMUP='all' is not one of run, vllm"),
     ({"EVALPARITY_DATASETS_DIR": "/dev/null"}, "$EVALPARITY_DATASETS_DIR=/dev/null is not a directory"),
 ])
 def test_bad_environment_switches_are_one_line(tmp_path, env, needle):

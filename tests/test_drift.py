@@ -713,6 +713,9 @@ def test_each_probed_cell_records_the_engine_it_ran(drift_dir):
         engine = json.loads((drift_dir / f"{cell}.json").read_text())["engine"]
         assert engine["settings"]["model_runner"] == "V1 (vllm.v1.worker.cpu_model_runner.CPUModelRunner)"
         assert engine["variables"]["$VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        # and the reference's (kept in the reference's own record while the drift runs), to be compared too
+        reference = json.loads((drift_dir / f"{cell}.json").read_text())["reference_engine"]
+        assert set(reference) == {"settings", "variables"} and "$TOKENIZERS_PARALLELISM" in reference["variables"]
 
 
 def test_a_cell_probed_with_another_engine_than_the_run_s_is_said(tmp_path):
@@ -742,6 +745,18 @@ def test_a_cell_probed_with_another_engine_than_the_run_s_is_said(tmp_path):
     lines = engine_warnings(run, {"hf-bf16": {"engine": other}, "hf-fp32": {"engine": None}})
     assert len(lines) == 1 and lines[0].startswith("hf-bf16 was probed with model runner V1 (c.D), where the run's "
                                                    "was V2 (a.B)") and "may not be the run's" in lines[0]
+
+    # the reference is one of the run's cells too: its record, carried in each cell's summary, is compared
+    rec = json.loads((run / "cells" / "hf-fp32" / "cell.json").read_text())
+    rec.setdefault("environment", {})["$NVIDIA_TF32_OVERRIDE"] = "0"
+    (run / "cells" / "hf-fp32" / "cell.json").write_text(json.dumps(rec))
+    probed_ref = {"settings": {}, "variables": {"$NVIDIA_TF32_OVERRIDE": "1"}}
+    lines = engine_warnings(run, {"hf-bf16": {"engine": None, "reference": "hf-fp32", "reference_engine": probed_ref}})
+    assert lines == ["hf-fp32 was probed with NVIDIA_TF32_OVERRIDE=1, where the run's was 0: its drift may not be "
+                     "the run's; probe it from the same environment as the run"]
+    # a reference that is not one of the run's cells (drift's own) has no record to compare with
+    assert engine_warnings(run, {"hf-bf16": {"engine": None, "reference": "other", "reference_engine": probed_ref}}) \
+        == []
 
 
 @pytest.mark.parametrize("seed", range(5))

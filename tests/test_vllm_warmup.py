@@ -4,8 +4,10 @@ vLLM's V2 model runner compiles its sampling kernels before the first request by
 ``SamplingParams.for_sampler_warmup()``. The cells replace those parameters with the run's own. Checked here:
 the hook is the one the installed vLLM's V2 warm-up calls (else the narrowing would silently do nothing); every
 sampling feature a cell's requests use is one the narrowed warm-up uses too (else its kernels would compile in
-the first round instead); ``$EVALPARITY_VLLM_WARMUP=vllm`` keeps vLLM's own; the choice is recorded. That the
-numbers do not change is a GPU measurement (results/staged-h200): the CPU build runs the V1 runner.
+the first round instead); the narrowing happens before the engine is built, and the record says narrowed only
+where the engine's warm-up asked for the narrowed parameters in this process (not on vLLM's V1 or CPU runner,
+nor for workers in processes of their own); ``$EVALPARITY_KERNEL_WARMUP=vllm`` keeps vLLM's own. That the
+numbers do not change is a GPU measurement (results/staged-h200, session 28): the CPU build runs the V1 runner.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def test_narrowed_warmup_uses_every_feature_the_cells_use_and_no_other(sampling)
     from evalparity.backends import vllm as vllm_backend
 
     full = features(sampling.for_sampler_warmup())
-    assert vllm_backend.narrow_kernel_warmup() == vllm_backend.WARMUP_NARROWED
+    assert vllm_backend.narrow_kernel_warmup() is None  # narrowed: what ran is said once the engine is built
     narrowed = features(sampling.for_sampler_warmup())
     used = set().union(*(features(p) for p in cells_sampling()))
     assert used <= narrowed, f"the cells use {sorted(used - narrowed)}, which the narrowed warm-up would not compile"
@@ -79,21 +81,67 @@ def test_narrowed_warmup_uses_every_feature_the_cells_use_and_no_other(sampling)
     assert sampling.for_sampler_warmup().temperature == 0  # greedy, as the cells sample
 
 
-def test_vllm_warmup_switch_keeps_vllms_own(sampling, monkeypatch):
+class _Engine:
+    """Stands for lm-eval's VLLM model: building it builds the engine, whose V2 warm-up (when ``warms_here``)
+    asks ``SamplingParams.for_sampler_warmup()`` in this process, as vLLM's ``warmup_kernels`` does."""
+
+    warms_here = True
+    seen: list = []
+
+    def __init__(self, **kw):
+        from vllm import SamplingParams
+
+        if self.warms_here:
+            type(self).seen.append(SamplingParams.for_sampler_warmup())
+
+    def _parse_logprobs(self, tokens, outputs, ctxlen):  # pragma: no cover - not called here
+        raise AssertionError
+
+
+@pytest.mark.parametrize("warms_here", [True, False])
+def test_create_lm_narrows_before_the_engine_and_records_what_ran(sampling, monkeypatch, warms_here):
+    """The engine's warm-up, run while ``create_lm`` builds it, gets the narrowed parameters; the cell records
+    narrowed only where that warm-up ran in this process, else says it did not (the V1 or CPU runner, or
+    workers of their own)."""
+    import lm_eval.api.registry as registry  # heavy: lm_eval
+
     from evalparity.backends import vllm as vllm_backend
 
     own = sampling.__dict__["for_sampler_warmup"]
-    monkeypatch.setenv("EVALPARITY_VLLM_WARMUP", "vllm")
+    engine = type("Engine", (_Engine,), {"warms_here": warms_here, "seen": []})
+    monkeypatch.setattr(registry, "get_model", lambda name: engine)
+    lm = vllm_backend.create_lm({"pretrained": "unused"})
+    if warms_here:
+        assert [p.temperature for p in engine.seen] == [0.0] and engine.seen[0].prompt_logprobs == 1
+        assert vllm_backend.loaded_settings(lm)["kernel_warmup"] == vllm_backend.WARMUP_NARROWED
+    else:
+        assert engine.seen == []
+        assert vllm_backend.loaded_settings(lm)["kernel_warmup"] == vllm_backend.WARMUP_NOT_HERE
+    # asked for vLLM's own: its warm-up gets vLLM's parameters, and the record says so
+    monkeypatch.setattr(sampling, "for_sampler_warmup", own)
+    monkeypatch.setenv("EVALPARITY_KERNEL_WARMUP", "vllm")
+    engine.seen.clear()
+    lm = vllm_backend.create_lm({"pretrained": "unused"})
+    assert all(p.temperature != 0 for p in engine.seen)
+    assert vllm_backend.loaded_settings(lm)["kernel_warmup"].startswith(vllm_backend.WARMUP_OWN)
+
+
+def test_kernel_warmup_switch_keeps_vllms_own(sampling, monkeypatch):
+    from evalparity.backends import vllm as vllm_backend
+
+    own = sampling.__dict__["for_sampler_warmup"]
+    monkeypatch.setenv("EVALPARITY_KERNEL_WARMUP", "vllm")
     said = vllm_backend.narrow_kernel_warmup()
-    assert said.startswith(vllm_backend.WARMUP_OWN) and "EVALPARITY_VLLM_WARMUP=vllm" in said
+    assert said.startswith(vllm_backend.WARMUP_OWN) and "EVALPARITY_KERNEL_WARMUP=vllm" in said
     assert sampling.__dict__["for_sampler_warmup"] is own
+    assert vllm_backend.kernel_warmup_used(said, 0) == said
 
 
 def test_a_vllm_without_the_hook_is_left_alone(sampling, monkeypatch):
     from evalparity.backends import vllm as vllm_backend
 
     monkeypatch.delattr(sampling, "for_sampler_warmup")
-    assert "no sampler warm-up to narrow" in vllm_backend.narrow_kernel_warmup()
+    assert "no for_sampler_warmup staticmethod to narrow" in vllm_backend.narrow_kernel_warmup()
     assert "for_sampler_warmup" not in sampling.__dict__
 
 
@@ -118,9 +166,9 @@ def test_the_choice_reaches_every_cell_and_is_checked(monkeypatch):
     from evalparity import cellenv, config
     from evalparity.errors import EvalParityError
 
-    assert cellenv.cell_environment({}, offline=True)[config.WARMUP_ENV] == "run"
-    monkeypatch.setenv(config.WARMUP_ENV, " VLLM ")
-    assert cellenv.cell_environment({}, offline=True)[config.WARMUP_ENV] == "vllm"
-    monkeypatch.setenv(config.WARMUP_ENV, "none")
+    assert cellenv.cell_environment({}, offline=True)[config.KERNEL_WARMUP_ENV] == "run"
+    monkeypatch.setenv(config.KERNEL_WARMUP_ENV, " VLLM ")
+    assert cellenv.cell_environment({}, offline=True)[config.KERNEL_WARMUP_ENV] == "vllm"
+    monkeypatch.setenv(config.KERNEL_WARMUP_ENV, "none")
     with pytest.raises(EvalParityError, match="is not one of run, vllm"):
         config.check_environment()

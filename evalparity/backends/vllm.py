@@ -10,7 +10,7 @@ from pathlib import Path
 from evalparity import devices
 from evalparity.backends import check_names, compat, parse_extra_args, precision
 from evalparity.backends.pretokenize import BatchedEncoding
-from evalparity.config import PORT_BASE_ENV, WARMUP_ENV, vllm_warmup
+from evalparity.config import KERNEL_WARMUP_ENV, PORT_BASE_ENV, kernel_warmup
 from evalparity.shapes import CUDA_CONTEXT, DTYPE_BYTES, CellNeed, ModelShape
 from evalparity.spec import TENSOR_PARALLEL_ARG, CellSpec, RunSpec
 
@@ -158,43 +158,64 @@ def use_job_ports(args: dict | None = None) -> str | None:
     return os.environ.get("VLLM_PORT")
 
 
-#: What ``narrow_kernel_warmup`` says it did, recorded as the cell's ``kernel_warmup`` setting.
+#: What a vLLM cell records as its ``kernel_warmup`` setting (``kernel_warmup_used``).
 WARMUP_NARROWED = "the run's sampling only: greedy with prompt logprobs (evalparity)"
 WARMUP_OWN = "vLLM's own: every sampling feature"
+WARMUP_NOT_HERE = ("none in this process: vLLM's V2 warm-up did not run here (the V1 or CPU runner has none; an "
+                   "engine whose workers run in processes of their own warms them up as vLLM does)")
+_narrowed_calls = 0  # how often this process's vLLM asked for its warm-up parameters since they were narrowed
 
 
 def _run_sampling_warmup():
-    """The sampling parameters a cell's requests use, for vLLM's kernel warm-up: greedy (lm-eval's scoring
-    and its generations alike) with one prompt logprob per token (its scoring)."""
+    """The sampling parameters a cell's requests use, for vLLM's kernel warm-up: greedy (lm-eval's scoring,
+    and its generations unless a task samples) with one prompt logprob per token (its scoring)."""
+    global _narrowed_calls
     from vllm import SamplingParams  # optional: vllm
 
+    _narrowed_calls += 1
     return SamplingParams(temperature=0.0, prompt_logprobs=1)
 
 
-def narrow_kernel_warmup() -> str:
-    """Make this process's vLLM engines warm up only the sampling kernels the run uses; returns what was done
-    (the cell records it as ``kernel_warmup``).
+def narrow_kernel_warmup() -> str | None:
+    """Make the vLLM engines built in this process afterwards warm up only the sampling kernels the run uses.
+    Returns what to record where nothing will be narrowed (vLLM's own, asked for or without the hook); None
+    where it was done: whether the warm-up then ran here is for ``kernel_warmup_used`` to say.
 
     Why: vLLM's V2 model runner (its default on GPUs for dense decoders, 0.26) warms up by running a dummy
     prefill and decode with ``SamplingParams.for_sampler_warmup()``, parameters that switch on every sampling
     feature (penalties, top-k/top-p, min-p, logit bias, bad words, top-5 logprobs), so that each feature's
-    Triton kernels compile before the first request. A cell only ever scores prompt logprobs and generates
-    greedily, and vLLM's sampler skips the kernels of features no request in a batch uses; so the others'
-    compilations are a fresh machine's cost with nothing in return (Triton caches them per machine). The
-    warm-up still runs, with the run's own parameters, so the kernels the cells do use compile before the
-    first round as before. What the engine computes for a request does not depend on the warm-up's
-    parameters (the warm-up's requests are finished and its seed reset before any real request).
-    ``$EVALPARITY_VLLM_WARMUP=vllm`` keeps vLLM's own warm-up. A vLLM without this hook is left as it is."""
+    Triton kernels compile before the first request. A cell scores prompt logprobs and generates greedily
+    (unless a task samples: its kernels then compile at its first request), and vLLM's sampler skips the
+    kernels of features no request in a batch uses; so the others' compilations are a fresh machine's cost with
+    nothing in return (Triton caches them per machine). Measured on three H200s with empty compile caches:
+    "init engine" 4.3-7.8 s against 9.8-17.7 s (results/staged-h200, session 28). The warm-up still runs, with
+    the run's own parameters, so the kernels the cells do use compile before the first round as before. What
+    the engine computes for a request does not depend on the warm-up's parameters (its requests are finished
+    and vLLM resets its seed before any real request; the round tables were byte-identical either way).
+
+    Only this process is patched: an engine whose workers run in processes of their own (tensor parallel,
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=1``; vLLM spawns them once CUDA is up) warms those up as vLLM does, which
+    is why the record is taken from whether the narrowed parameters were asked for here.
+    ``$EVALPARITY_KERNEL_WARMUP=vllm`` keeps vLLM's own warm-up."""
     try:
         from vllm import SamplingParams  # optional: vllm
     except ImportError:
         return WARMUP_OWN
     if not isinstance(SamplingParams.__dict__.get("for_sampler_warmup"), staticmethod):
-        return f"{WARMUP_OWN} (this vLLM has no sampler warm-up to narrow)"
-    if vllm_warmup() == "vllm":
-        return f"{WARMUP_OWN} (${WARMUP_ENV}=vllm)"
+        return f"{WARMUP_OWN} (this vLLM's SamplingParams has no for_sampler_warmup staticmethod to narrow)"
+    if kernel_warmup() == "vllm":
+        return f"{WARMUP_OWN} (${KERNEL_WARMUP_ENV}=vllm)"
     SamplingParams.for_sampler_warmup = staticmethod(_run_sampling_warmup)
-    return WARMUP_NARROWED
+    return None
+
+
+def kernel_warmup_used(said: str | None, calls_before: int) -> str:
+    """The ``kernel_warmup`` record of an engine built after ``narrow_kernel_warmup`` returned ``said``, when
+    the narrowed parameters had been asked for ``calls_before`` times: narrowed only where this engine's
+    warm-up asked for them here."""
+    if said is not None:
+        return said
+    return WARMUP_NARROWED if _narrowed_calls > calls_before else WARMUP_NOT_HERE
 
 
 def create_lm(args: dict):
@@ -202,7 +223,7 @@ def create_lm(args: dict):
     prompt logprobs (``flat_scoring_params``) where vLLM has them."""
     compat.apply()
     use_job_ports(args)
-    warmup = narrow_kernel_warmup()
+    said, calls_before = narrow_kernel_warmup(), _narrowed_calls  # before the engine is built (its warm-up)
     from lm_eval.api.registry import get_model  # heavy: lm_eval; optional: vllm
 
     class RecordingVLLM(BatchedEncoding, get_model(lm_eval_model)):
@@ -245,7 +266,7 @@ def create_lm(args: dict):
             return res
 
     lm = RecordingVLLM(**args)
-    lm.evalparity_kernel_warmup = warmup
+    lm.evalparity_kernel_warmup = kernel_warmup_used(said, calls_before)
     return lm
 
 

@@ -136,12 +136,17 @@ def engine_differences(scored: dict, probed: dict | None) -> list[str]:
 
 
 def engine_warnings(run_dir: Path, results: dict[str, dict]) -> list[str]:
-    """One line per probed cell of ``run_dir`` whose engine differed from the run's (``engine_differences``):
-    its drift may not be the drift the run's verdicts saw."""
+    """One line per probed side of ``run_dir`` (each cell, and the reference where it is one of the run's
+    cells) whose engine differed from the run's (``engine_differences``): its drift may not be the drift the
+    run's verdicts saw."""
+    engines = {cell: result.get("engine") for cell, result in results.items()}
+    for result in results.values():  # the reference's record, as each cell's summary carries it
+        if isinstance(result.get("reference"), str) and result["reference"] not in engines:
+            engines[result["reference"]] = result.get("reference_engine")
     lines = []
-    for cell, result in results.items():
+    for cell, engine in engines.items():
         rec = records.read_cell(layout.cell_dir(run_dir, cell))
-        diffs = engine_differences(rec.to_json() if rec is not None else {}, result.get("engine"))
+        diffs = engine_differences(rec.to_json() if rec is not None else {}, engine)
         if diffs:
             lines.append(f"{cell} was probed with {'; '.join(diffs[:5])}{' …' if len(diffs) > 5 else ''}: its drift "
                          "may not be the run's; probe it from the same environment as the run")

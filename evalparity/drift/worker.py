@@ -234,7 +234,7 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
         spec["reference"], ids, chunks, entries, probe.n_entries, spec["pooling"], gens,
         {"load_s": load_s, "probe_s": probe_s, "generate_s": time.perf_counter() - t2,
          "peak_gpu_gib": peak_gpu_gib(probe.device),
-         "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}))
+         "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}, getattr(probe, "engine", None)))
 
 
 WAIT_POLL_S = 0.1
@@ -315,7 +315,8 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
               "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}
     return acc.summary(spec["threshold"]) | {
         "cell": cell, "reference": spec["reference"], **timing, "timing": timing,
-        "reference_timing": ref.timing, "pooling": ref.pooling, "prompts_probed": len(matched),
+        "reference_timing": ref.timing, "reference_engine": ref.engine, "pooling": ref.pooling,
+        "prompts_probed": len(matched),
         "prompts_skipped": sum(x is None for x in ref.ids),  # shorter than two tokens, or a repeat
         "launch": {k: v for k, v in spec["launch"][cell].items() if k != "env"},
         "engine": getattr(probe, "engine", None),
