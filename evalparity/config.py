@@ -81,6 +81,16 @@ def progress_interval() -> float:
     return value
 
 
+def _choice(name: str, choices: tuple[str, ...], fix: str) -> str:
+    """``$name`` as one of ``choices`` (case and surrounding spaces aside; unset or empty: the first); anything
+    else is refused in one line naming the variable, the choices and ``fix``."""
+    value = os.environ.get(name, "").strip().lower() or choices[0]
+    if value not in choices:
+        shown = os.environ[name].encode("unicode_escape").decode("ascii")
+        raise EvalParityError(f"${name}={shown!r} is not one of {', '.join(choices)}: {fix}")
+    return value
+
+
 AHEAD_ENV = "EVALPARITY_SCORE_AHEAD"  # auto (default), off, or always: a staged cell's scoring ahead (cells)
 AHEAD_CHOICES = ("auto", "off", "always")
 
@@ -89,12 +99,7 @@ def score_ahead() -> str:
     """``$EVALPARITY_SCORE_AHEAD``: ``auto`` (unset: a resident staged cell scores its next rounds while
     another cell of the run is still loading its model, ``cells.run_staged``), ``off`` (never), or ``always``
     (whenever it waits, for tests that must see it happen on a fast CPU). Anything else is refused."""
-    value = os.environ.get(AHEAD_ENV, "").strip().lower() or "auto"
-    if value not in AHEAD_CHOICES:
-        shown = os.environ[AHEAD_ENV].encode("unicode_escape").decode("ascii")
-        raise EvalParityError(f"${AHEAD_ENV}={shown!r} is not one of {', '.join(AHEAD_CHOICES)}: set it to off to "
-                              "score no round ahead, or unset it")
-    return value
+    return _choice(AHEAD_ENV, AHEAD_CHOICES, "set it to off to score no round ahead, or unset it")
 
 
 KERNEL_WARMUP_ENV = "EVALPARITY_KERNEL_WARMUP"  # run (default) or vllm: what a vLLM engine's kernel warm-up runs
@@ -105,12 +110,8 @@ def kernel_warmup() -> str:
     """``$EVALPARITY_KERNEL_WARMUP``: ``run`` (unset: a vLLM engine's kernel warm-up exercises only the sampling
     the cells use, greedy with prompt logprobs, ``backends.vllm.narrow_kernel_warmup``) or ``vllm`` (vLLM's own
     warm-up, every sampling feature). Anything else is refused."""
-    value = os.environ.get(KERNEL_WARMUP_ENV, "").strip().lower() or "run"
-    if value not in KERNEL_WARMUP_CHOICES:
-        shown = os.environ[KERNEL_WARMUP_ENV].encode("unicode_escape").decode("ascii")
-        raise EvalParityError(f"${KERNEL_WARMUP_ENV}={shown!r} is not one of {', '.join(KERNEL_WARMUP_CHOICES)}: set "
-                              "it to vllm for vLLM's own kernel warm-up, or unset it")
-    return value
+    return _choice(KERNEL_WARMUP_ENV, KERNEL_WARMUP_CHOICES,
+                   "set it to vllm for vLLM's own kernel warm-up, or unset it")
 
 
 def check_environment() -> None:
