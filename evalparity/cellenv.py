@@ -17,9 +17,9 @@ def cell_environment(backend_env: dict[str, str], offline: bool, cell: CellSpec 
     host's own, not this one's), the plugin modules that register backends (``backends.registry``), and the
     cell's own (``env.VAR=`` of a ``--cell``: they win over the backend's, as the user asked)."""
     env = dict(backend_env) | registry.plugin_environment() | dict(cell.env if cell is not None else ())
+    # the run's switches too (checked here first), so that a Ray cluster's hosts run as this one asked
     env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "TQDM_MININTERVAL": "1",
-                AHEAD_ENV: score_ahead(), KERNEL_WARMUP_ENV: kernel_warmup()})  # the run's choices, on a Ray cluster's
-    # hosts too (checked here first)
+                AHEAD_ENV: score_ahead(), KERNEL_WARMUP_ENV: kernel_warmup()})
     if offline:
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     return env

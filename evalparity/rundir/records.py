@@ -614,7 +614,8 @@ class DriftReference:
     ids as an earlier prompt, which is probed once). ``chunks``: the prompt indices of each
     ``chunk-<k>.safetensors`` (tensors ``entry.<e>`` and ``logprobs``, in that order). ``generations``:
     prompt index -> greedy ids, or None without ``--gen-tokens``. ``engine``: what the reference's engine ran
-    with (``drift.worker.load_side``), None where its probe keeps no such record."""
+    with (``drift.worker.load_side``), None where its probe keeps no such record. Written and read within one
+    drift (``run_drift`` clears the folder before any side starts), so every field is required."""
 
     cell: str
     ids: list
@@ -624,11 +625,10 @@ class DriftReference:
     pooling: str
     generations: dict | None
     timing: dict
-    engine: dict | None = None
+    engine: dict | None
 
     TYPES = {"cell": (str,), "ids": (list,), "chunks": (list,), "entries": (list,), "n_entries": (int,),
              "pooling": (str,), "generations": (dict, _NONE), "timing": (dict,), "engine": (dict, _NONE)}
-    REQUIRED = ("cell", "ids", "chunks", "entries", "n_entries", "pooling", "generations", "timing")
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -643,9 +643,9 @@ def read_drift_reference(folder: Path) -> DriftReference:
     path = layout.drift_reference(folder) / "reference.json"
     data = read_json(path)
     problem = "missing or not JSON" if data is None else shape_problem(data, DriftReference.TYPES,
-                                                                       required=DriftReference.REQUIRED)
+                                                                       required=tuple(DriftReference.TYPES))
     if problem is None and not all(layout.drift_chunk(path.parent, k).is_file() for k in range(len(data["chunks"]))):
         problem = "a chunk it names is missing"
     if problem:
         raise EvalParityError(f"{path} is not the reference of this drift folder ({problem}): rerun `evalparity drift`")
-    return DriftReference(**{k: data.get(k) for k in DriftReference.TYPES})
+    return DriftReference(**{k: data[k] for k in DriftReference.TYPES})
