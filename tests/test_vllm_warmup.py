@@ -81,6 +81,33 @@ def test_narrowed_warmup_uses_every_feature_the_cells_use_and_no_other(sampling)
     assert sampling.for_sampler_warmup().temperature == 0  # greedy, as the cells sample
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_any_greedy_generation_lm_eval_makes_needs_nothing_the_narrowed_warmup_lacks(sampling, seed):
+    """Generated: lm-eval's ``generate_until`` parameters for random greedy ``generation_kwargs`` (stop
+    strings, token caps, do_sample false or temperature 0, top-p/top-k beside them, special tokens kept or not)
+    switch on no sampling feature the narrowed warm-up does not: their kernels all compile before round 1."""
+    import random
+
+    import lm_eval.models.vllm_causallms as lm_vllm  # heavy: lm_eval, vllm (imported, nothing loaded)
+
+    from evalparity.backends import vllm as vllm_backend
+
+    vllm_backend.narrow_kernel_warmup()
+    narrowed = features(sampling.for_sampler_warmup())
+    rng = random.Random(seed)
+    for _ in range(200):
+        kw = {"until": rng.sample(["\n", "\n\n", "Question:", "</s>", ".", "Q:"], rng.randint(0, 3))}
+        if rng.random() < 0.5:
+            kw["max_gen_toks"] = rng.randint(1, 512)
+        kw |= rng.choice([{"do_sample": False}, {"temperature": 0.0}, {"do_sample": False, "temperature": 0}, {},
+                         {"do_sample": False, "top_p": 0.9, "top_k": 40}])  # greedy: vLLM drops top-p/k
+        if rng.random() < 0.3:
+            kw["skip_special_tokens"] = rng.random() < 0.5
+        kwargs, until, max_gen_toks = lm_vllm.VLLM.modify_gen_kwargs(dict(kw), eos="</s>")
+        used = features(sampling(max_tokens=max_gen_toks, stop=until, **kwargs))
+        assert used <= narrowed, (kw, sorted(used - narrowed))
+
+
 class _Engine:
     """Stands for lm-eval's VLLM model: building it builds the engine, whose V2 warm-up (when ``warms_here``)
     asks ``SamplingParams.for_sampler_warmup()`` in this process, as vLLM's ``warmup_kernels`` does."""
