@@ -134,6 +134,50 @@ def test_cells_are_compared_chunk_by_chunk_on_the_reference_kept_once(tmp_path, 
     assert all(x["rel_error"] == 0 for x in same["layers"]) and same["first_layer_over_threshold"] is None
 
 
+def test_the_reference_generates_while_its_chunks_are_written_and_a_failed_write_fails_it(tmp_path, monkeypatch):
+    """The reference's chunks go to writer threads (at most ``WRITERS`` at once) and its generation runs
+    while they write: here every write waits until the generation has started, so a reference that waited
+    for its writes first would never generate (it times out instead). A chunk whose write failed fails the
+    reference, and no record says it is complete."""
+    import threading
+
+    from evalparity.drift import worker
+
+    generating = threading.Event()
+    real_save = worker.save_chunk
+
+    def save_after_generation_started(path, batch, ready=None):
+        assert generating.wait(timeout=20), "the reference waited for its writes before generating"
+        real_save(path, batch, ready)
+
+    class Generating(FakeProbe):
+        def generate(self, prompts, n):
+            generating.set()
+            return super().generate(prompts, n)
+
+    monkeypatch.setattr(worker, "save_chunk", save_after_generation_started)
+    monkeypatch.setattr(worker, "WRITERS", 64)  # every chunk's write pending at once
+    out, s = _probe_with(tmp_path, monkeypatch, TEXTS, Generating(), FakeProbe(noise=0.01))
+    ref = rundir.records.read_drift_reference(out)
+    assert len(ref.chunks) > 1 and all((out / "reference" / f"chunk-{k:05d}.safetensors").is_file()
+                                       for k in range(len(ref.chunks)))
+    assert ref.timing["write_wait_s"] > 0 and s["read_wait_s"] >= 0
+    _, plain = _probe_with(tmp_path / "plain", monkeypatch, TEXTS, FakeProbe(), FakeProbe(noise=0.01))
+    for key in ("layers", "prompt_logprobs", "generations", "first_drifting_by_prompt"):
+        assert s[key] == plain[key], key
+
+    def fail_one(path, batch, ready=None):
+        if path.name.endswith("00001.safetensors"):
+            raise OSError(28, "No space left on device")
+        real_save(path, batch, ready)
+
+    monkeypatch.setattr(worker, "save_chunk", fail_one)
+    monkeypatch.setattr(worker, "WRITERS", 2)
+    with pytest.raises(OSError, match="No space left"):
+        _probe_with(tmp_path / "full", monkeypatch, TEXTS, FakeProbe(), FakeProbe())
+    assert not (tmp_path / "full" / "d" / "reference" / "reference.json").exists()
+
+
 def test_cells_started_with_the_reference_wait_for_it_and_for_each_other_then_match(tmp_path, monkeypatch):
     """``reference_too``: a cell loaded before the reference is done, or before the other cells are loaded,
     waits (``worker.wait_to_probe``), then measures what it measures after the reference (same numbers); a
