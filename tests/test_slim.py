@@ -22,31 +22,37 @@ def _python(code: str) -> str:
     return proc.stdout.strip()
 
 
-def test_a_model_class_and_lmevals_hf_model_import_without_sklearn_after_apply():
-    """With ``apply`` first, transformers' causal-LM classes (and their generation utilities) and lm-eval's
-    HF model load without scikit-learn; without it, the same imports bring scikit-learn in (the control: it
-    shows that the question ``apply`` answers is the one that imports it)."""
+def test_a_model_class_and_lmevals_hf_model_import_without_sklearn_or_scipy_after_apply():
+    """With ``apply`` first, transformers' causal-LM classes (their generation utilities and losses) and
+    lm-eval's HF model load without scikit-learn and SciPy. The controls show that each question ``apply``
+    answers is the one that imports its library: without ``apply`` both come in; with only scikit-learn's
+    question answered (``apply`` before SciPy's was added), SciPy's optimizer still does, through the losses."""
     code = """
         import sys
         {apply}
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, LlamaForCausalLM
         import lm_eval.models.huggingface
         import transformers.generation.candidate_generator
-        print(sorted(m for m in ("sklearn", "sklearn.metrics") if m in sys.modules))
+        import transformers.loss.loss_utils
+        print(sorted(m for m in ("sklearn", "sklearn.metrics", "scipy.optimize") if m in sys.modules))
     """
     assert _python(code.format(apply="from evalparity import slim; slim.apply()")) == "[]"
-    assert _python(code.format(apply="")) == "['sklearn', 'sklearn.metrics']"
+    assert _python(code.format(apply="")) == "['scipy.optimize', 'sklearn', 'sklearn.metrics']"
+    sklearn_only = "import transformers.utils as u; u.is_sklearn_available = lambda: False"
+    assert _python(code.format(apply=sklearn_only)) == "['scipy.optimize']"
 
 
-def test_another_import_of_sklearn_still_works_after_apply():
-    """Only transformers' question is answered: a task metric that imports scikit-learn itself gets it."""
+def test_another_import_of_sklearn_or_scipy_still_works_after_apply():
+    """Only transformers' questions are answered: a task metric that imports scikit-learn or SciPy itself
+    gets it."""
     out = _python("""
         from evalparity import slim; slim.apply()
         from transformers import AutoModelForCausalLM
         from sklearn.metrics import f1_score
-        print(f1_score([0, 1, 1], [0, 1, 0]))
+        from scipy.optimize import linear_sum_assignment
+        print(f1_score([0, 1, 1], [0, 1, 0]) + linear_sum_assignment([[1, 0], [0, 1]])[1].sum())
     """)
-    assert float(out) == pytest.approx(2 / 3)
+    assert float(out) == pytest.approx(2 / 3 + 1)
 
 
 def test_every_process_that_loads_a_model_applies_it_before_anything_else():
