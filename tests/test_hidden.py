@@ -280,6 +280,34 @@ def test_a_worker_refuses_a_cuda_device_torch_cannot_use_before_it_loads(side, m
         work(tmp_path, req, ProgressFile(tmp_path / "p.json"))
 
 
+@pytest.mark.parametrize("backend, device, starts", [("hf", "cuda:1", True), ("hf", "cpu", False),
+                                                     ("vllm", "cuda", False)])
+def test_cuda_starts_in_a_thread_while_an_hf_side_loads(backend, device, starts, monkeypatch):
+    """``load_side`` starts CUDA in a thread (``devices.start_cuda``) before the backend's ``create_lm`` for
+    backends that allow it (HF), on the side's own device, and waits for that thread once the model is
+    loaded; not on a CPU, and never for vLLM (its engine decides how its workers start by whether CUDA is up).
+    A failing start is left to the load, which reports it."""
+    import threading
+
+    from evalparity import backends
+    from evalparity.drift import worker
+
+    seen: list = []
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: seen.append((k.get("device"), threading.current_thread().name)))
+    fake = SimpleNamespace(create_lm=lambda args: seen.append(("load", args["device"])) or "lm",
+                           drift_probe=lambda lm: SimpleNamespace(), loaded_settings=lambda lm: {},
+                           early_cuda=backend == "hf")
+    monkeypatch.setattr(backends, "get", lambda name: fake)
+    launch = {"cell": {"backend": backend, "dtype": "bfloat16", "tf32": False, "model_args": {"device": device}}}
+    worker.load_side({"launch": launch}, "cell")
+    assert (device, "start-cuda") in seen if starts else seen == [("load", device)]
+    assert ("load", device) in seen
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: 1 / 0)
+    thread = devices.start_cuda("cuda")
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
 @pytest.mark.parametrize("given, kept", [
     ([3, -7, (1 << 63) - 1], [3, -7, (1 << 63) - 1]),
     ([3, 1 << 63], ["3", str(1 << 63)]),  # an unsigned 64-bit hash id: every id as text, none lost

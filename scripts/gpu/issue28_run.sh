@@ -9,7 +9,11 @@
 set -uo pipefail
 source .gpu/bin/env.sh
 source scripts/gpu/runner.sh  # RUNNER=vllm (default), v1 or v2: vLLM's model runner
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+# CODE=DIR: another commit's evalparity/ package (scripts/gpu/old_code.sh), for an A/B on one machine; see
+# issue26_run.sh for why PYTHONSAFEPATH
+export PYTHONSAFEPATH=1
+export PYTHONPATH="${CODE:+$PWD/$CODE:}$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+python3 -c "import evalparity, os; print('evalparity from', os.path.dirname(evalparity.__file__))"
 MODE=${MODE:-drift}
 LABEL=${LABEL:-$MODE}
 BUDGET=${BUDGET:-560}
