@@ -146,9 +146,9 @@ def test_the_reference_generates_while_its_chunks_are_written_and_a_failed_write
     generating = threading.Event()
     real_save = worker.save_chunk
 
-    def save_after_generation_started(path, batch, ready=None):
+    def save_after_generation_started(path, batch):
         assert generating.wait(timeout=20), "the reference waited for its writes before generating"
-        real_save(path, batch, ready)
+        real_save(path, batch)
 
     class Generating(FakeProbe):
         def generate(self, prompts, n):
@@ -166,10 +166,10 @@ def test_the_reference_generates_while_its_chunks_are_written_and_a_failed_write
     for key in ("layers", "prompt_logprobs", "generations", "first_drifting_by_prompt"):
         assert s[key] == plain[key], key
 
-    def fail_one(path, batch, ready=None):
+    def fail_one(path, batch):
         if path.name.endswith("00001.safetensors"):
             raise OSError(28, "No space left on device")
-        real_save(path, batch, ready)
+        real_save(path, batch)
 
     monkeypatch.setattr(worker, "save_chunk", fail_one)
     monkeypatch.setattr(worker, "WRITERS", 2)

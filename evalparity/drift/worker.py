@@ -31,8 +31,13 @@ from evalparity.files import atomic_target, read_json, write_json
 from evalparity.progress_file import ProgressFile
 from evalparity.rundir import layout, records
 
-CHUNK_BYTES = 2 << 30  # the hidden states of one chunk of prompts, per side, at most about this much
-WRITERS = 3  # the reference's chunks written at once (each held on the host until written)
+# The hidden states of one chunk of prompts, per side, at most about this much; the reference holds up to
+# WRITERS + 1 chunks on its device (the one probed and those being written), a cell two (``prefetched``).
+# Measured on an H200 host: the reference's probe waited for its one writer (``drift28v2``: the GPU 0-9 %
+# busy for most of the 6.6 s), and three threads wrote 6 GiB of chunks in 1.19 s where one took 0.8-1.1 s
+# for 2 GiB (results/drift-h200, session 29).
+CHUNK_BYTES = 1 << 30
+WRITERS = 3
 
 
 def resolve_entries(layers: list[int] | None, n_entries: int) -> list[int]:
@@ -141,30 +146,28 @@ def check_room(out: Path, ids: list[list[int] | None], n_entries: int, hidden: i
                               "prompts" + (", or drop --dump" if dump else ""))
 
 
-def to_host(batch: HiddenBatch) -> tuple[HiddenBatch, torch.cuda.Event | None]:
-    """The batch's hidden states copied to the host without waiting for the copy (into pinned memory, queued
-    on the device's stream behind the probe's kernels), and the event that says the copy is done (None on a
-    CPU). Why: the reference's probe waited for each chunk to reach the disk (the GPU 0-9 % busy for most of
-    ``drift28v2``'s 6.6 s reference probe, against 87-94 % in its generation); now the device goes on to the
-    next chunk while writer threads wait for the copy and write (``probe_reference``)."""
-    if not any(h.is_cuda for h in batch.hidden.values()):
-        return batch, None
-    host = {e: h.to("cpu", non_blocking=True) for e, h in batch.hidden.items()}
-    done = torch.cuda.Event()
-    done.record()
-    return HiddenBatch(host, batch.lengths, batch.logprobs, batch.pooling), done
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` copied into host memory whose pages are touched first (``zero_`` touches them on every core).
+    Measured on an H200 host (results/drift-h200, session 29): ``.cpu()`` of a 1 GiB chunk took 0.89 s and
+    three at once in three threads 2.66 s (they queue), where an empty tensor zeroed and copied into took
+    0.21 s and three at once 0.54 s; the copy itself, into touched pages, 0.09 s. A non-blocking copy into
+    pinned memory was no way out: allocating 2 GiB of it blocked the caller 2.25-2.60 s."""
+    if t.device.type == "cpu":
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype)
+    out.zero_()
+    out.copy_(t)
+    return out
 
 
-def save_chunk(path: Path, batch: HiddenBatch, ready: torch.cuda.Event | None = None) -> None:
-    """One chunk as float32 safetensors; ``ready``: the event of its copy to the host (``to_host``), waited
-    for here, in the writer's thread."""
+def save_chunk(path: Path, batch: HiddenBatch) -> None:
+    """One chunk as float32 safetensors, its tensors brought to the host here (``host_copy``): in a writer
+    thread of the reference's, while its probe goes on."""
     from safetensors.torch import save_file  # heavy: safetensors (with torch)
 
-    if ready is not None:
-        ready.synchronize()
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_target(path) as tmp:
-        save_file({**{f"entry.{e}": h.contiguous().cpu() for e, h in batch.hidden.items()},
+        save_file({**{f"entry.{e}": host_copy(h.contiguous()) for e, h in batch.hidden.items()},
                    "logprobs": batch.logprobs.contiguous(),
                    "lengths": torch.as_tensor(batch.lengths, dtype=torch.int64)}, str(tmp))
 
@@ -242,11 +245,11 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
     writes: deque = deque()
     with ThreadPoolExecutor(max_workers=WRITERS) as pool:
         for k, chunk in enumerate(chunks):
-            batch, ready = to_host(probe.forward([ids[i] for i in chunk], entries, spec["pooling"]))
-            while len(writes) >= WRITERS:  # at most WRITERS chunks on their way to the disk
+            batch = probe.forward([ids[i] for i in chunk], entries, spec["pooling"])
+            while len(writes) >= WRITERS:  # at most WRITERS chunks on their way to the disk (and held)
                 write_wait += _drain(writes.popleft())
-            writes.append(pool.submit(save_chunk, layout.drift_chunk(folder, k), batch, ready))
-            del batch, ready
+            writes.append(pool.submit(save_chunk, layout.drift_chunk(folder, k), batch))
+            del batch
             done += len(chunk)
             progress.update(phase="reference", n=done, total=sum(map(len, chunks)))
         probe_s = time.perf_counter() - t1
