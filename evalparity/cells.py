@@ -761,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
     and published; when even that cannot be written (a full disk), its reason goes to the parent instead.
     ``--probe BACKEND,...``: whether this interpreter can run such a cell (``probe``)."""
     argv = sys.argv[1:] if argv is None else argv
-    slim.apply()  # before any model library: transformers without scikit-learn (evalparity/slim.py)
+    slim.apply()  # before any model library: transformers without scikit-learn and SciPy (evalparity/slim.py)
     if argv[:1] == [PROBE_FLAG]:
         return _probe_main(argv[1:])
     if os.environ.get(REASON_FD_ENV, "").isdigit():  # ours alone: not inherited by the engines' own processes

@@ -118,9 +118,11 @@ def check_cuda(device: str) -> None:
 def start_cuda(device: str | None):
     """In a worker that imports torch: start CUDA on ``device`` (its context and caching allocator) in a thread,
     returned, while the caller goes on to import and load the model, which would otherwise start it only at
-    its first tensor on the GPU, after transformers' imports. torch releases the GIL while it creates the
-    context, and its lazy start is thread-safe (a load that reaches CUDA first waits for it). None for a
-    device that is not CUDA. A failure here is left to the load, which meets it again and reports it."""
+    its first tensor on the GPU, after transformers' imports. How much of the start overlaps the imports
+    depends on how much of it runs without the GIL (torch's tensor factories release it; whether its
+    ``_cuda_init`` does is not checked here, and the gain is not measured yet). torch's lazy start is
+    thread-safe (a load that reaches CUDA first waits for it). None for a device that is not CUDA. A failure
+    here is left to the load, which meets it again and reports it."""
     if not (device or "").startswith("cuda"):
         return None
     import threading

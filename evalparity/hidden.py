@@ -326,7 +326,7 @@ def work_check(stage: Path, req: dict, prog: ProgressFile) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    slim.apply()  # before the model libraries: transformers without scikit-learn (evalparity/slim.py)
+    slim.apply()  # before the model libraries: transformers without scikit-learn and SciPy (evalparity/slim.py)
     stage, side = Path(argv[0]), argv[1]
     req = json.loads((stage / "request.json").read_text())
     prog = ProgressFile(stage / f".{side}.progress.json")

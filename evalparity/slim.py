@@ -17,9 +17,10 @@ still imports it as usual: only transformers' own question is answered.
 
 SciPy the same way: transformers' loss functions (``loss/loss_utils.py``, imported by ``modeling_utils``, so
 by every model class) import ``scipy.optimize.linear_sum_assignment`` for the object-detection losses'
-Hungarian matcher whenever SciPy is installed; no causal LM uses it (those losses ``requires_backends`` SciPy
-where they run), and anything else that imports SciPy still gets it. Measured on the 2-core machine: 0.43 s of
-a 4.8 s import of transformers' model classes and lm-eval's HF model, with scikit-learn already answered.
+Hungarian matcher whenever SciPy is installed. No causal LM uses it (an object-detection model's loss would
+fail in such a process, which never trains one), and anything else that imports SciPy still gets it.
+Measured on the 2-core machine: 0.43 s of a 4.8 s import of transformers' model classes and lm-eval's HF
+model, with scikit-learn already answered.
 
 tests/test_slim.py checks, in a fresh process, that the answers keep scikit-learn and SciPy out of a model's
 imports, so that a transformers that asks the question elsewhere fails the test instead of quietly costing the
@@ -38,8 +39,9 @@ def _absent() -> bool:
 
 
 def apply() -> None:
-    """Before transformers' generation utilities and losses are imported: make transformers'
-    ``is_sklearn_available`` and ``is_scipy_available`` say no in this process. A no-op where they are
+    """Before transformers' generation utilities and losses are imported: make ``transformers.utils``'
+    ``is_sklearn_available`` and ``is_scipy_available`` (the names those modules import) say no in this
+    process. A no-op where they are
     imported already (their import has happened), or where transformers is not installed. Call it first thing
     in a process that will load a model."""
     if GENERATION_UTILS in sys.modules:

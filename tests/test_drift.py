@@ -103,7 +103,8 @@ class FakeProbe:
         return [list(range(n)) for _ in prompts]
 
 
-def _probe_with(tmp_path, monkeypatch, texts, ref, cell, pooling="all", dump=False, layers=None):
+def _probe_with(tmp_path, monkeypatch, texts, ref, cell, pooling="all", dump=False, layers=None,
+                chunk_bytes=4 * 3 * 4 * 6):  # six tokens a chunk: several chunks
     """The drift workers' two steps in this process, with fake probes in place of loaded models."""
     from evalparity.drift import worker
 
@@ -112,7 +113,7 @@ def _probe_with(tmp_path, monkeypatch, texts, ref, cell, pooling="all", dump=Fal
     spec = {"reference": "ref", "max_len": 64, "gen_tokens": 4, "threshold": 1e-3, "layers": layers,
             "pooling": pooling, "dump": dump, "launch": {"ref": {}, "cell": {}}}
     monkeypatch.setattr(worker, "load_side", lambda spec, name: ref if name == "ref" else cell)
-    monkeypatch.setattr(worker, "CHUNK_BYTES", 4 * 3 * 4 * 6)  # six tokens a chunk: several chunks
+    monkeypatch.setattr(worker, "CHUNK_BYTES", chunk_bytes)
     progress = worker.ProgressFile(tmp_path / "progress.json")
     worker.probe_reference(out, spec, texts, progress)
     return out, worker.probe_cell(out, spec, "cell", texts, progress)
@@ -135,11 +136,12 @@ def test_cells_are_compared_chunk_by_chunk_on_the_reference_kept_once(tmp_path, 
 
 
 def test_the_reference_generates_while_its_chunks_are_written_and_a_failed_write_fails_it(tmp_path, monkeypatch):
-    """The reference's chunks go to writer threads (at most ``WRITERS`` at once) and its generation runs
+    """The reference's chunks go to writer threads (at most ``WRITERS`` held unwritten) and its generation runs
     while they write: here every write waits until the generation has started, so a reference that waited
     for its writes first would never generate (it times out instead). A chunk whose write failed fails the
-    reference, and no record says it is complete."""
+    reference (before its generation, where it failed by then), and no record says it is complete."""
     import threading
+    import time
 
     from evalparity.drift import worker
 
@@ -166,16 +168,53 @@ def test_the_reference_generates_while_its_chunks_are_written_and_a_failed_write
     for key in ("layers", "prompt_logprobs", "generations", "first_drifting_by_prompt"):
         assert s[key] == plain[key], key
 
+    # a write that has failed by the end of the probe fails the reference before its generation
+    failed = threading.Event()
+
     def fail_one(path, batch):
         if path.name.endswith("00001.safetensors"):
+            failed.set()
             raise OSError(28, "No space left on device")
         real_save(path, batch)
 
+    class LateProbe(FakeProbe):
+        def forward(self, prompts, entries, pooling="all"):
+            if failed.is_set():
+                time.sleep(0.5)  # the failed write's future is done by the probe's end
+            return super().forward(prompts, entries, pooling)
+
+        def generate(self, prompts, n):
+            pytest.fail("generated after a write had failed")
+
     monkeypatch.setattr(worker, "save_chunk", fail_one)
-    monkeypatch.setattr(worker, "WRITERS", 2)
     with pytest.raises(OSError, match="No space left"):
-        _probe_with(tmp_path / "full", monkeypatch, TEXTS, FakeProbe(), FakeProbe())
+        _probe_with(tmp_path / "full", monkeypatch, TEXTS, LateProbe(), FakeProbe())
     assert not (tmp_path / "full" / "d" / "reference" / "reference.json").exists()
+
+    # never more than WRITERS chunks held on their way to the disk, besides the one just probed: one writer,
+    # a chunk a prompt, slow writes (without the cap, every chunk would be held at once)
+    monkeypatch.setattr(worker, "WRITERS", 1)
+    held, most = [0], [0]
+    lock = threading.Lock()
+
+    class Counting(FakeProbe):
+        def forward(self, prompts, entries, pooling="all"):
+            with lock:
+                held[0] += 1
+                most[0] = max(most[0], held[0])
+            return super().forward(prompts, entries, pooling)
+
+    def slow_save(path, batch):
+        time.sleep(0.1)
+        real_save(path, batch)
+        with lock:
+            held[0] -= 1
+
+    monkeypatch.setattr(worker, "save_chunk", slow_save)
+    out, capped = _probe_with(tmp_path / "capped", monkeypatch, TEXTS, Counting(), FakeProbe(noise=0.01),
+                              chunk_bytes=1)  # one prompt a chunk
+    assert len(rundir.records.read_drift_reference(out).chunks) == 4
+    assert most[0] == 2 and capped["layers"] == plain["layers"]
 
 
 def test_cells_started_with_the_reference_wait_for_it_and_for_each_other_then_match(tmp_path, monkeypatch):

@@ -260,7 +260,7 @@ def start(argv: list[str], env: dict[str, str] | None = None) -> Server:
 def main(argv: list[str]) -> int:
     """``vllm serve ARGV`` with the shim applied (module docstring)."""
     compat.apply()
-    slim.apply()  # before vLLM imports transformers: without scikit-learn (evalparity/slim.py)
+    slim.apply()  # before vLLM imports transformers: without scikit-learn and SciPy (evalparity/slim.py)
     from vllm.entrypoints.cli.main import main as vllm_main  # heavy: vllm (the server's own process)
 
     sys.argv = ["vllm", "serve", *argv]

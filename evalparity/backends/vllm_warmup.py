@@ -34,7 +34,7 @@ def warm(architectures: list[str]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    slim.apply()  # before vLLM imports transformers: without scikit-learn (evalparity/slim.py)
+    slim.apply()  # before vLLM imports transformers: without scikit-learn and SciPy (evalparity/slim.py)
     try:
         done = warm(argv)
     except Exception as err:  # noqa: BLE001 - a warm-up that fails costs nothing but its own time

@@ -238,7 +238,7 @@ def _prepare_main() -> int:
     """``prepare_in_background``'s process: ``model_path()``; stopped by SIGTERM (the run ended first), it
     unwinds so that its temporary folder is removed, never half-published (``_publish`` renames a whole one)."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    slim.apply()  # before transformers: without scikit-learn (evalparity/slim.py)
+    slim.apply()  # before transformers: without scikit-learn and SciPy (evalparity/slim.py)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
         model_path()

@@ -164,9 +164,8 @@ def cannot_probe(spec: RunSpec, cell: CellSpec) -> str:
 def together_ok(run_spec: RunSpec | None, cells: list[str]) -> bool:
     """Whether a run's cells can be probed all at once: the run's memory plan packed them onto their GPUs
     together (each cell's engine arguments are its share of a GPU the others share), so they fit together
-    again, with the probe's own chunks (two of ``worker.CHUNK_BYTES`` a cell, ``WRITERS`` + 1 the reference)
-    beside each. Not without a run: each
-    cell's default share assumes a GPU of its own."""
+    again, with the probe's own chunks (two of ``worker.CHUNK_BYTES`` a cell, one the reference) beside
+    each. Not without a run: each cell's default share assumes a GPU of its own."""
     plan = (run_spec.memory_plan or {}) if run_spec is not None else {}
     return run_spec is not None and run_spec.device != "cpu" and int(plan.get("cells_per_gpu") or 1) >= len(cells) \
         and all(c in (plan.get("cells") or {}) for c in cells)

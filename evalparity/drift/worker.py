@@ -31,8 +31,9 @@ from evalparity.files import atomic_target, read_json, write_json
 from evalparity.progress_file import ProgressFile
 from evalparity.rundir import layout, records
 
-# The hidden states of one chunk of prompts, per side, at most about this much; the reference holds up to
-# WRITERS + 1 chunks on its device (the one probed and those being written), a cell two (``prefetched``).
+# The hidden states of one chunk of prompts, per side, at most about this much. The reference brings each
+# chunk to the host as soon as it is probed (``on_host``) and hands it to one of WRITERS threads, holding up
+# to WRITERS + 1 chunks in host memory and one on its device; a cell holds two on its device (``prefetched``).
 # Measured on an H200 host: the reference's probe waited for its one writer (``drift28v2``: the GPU 0-9 %
 # busy for most of the 6.6 s), and three threads wrote 6 GiB of chunks in 1.19 s where one took 0.8-1.1 s
 # for 2 GiB (results/drift-h200, session 29).
@@ -65,9 +66,11 @@ def load_side(spec: dict, name: str):
     shell = dict(os.environ)  # before the engine's import sets some of its own (as a cell records it)
     backend = backends.get(launch["backend"])
     starting = start_cuda(launch["model_args"].get("device")) if getattr(backend, "early_cuda", False) else None
-    lm = backend.create_lm(dict(launch["model_args"]))
-    if starting is not None:
-        starting.join()
+    try:
+        lm = backend.create_lm(dict(launch["model_args"]))
+    finally:  # a failed load too: the process does not end with the thread inside CUDA's start
+        if starting is not None:
+            starting.join()
     probe = backend.drift_probe(lm)
     # what the engine ran with, for the record: compared with the run's cell (``drift.engine_warnings``)
     engine = {"settings": backend.loaded_settings(lm), "variables": hostenv.steering_variables(shell)}
@@ -160,9 +163,15 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def on_host(batch: HiddenBatch) -> HiddenBatch:
+    """The batch with its hidden states in host memory (``host_copy``), copied by the caller's thread on its
+    own stream, so that a writer thread holds no device memory and needs no ordering with the device."""
+    return HiddenBatch({e: host_copy(h.contiguous()) for e, h in batch.hidden.items()}, batch.lengths,
+                       batch.logprobs, batch.pooling)
+
+
 def save_chunk(path: Path, batch: HiddenBatch) -> None:
-    """One chunk as float32 safetensors, its tensors brought to the host here (``host_copy``): in a writer
-    thread of the reference's, while its probe goes on."""
+    """One chunk as float32 safetensors (a tensor still on a device is brought to the host here)."""
     from safetensors.torch import save_file  # heavy: safetensors (with torch)
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -245,8 +254,8 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
     writes: deque = deque()
     with ThreadPoolExecutor(max_workers=WRITERS) as pool:
         for k, chunk in enumerate(chunks):
-            batch = probe.forward([ids[i] for i in chunk], entries, spec["pooling"])
-            while len(writes) >= WRITERS:  # at most WRITERS chunks on their way to the disk (and held)
+            batch = on_host(probe.forward([ids[i] for i in chunk], entries, spec["pooling"]))
+            while len(writes) >= WRITERS:  # at most WRITERS chunks on their way to the disk (held on the host)
                 write_wait += _drain(writes.popleft())
             writes.append(pool.submit(save_chunk, layout.drift_chunk(folder, k), batch))
             del batch
@@ -255,6 +264,9 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
         probe_s = time.perf_counter() - t1
         t2, w2 = time.perf_counter(), time.time()
         gens = None
+        failed = next((w.exception() for w in writes if w.done() and w.exception() is not None), None)
+        if failed is not None:  # a write that failed already: say so now, not after the generation
+            raise failed
         if spec["gen_tokens"]:  # while the last chunks are written
             order = [i for c in chunks for i in c]
             gens = dict(zip(map(str, order), probe.generate([ids[i] for i in order], spec["gen_tokens"])))
@@ -364,7 +376,7 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
 
 
 def main(argv: list[str]) -> int:
-    slim.apply()  # before the model libraries: transformers without scikit-learn (evalparity/slim.py)
+    slim.apply()  # before the model libraries: transformers without scikit-learn and SciPy (evalparity/slim.py)
     out, cell = Path(argv[0]), argv[1]
     spec = json.loads(layout.drift_spec(out).read_text())
     prompts = json.loads(layout.drift_prompts(out).read_text())["prompts"]
