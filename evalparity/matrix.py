@@ -216,6 +216,13 @@ def ray_here(placement: Placement) -> bool:
     return placement.ray == "local" or importlib.util.find_spec("ray") is not None
 
 
+def room_for(placement: Placement) -> str:
+    """What the host had room for, in the warning of a run that goes one cell at a time without Ray."""
+    gpus = pl.gpu_count()
+    packed = f", {placement.cells_per_gpu} cells to a GPU by the memory plan" if placement.cells_per_gpu > 1 else ""
+    return f"{gpus} GPU{'s' if gpus != 1 else ''} visible{packed} had room for more"
+
+
 def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: Path, model_path: str,
                     head=None):
     """Ray when asked, or when this host has room for more than one job at a time; else one at a time.
@@ -225,8 +232,8 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
         return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
     if local_ray_wanted(spec.device, narrowest(spec), placement, n_jobs, pl.gpu_count()):
         if not ray_here(placement):  # not imported: see RayExecutor
-            logger.warning(f"{pl.gpu_count()} GPUs visible but Ray is not installed: running one cell at a time "
-                           "(pip install 'ray>=2.40' to use them all)")
+            logger.warning(f"Ray is not installed: running one cell at a time, where {room_for(placement)} "
+                           "(pip install 'ray>=2.40', the [ray] extra, to run them side by side)")
             return pl.LocalExecutor(str(run_dir), model_path)
         return pl.RayExecutor(str(run_dir.resolve()), model_path, "local", head=head)
     return pl.LocalExecutor(str(run_dir), model_path)

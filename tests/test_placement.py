@@ -33,6 +33,26 @@ def test_executor_choice(monkeypatch, tmp_path, device, gpus, tp, expected):
     assert ex.name == expected
 
 
+@pytest.mark.parametrize("gpus,per_gpu,says", [
+    (1, 6, "1 GPU visible, 6 cells to a GPU by the memory plan had room for more"),
+    (2, 1, "2 GPUs visible had room for more"),
+])
+def test_a_run_that_wants_ray_without_it_says_so_and_goes_one_cell_at_a_time(monkeypatch, tmp_path, caplog, gpus,
+                                                                            per_gpu, says):
+    """Where the memory plan packed cells on one GPU, or several GPUs are visible, and Ray is not installed,
+    the run goes one cell at a time and its log says why and what to install (a packed run on one GPU
+    without Ray did not finish in 150 s where packed runs took 61-87 s: results/drift-h200, session 29)."""
+    import logging
+
+    monkeypatch.setattr(placement, "gpu_count", lambda cheap=False: gpus)
+    monkeypatch.setattr(matrix.importlib.util, "find_spec", lambda name: None)
+    with caplog.at_level(logging.WARNING):
+        ex = matrix.choose_executor(_spec("cuda"), matrix.Placement(cells_per_gpu=per_gpu), 4, tmp_path, "m")
+    assert ex.name == "local"
+    assert f"Ray is not installed: running one cell at a time, where {says} (pip install 'ray>=2.40', the [ray] " \
+           "extra, to run them side by side)" in caplog.text
+
+
 @pytest.mark.parametrize("device,ray,gpus,tp,per_gpu,jobs,expected", [
     ("cpu", None, 0, 1, 1, 4, False),
     ("cpu", "local", 0, 1, 1, 4, True),              # --ray local: always an instance of the run's own
