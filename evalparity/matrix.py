@@ -216,9 +216,8 @@ def ray_here(placement: Placement) -> bool:
     return placement.ray == "local" or importlib.util.find_spec("ray") is not None
 
 
-def room_for(placement: Placement) -> str:
+def room_for(placement: Placement, gpus: int) -> str:
     """What the host had room for, in the warning of a run that goes one cell at a time without Ray."""
-    gpus = pl.gpu_count()
     packed = f", {placement.cells_per_gpu} cells to a GPU by the memory plan" if placement.cells_per_gpu > 1 else ""
     return f"{gpus} GPU{'s' if gpus != 1 else ''} visible{packed} had room for more"
 
@@ -230,9 +229,10 @@ def choose_executor(spec: RunSpec, placement: Placement, n_jobs: int, run_dir: P
     starting one here."""
     if placement.ray and placement.ray != "local":
         return pl.RayExecutor(str(run_dir.resolve()), model_path, placement.ray)
-    if local_ray_wanted(spec.device, narrowest(spec), placement, n_jobs, pl.gpu_count()):
+    gpus = pl.gpu_count()
+    if local_ray_wanted(spec.device, narrowest(spec), placement, n_jobs, gpus):
         if not ray_here(placement):  # not imported: see RayExecutor
-            logger.warning(f"Ray is not installed: running one cell at a time, where {room_for(placement)} "
+            logger.warning(f"Ray is not installed: running one cell at a time, where {room_for(placement, gpus)} "
                            "(pip install 'ray>=2.40', the [ray] extra, to run them side by side)")
             return pl.LocalExecutor(str(run_dir), model_path)
         return pl.RayExecutor(str(run_dir.resolve()), model_path, "local", head=head)

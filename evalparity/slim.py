@@ -41,9 +41,8 @@ def _absent() -> bool:
 def apply() -> None:
     """Before transformers' generation utilities and losses are imported: make ``transformers.utils``'
     ``is_sklearn_available`` and ``is_scipy_available`` (the names those modules import) say no in this
-    process. A no-op where they are
-    imported already (their import has happened), or where transformers is not installed. Call it first thing
-    in a process that will load a model."""
+    process. A no-op where they are imported already (their import has happened), or where transformers is
+    not installed. Call it first thing in a process that will load a model."""
     if GENERATION_UTILS in sys.modules:
         return
     try:

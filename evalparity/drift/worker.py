@@ -264,9 +264,9 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
         probe_s = time.perf_counter() - t1
         t2, w2 = time.perf_counter(), time.time()
         gens = None
-        failed = next((w.exception() for w in writes if w.done() and w.exception() is not None), None)
-        if failed is not None:  # a write that failed already: say so now, not after the generation
-            raise failed
+        for w in writes:  # a write that failed already: raise it now, not after the generation
+            if w.done():
+                w.result()
         if spec["gen_tokens"]:  # while the last chunks are written
             order = [i for c in chunks for i in c]
             gens = dict(zip(map(str, order), probe.generate([ids[i] for i in order], spec["gen_tokens"])))
