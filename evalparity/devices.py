@@ -115,31 +115,6 @@ def check_cuda(device: str) -> None:
                               "install a CUDA build of torch")
 
 
-def start_cuda(device: str | None):
-    """In a worker that imports torch: start CUDA on ``device`` (its context and caching allocator) in a thread,
-    returned, while the caller goes on to import and load the model, which would otherwise start it only at
-    its first tensor on the GPU, after transformers' imports. How much of the start overlaps the imports
-    depends on how much of it runs without the GIL (torch's tensor factories release it; whether its
-    ``_cuda_init`` does is not checked here, and the gain is not measured yet). torch's lazy start is
-    thread-safe (a load that reaches CUDA first waits for it). None for a device that is not CUDA. A failure
-    here is left to the load, which meets it again and reports it."""
-    if not (device or "").startswith("cuda"):
-        return None
-    import threading
-
-    import torch  # heavy: torch (the worker's own)
-
-    def start() -> None:
-        try:
-            torch.zeros(1, device=device)
-        except Exception:  # noqa: BLE001 - the load reports it, in its own words
-            pass
-
-    thread = threading.Thread(target=start, name="start-cuda", daemon=True)
-    thread.start()
-    return thread
-
-
 def cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

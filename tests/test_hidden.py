@@ -280,49 +280,6 @@ def test_a_worker_refuses_a_cuda_device_torch_cannot_use_before_it_loads(side, m
         work(tmp_path, req, ProgressFile(tmp_path / "p.json"))
 
 
-@pytest.mark.parametrize("backend, device, starts", [("hf", "cuda:1", True), ("hf", "cpu", False),
-                                                     ("vllm", "cuda", False)])
-def test_cuda_starts_in_a_thread_while_an_hf_side_loads(backend, device, starts, monkeypatch):
-    """``load_side`` starts CUDA in a thread (``devices.start_cuda``) before the backend's ``create_lm`` for
-    backends that allow it (HF), on the side's own device, while the load runs (here the start waits for the
-    load to begin), and waits for that thread before it returns; not on a CPU, and never for vLLM (its engine
-    decides how its workers start by whether CUDA is up). A failing start is left to the load, which reports
-    it: the thread ends without an exception of its own."""
-    import threading
-    import time
-
-    from evalparity import backends
-    from evalparity.drift import worker
-
-    assert backends.get("hf").early_cuda and not getattr(backends.get("vllm"), "early_cuda", False)
-    loading = threading.Event()
-    seen: list = []
-
-    def zeros(*a, **k):
-        assert loading.wait(timeout=10), "CUDA's start did not overlap the load"
-        time.sleep(0.3)
-        seen.append((k.get("device"), threading.current_thread().name))
-
-    def create_lm(args):
-        loading.set()
-        seen.append(("load", args["device"]))
-        return "lm"
-
-    monkeypatch.setattr(torch, "zeros", zeros)
-    fake = SimpleNamespace(create_lm=create_lm, drift_probe=lambda lm: SimpleNamespace(),
-                           loaded_settings=lambda lm: {}, early_cuda=backend == "hf")
-    monkeypatch.setattr(backends, "get", lambda name: fake)
-    launch = {"cell": {"backend": backend, "dtype": "bfloat16", "tf32": False, "model_args": {"device": device}}}
-    worker.load_side({"launch": launch}, "cell")
-    assert seen == ([("load", device), (device, "start-cuda")] if starts else [("load", device)])
-    raised: list = []
-    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
-    monkeypatch.setattr(torch, "zeros", lambda *a, **k: 1 / 0)
-    thread = devices.start_cuda("cuda")
-    thread.join(timeout=10)
-    assert not thread.is_alive() and raised == []
-
-
 @pytest.mark.parametrize("given, kept", [
     ([3, -7, (1 << 63) - 1], [3, -7, (1 << 63) - 1]),
     ([3, 1 << 63], ["3", str(1 << 63)]),  # an unsigned 64-bit hash id: every id as text, none lost

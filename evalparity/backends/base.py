@@ -119,10 +119,6 @@ class Backend(Protocol):
     # True where a drift probe's GPU memory is all its process's torch caching allocator, none of it set
     # aside up front (HF): where sides are probed together, drift caps it at the cell's share of the run's
     # memory plan (``drift.worker.cap_gpu_memory``);
-    #   early_cuda: bool = False
-    # True where a process that loads this backend's model may start CUDA in a thread while the model's
-    # libraries import (``devices.start_cuda``; the drift and hidden workers): HF, whose load starts CUDA
-    # anyway. Not vLLM: its engine picks how its workers start by whether CUDA is up in its process;
     #   cannot_probe(spec, cell) -> str
     # why drift cannot probe this cell ("" where it can: a vLLM engine over several GPUs runs its hooks in
     # worker processes), so that ``drift`` refuses it in one line and ``run --drift`` leaves it out.

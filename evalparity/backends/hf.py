@@ -12,7 +12,6 @@ name = "hf"
 lm_eval_model = "hf"
 install_hint = "pip install -e . (lm-eval and transformers are evalparity's own dependencies)"
 drift_memory_capped = True  # base.Backend's optional member: its drift probe holds only torch-allocated memory
-early_cuda = True  # base.Backend's optional member: CUDA may start in a thread while transformers imports
 TARGET_ROWS = 8         # batch rows at full length that a comfortable HF share holds (memplan)
 LM_EVAL_MAX_BATCH = 64  # lm-eval HFLM's own default ceiling for batch_size=auto
 

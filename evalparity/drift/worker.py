@@ -24,7 +24,6 @@ import torch
 from evalparity import backends, hostenv, slim
 from evalparity.backends import precision
 from evalparity.backends.probes import HiddenBatch
-from evalparity.devices import start_cuda
 from evalparity.drift.measure import DriftAccumulator
 from evalparity.errors import EvalParityError, worker_main
 from evalparity.files import atomic_target, read_json, write_json
@@ -65,12 +64,7 @@ def load_side(spec: dict, name: str):
         cap_gpu_memory(float(launch["gpu_budget_gib"]), launch["model_args"].get("device"))
     shell = dict(os.environ)  # before the engine's import sets some of its own (as a cell records it)
     backend = backends.get(launch["backend"])
-    starting = start_cuda(launch["model_args"].get("device")) if getattr(backend, "early_cuda", False) else None
-    try:
-        lm = backend.create_lm(dict(launch["model_args"]))
-    finally:  # a failed load too: the process does not end with the thread inside CUDA's start
-        if starting is not None:
-            starting.join()
+    lm = backend.create_lm(dict(launch["model_args"]))
     probe = backend.drift_probe(lm)
     # what the engine ran with, for the record: compared with the run's cell (``drift.engine_warnings``)
     engine = {"settings": backend.loaded_settings(lm), "variables": hostenv.steering_variables(shell)}
