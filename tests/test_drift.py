@@ -135,6 +135,47 @@ def test_cells_are_compared_chunk_by_chunk_on_the_reference_kept_once(tmp_path, 
     assert all(x["rel_error"] == 0 for x in same["layers"]) and same["first_layer_over_threshold"] is None
 
 
+def test_the_records_say_where_each_sides_probe_went_chunk_by_chunk(tmp_path, monkeypatch):
+    """Each side's timing holds one row per chunk it probed (when it began in the probe window, then the
+    reference's forward and copy to the host, or a cell's wait for the chunk's read, forward and comparison)
+    and the host's share of its probe and generation (CPU seconds, involuntary context switches): a slow
+    forward shows in its own column, CPU spent in the probe shows in ``probe_host`` and not in
+    ``generate_host``; the rows stay out of the record's top level."""
+    import time
+
+    class SlowForward(FakeProbe):
+        def forward(self, prompts, entries, pooling="all"):
+            time.sleep(0.05)
+            return super().forward(prompts, entries, pooling)
+
+    class Spinning(FakeProbe):  # burns CPU in the probe, sleeps in the generation
+        def forward(self, prompts, entries, pooling="all"):
+            end = time.thread_time() + 0.05  # this thread's CPU: no faster than the wall clock
+            while time.thread_time() < end:
+                pass
+            return super().forward(prompts, entries, pooling)
+
+        def generate(self, prompts, n):
+            time.sleep(0.2)
+            return super().generate(prompts, n)
+
+    out, s = _probe_with(tmp_path, monkeypatch, TEXTS, SlowForward(), Spinning(noise=0.01))
+    ref = rundir.records.read_drift_reference(out)
+    n = len(ref.chunks)
+    assert n > 1 and ref.timing["chunks"]["columns"] == ["at_s", "forward_s", "to_host_s"]
+    rows = ref.timing["chunks"]["rows"]
+    assert len(rows) == n and all(f >= 0.05 for _, f, _ in rows)
+    assert all(b[0] >= a[0] + a[1] for a, b in zip(rows, rows[1:]))  # each chunk starts after the last forward
+    rows = s["timing"]["chunks"]["rows"]
+    assert s["timing"]["chunks"]["columns"] == ["at_s", "read_wait_s", "forward_s", "compare_s"] and len(rows) == n
+    assert all(r[2] >= 0.05 and r[0] >= 0 and r[1] >= 0 and r[3] >= 0 for r in rows)
+    assert all(b[0] >= a[0] + a[1] + a[2] + a[3] - 0.002 for a, b in zip(rows, rows[1:]))
+    assert s["timing"]["probe_host"]["cpu_s"] >= 0.05 * n * 0.9
+    assert s["timing"]["generate_host"]["cpu_s"] < 0.15  # it slept
+    assert all(isinstance(s["timing"][k]["involuntary_switches"], int) for k in ("probe_host", "generate_host"))
+    assert "chunks" not in s and "probe_host" not in s
+
+
 def test_the_reference_generates_while_its_chunks_are_written_and_a_failed_write_fails_it(tmp_path, monkeypatch):
     """The reference's chunks go to writer threads (at most ``WRITERS`` held unwritten) and its generation runs
     while they write: here every write waits until the generation has started, so a reference that waited

@@ -108,6 +108,23 @@ def peak_gpu_gib(device) -> float | None:
     return round(torch.cuda.max_memory_reserved(d) / 2**30, 2) if d.type == "cuda" else None
 
 
+def host_usage() -> tuple[float, int]:
+    """(CPU seconds this process has used, user and system, every thread; its involuntary context switches),
+    so far. Read before and after a phase, for the drift records: whether a side's phase was bound by the
+    host's CPU (CPU seconds near its wall time), or kept waiting among other processes' threads (many
+    involuntary switches), where the GPU sat idle. Sessions 24-30 saw the HF cells probe in half the time in
+    some drifts of the same run on the same machine, unexplained (results/drift-h200)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_nivcsw
+
+
+def usage_since(before: tuple[float, int]) -> dict:
+    cpu, switches = host_usage()
+    return {"cpu_s": round(cpu - before[0], 3), "involuntary_switches": switches - before[1]}
+
+
 def encode(probe, texts: list[str], keep: int) -> list[list[int]]:
     return [list(ids)[:keep] for ids in probe.encode(texts)]
 
@@ -243,20 +260,25 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    t1, w1 = time.perf_counter(), time.time()
+    t1, w1, u1 = time.perf_counter(), time.time(), host_usage()
     done, write_wait = 0, 0.0
+    steps: list[list[float]] = []  # per chunk: its start in the probe window, seconds in the forward, to the host
     writes: deque = deque()
     with ThreadPoolExecutor(max_workers=WRITERS) as pool:
         for k, chunk in enumerate(chunks):
-            batch = on_host(probe.forward([ids[i] for i in chunk], entries, spec["pooling"]))
+            t = time.perf_counter()
+            batch = probe.forward([ids[i] for i in chunk], entries, spec["pooling"])
+            t_fwd = time.perf_counter()
+            batch = on_host(batch)
+            steps.append([round(t - t1, 3), round(t_fwd - t, 3), round(time.perf_counter() - t_fwd, 3)])
             while len(writes) >= WRITERS:  # at most WRITERS chunks on their way to the disk (held on the host)
                 write_wait += _drain(writes.popleft())
             writes.append(pool.submit(save_chunk, layout.drift_chunk(folder, k), batch))
             del batch
             done += len(chunk)
             progress.update(phase="reference", n=done, total=sum(map(len, chunks)))
-        probe_s = time.perf_counter() - t1
-        t2, w2 = time.perf_counter(), time.time()
+        probe_s, probe_usage = time.perf_counter() - t1, usage_since(u1)
+        t2, w2, u2 = time.perf_counter(), time.time(), host_usage()
         gens = None
         for w in writes:  # a write that failed already: raise it now, not after the generation
             if w.done():
@@ -264,13 +286,15 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
         if spec["gen_tokens"]:  # while the last chunks are written
             order = [i for c in chunks for i in c]
             gens = dict(zip(map(str, order), probe.generate([ids[i] for i in order], spec["gen_tokens"])))
-        generate_s, w3 = time.perf_counter() - t2, time.time()
+        generate_s, w3, generate_usage = time.perf_counter() - t2, time.time(), usage_since(u2)
         while writes:
             write_wait += _drain(writes.popleft())
     records.write_drift_reference(out, records.DriftReference(
         spec["reference"], ids, chunks, entries, probe.n_entries, spec["pooling"], gens,
         {"load_s": load_s, "probe_s": probe_s, "generate_s": generate_s, "write_wait_s": write_wait,
          "peak_gpu_gib": peak_gpu_gib(probe.device),
+         "chunks": {"columns": ["at_s", "forward_s", "to_host_s"], "rows": steps},
+         "probe_host": probe_usage, "generate_host": generate_usage,
          "windows": {"probe": [w1, w2], "generate": [w2, w3]}}, getattr(probe, "engine", None)))
 
 
@@ -331,36 +355,44 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
             matched.add(i)
     decode = probe.tokenizer.decode
     dump = layout.drift_dump(out, cell) if spec.get("dump") else None
-    t1, w1 = time.perf_counter(), time.time()
+    t1, w1, u1 = time.perf_counter(), time.time(), host_usage()
     done, read_wait = 0, 0.0
+    steps: list[list[float]] = []  # per chunk probed: its start in the probe window, read wait, forward, compare
     for k, chunk, loaded, waited in prefetched(out, ref.chunks, matched, probe.device, ref.pooling):
         read_wait += waited
         keep_idx = [i for i in chunk if i in matched]
         if keep_idx:
+            t = time.perf_counter()  # after the chunk's read: its wait is its own column
             a = subset(loaded, chunk, keep_idx)
             b = probe.forward([ref.ids[i] for i in keep_idx], ref.entries, ref.pooling)
+            t_fwd = time.perf_counter()
             acc.add_batch(keep_idx, [ref.ids[i] for i in keep_idx], a, b, decode)
+            steps.append([round(t - t1 - waited, 3), round(waited, 3), round(t_fwd - t, 3),
+                          round(time.perf_counter() - t_fwd, 3)])
             if dump is not None:
                 save_chunk(layout.drift_chunk(dump, k), b)
             del a, b
         done += len(chunk)
         progress.update(phase="probe", n=done, total=sum(map(len, ref.chunks)))
-    probe_s = time.perf_counter() - t1
-    t2, w2 = time.perf_counter(), time.time()
+    probe_s, probe_usage = time.perf_counter() - t1, usage_since(u1)
+    t2, w2, u2 = time.perf_counter(), time.time(), host_usage()
     if ref.generations is not None:
         order = [i for c in ref.chunks for i in c if i in matched]
         theirs = probe.generate([ref.ids[i] for i in order], spec["gen_tokens"])
         for i, b in zip(order, theirs):
             acc.add_generation(len(ref.ids[i]), ref.generations[str(i)], b)
-    generate_s = time.perf_counter() - t2
+    generate_s, generate_usage = time.perf_counter() - t2, usage_since(u2)
     # wall-clock windows (epoch seconds) of the probing and the generation, so that a GPU's utilisation
     # sampled beside the command can be read over the work itself (scripts/gpu/issue28_run.sh)
     timing = {"load_s": load_s, "wait_s": wait_s, "probe_s": probe_s, "generate_s": generate_s,
               "read_wait_s": read_wait,  # of probe_s: waiting for the reference's chunks to be read
               "peak_gpu_gib": peak_gpu_gib(probe.device),
               "windows": {"probe": [w1, w2], "generate": [w2, time.time()]}}
+    # where a side's probe went (the record's timing only): per chunk, and the host's share of each phase
+    where = {"chunks": {"columns": ["at_s", "read_wait_s", "forward_s", "compare_s"], "rows": steps},
+             "probe_host": probe_usage, "generate_host": generate_usage}
     return acc.summary(spec["threshold"]) | {
-        "cell": cell, "reference": spec["reference"], **timing, "timing": timing,
+        "cell": cell, "reference": spec["reference"], **timing, "timing": timing | where,
         "reference_timing": ref.timing, "reference_engine": ref.engine, "pooling": ref.pooling,
         "prompts_probed": len(matched),
         "prompts_skipped": sum(x is None for x in ref.ids),  # shorter than two tokens, or a repeat
