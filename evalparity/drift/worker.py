@@ -108,21 +108,27 @@ def peak_gpu_gib(device) -> float | None:
     return round(torch.cuda.max_memory_reserved(d) / 2**30, 2) if d.type == "cuda" else None
 
 
-def host_usage() -> tuple[float, int]:
-    """(CPU seconds this process has used, user and system, every thread; its involuntary context switches),
-    so far. Read before and after a phase, for the drift records: whether a side's phase was bound by the
-    host's CPU (CPU seconds near its wall time), or kept waiting among other processes' threads (many
-    involuntary switches), where the GPU sat idle. Sessions 24-30 saw the HF cells probe in half the time in
-    some drifts of the same run on the same machine, unexplained (results/drift-h200)."""
+USAGE = {"cpu_user_s": "ru_utime", "cpu_sys_s": "ru_stime", "major_faults": "ru_majflt",
+         "minor_faults": "ru_minflt", "involuntary_switches": "ru_nivcsw"}
+
+
+def host_usage() -> dict[str, float]:
+    """This process's use of the host so far (``getrusage``, every thread): CPU seconds in user and system
+    mode, page faults that read the disk (major) or not (minor), involuntary context switches. Read before
+    and after a phase, for the drift records: whether a side's phase was bound by the host's CPU (CPU
+    seconds near its wall time; in user mode: Python, a JIT; in system mode: page faults, copies), read
+    from the disk, or was kept waiting among other processes' threads (many involuntary switches), while
+    the GPU sat idle. In sessions 24-31 the first drift on a fresh H200 had its HF cells probe in about
+    twice the time of the later ones, with more CPU (results/drift-h200, session 30)."""
     import resource
 
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime, r.ru_nivcsw
+    return {k: getattr(r, field) for k, field in USAGE.items()}
 
 
-def usage_since(before: tuple[float, int]) -> dict:
-    cpu, switches = host_usage()
-    return {"cpu_s": round(cpu - before[0], 3), "involuntary_switches": switches - before[1]}
+def usage_since(before: dict[str, float]) -> dict:
+    now = host_usage()
+    return {k: round(now[k] - before[k], 3) if k.endswith("_s") else int(now[k] - before[k]) for k in USAGE}
 
 
 def encode(probe, texts: list[str], keep: int) -> list[list[int]]:

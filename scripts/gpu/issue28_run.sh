@@ -32,10 +32,18 @@ texts = (texts * (n // len(texts) + 1))[:n] if n > len(texts) else texts[:n]
 open(out, "w").write("\n".join(texts) + "\n")
 PY
 }
+# PRE=pagecache|jitcache: before the drift, drop the kernel's page cache, or CUDA's JIT cache (~/.nv): which of
+# the two brings back the slow first drift of a fresh machine (results/drift-h200, session 30)
+case ${PRE:-} in
+  pagecache) sync; echo 3 > /proc/sys/vm/drop_caches && echo "page cache dropped" ;;
+  jitcache) rm -rf "${CUDA_CACHE_PATH:-$HOME/.nv/ComputeCache}" && echo "CUDA JIT cache removed" ;;
+esac
 case $MODE in
   drift)
+    # the whole output kept (its timestamped lines say when each side's process ended): into $D afterwards
+    read -r -a MORE <<< "${ARGS:-}"  # extra arguments, e.g. ARGS="--mps off"
     timeout "$BUDGET" python3 -m evalparity.cli drift --run-dir "${RUN:-/tmp/i26-staged}" --n-prompts "${N:-1000}" \
-      --out "$D" 2>&1 | tail -30 ;;
+      --out "$D" "${MORE[@]}" 2>&1 | tee "/tmp/output-$LABEL.txt" | tail -30 ;;
   big)
     [[ -f /tmp/m14b/config.json ]] || python3 scripts/gpu/make_model.py /tmp/m14b --shape qwen2.5-14b
     prompts "${N:-200}" /tmp/hs-big.txt
@@ -75,6 +83,7 @@ echo "$MODE $LABEL: exit $RC after $(python3 -c "import time;print(round(time.ti
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 if [[ -n ${OUT:-} && -d $D ]]; then
   cp /tmp/util-$LABEL.csv "$D/" 2>/dev/null
+  cp "/tmp/output-$LABEL.txt" "$D/output.txt" 2>/dev/null
   (cd "$D" && tar czf "$OUT/$LABEL.tgz" --exclude='reference' --exclude='dump' --exclude='*.safetensors' --exclude='*.pt' . 2>/dev/null)
   ls -la "$OUT"
 fi
