@@ -254,9 +254,6 @@ def work_main(stage: Path, req: dict, prog: ProgressFile) -> dict:
     prog.update(phase="probing", n=0, total=len(uniq), force=True)
     t2 = time.perf_counter()
     pooled = probe_pooled(probe, uniq, entries, r["pooling"], lambda n: prog.update(n=n))
-    device = torch.device(str(probe.device))
-    if device.type == "cuda":  # the forward's last kernels are the forward's, not the write's (session 30)
-        torch.cuda.synchronize(device)
     forward_s = time.perf_counter() - t2
     prog.update(phase="writing", force=True)
     t3 = time.perf_counter()

@@ -138,10 +138,14 @@ def test_cells_are_compared_chunk_by_chunk_on_the_reference_kept_once(tmp_path, 
 def test_the_records_say_where_each_sides_probe_went_chunk_by_chunk(tmp_path, monkeypatch):
     """Each side's timing holds one row per chunk it probed (when it began in the probe window, then the
     reference's forward and copy to the host, or a cell's wait for the chunk's read, forward and comparison)
-    and the host's share of its probe and generation (CPU seconds, involuntary context switches): a slow
-    forward shows in its own column, CPU spent in the probe shows in ``probe_host`` and not in
-    ``generate_host``; the rows stay out of the record's top level."""
+    and the host's share of its probe and generation (CPU seconds, page faults, context switches). Each step
+    is slowed here by its own amount, so a step timed into another's column, or a start that leaves out a
+    read's wait, fails; CPU spent in the probe shows in ``probe_host``, not in ``generate_host``; the rows
+    stay out of the record's top level, and the record is plain JSON."""
     import time
+
+    from evalparity.drift import worker
+    from evalparity.drift.measure import DriftAccumulator
 
     class SlowForward(FakeProbe):
         def forward(self, prompts, entries, pooling="all"):
@@ -159,19 +163,32 @@ def test_the_records_say_where_each_sides_probe_went_chunk_by_chunk(tmp_path, mo
             time.sleep(0.2)
             return super().generate(prompts, n)
 
+    def slowed(fn, seconds):
+        def run(*a, **k):
+            time.sleep(seconds)
+            return fn(*a, **k)
+        return run
+
+    monkeypatch.setattr(worker, "on_host", slowed(worker.on_host, 0.03))
+    monkeypatch.setattr(worker, "load_chunk", slowed(worker.load_chunk, 0.4))  # far longer than forward + compare
+    monkeypatch.setattr(DriftAccumulator, "add_batch", slowed(DriftAccumulator.add_batch, 0.02))
     out, s = _probe_with(tmp_path, monkeypatch, TEXTS, SlowForward(), Spinning(noise=0.01))
+    assert json.loads(json.dumps(s)) == s
     ref = rundir.records.read_drift_reference(out)
     n = len(ref.chunks)
     assert n > 1 and ref.timing["chunks"]["columns"] == ["at_s", "forward_s", "to_host_s"]
     rows = ref.timing["chunks"]["rows"]
-    assert len(rows) == n and all(f >= 0.05 for _, f, _ in rows)
-    assert all(b[0] >= a[0] + a[1] for a, b in zip(rows, rows[1:]))  # each chunk starts after the last forward
+    assert len(rows) == n and all(f >= 0.05 and h >= 0.03 for _, f, h in rows)
+    assert all(b[0] >= a[0] + a[1] + a[2] - 0.003 for a, b in zip(rows, rows[1:]))  # chunk after chunk
     rows = s["timing"]["chunks"]["rows"]
     assert s["timing"]["chunks"]["columns"] == ["at_s", "read_wait_s", "forward_s", "compare_s"] and len(rows) == n
-    assert all(r[2] >= 0.05 and r[0] >= 0 and r[1] >= 0 and r[3] >= 0 for r in rows)
-    assert all(b[0] >= a[0] + a[1] + a[2] + a[3] - 0.002 for a, b in zip(rows, rows[1:]))
+    assert all(r[1] >= 0.1 and r[2] >= 0.05 and r[3] >= 0.02 for r in rows)
+    assert rows[0][1] >= 0.39  # the first chunk's read is waited for whole
+    assert sum(r[1] for r in rows) == pytest.approx(s["read_wait_s"], abs=0.001 * n)
+    assert all(b[0] >= a[0] + a[1] + a[2] + a[3] - 0.003 for a, b in zip(rows, rows[1:]))
+    assert rows[-1][0] + sum(rows[-1][1:]) <= s["probe_s"] + 0.003
     cpu = {k: s["timing"][k]["cpu_user_s"] + s["timing"][k]["cpu_sys_s"] for k in ("probe_host", "generate_host")}
-    assert cpu["probe_host"] >= 0.05 * n * 0.9 and cpu["generate_host"] < 0.15  # it spun, then slept
+    assert cpu["probe_host"] >= 0.05 * n * 0.9 and cpu["generate_host"] < cpu["probe_host"] / 2  # spun, then slept
     assert all(isinstance(s["timing"][k][c], int) and s["timing"][k][c] >= 0 for k in ("probe_host", "generate_host")
                for c in ("major_faults", "minor_faults", "involuntary_switches"))
     assert "chunks" not in s and "probe_host" not in s
