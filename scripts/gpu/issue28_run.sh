@@ -18,7 +18,17 @@ MODE=${MODE:-drift}
 LABEL=${LABEL:-$MODE}
 BUDGET=${BUDGET:-560}
 D=/tmp/i28-$LABEL
-rm -rf "$D"
+rm -rf "$D" "/tmp/output-$LABEL.txt"
+# PRE=pagecache|jitcache: before the work, drop the kernel's page cache, or CUDA's JIT cache (~/.nv; Triton's and
+# vLLM's caches stay): which of the two brings back the slow first drift of a fresh machine (results/drift-h200,
+# session 30)
+case ${PRE:-} in
+  "") ;;
+  pagecache) sync; { echo 3 > /proc/sys/vm/drop_caches && echo "page cache dropped"; } ||
+    { echo "PRE=pagecache: cannot drop the page cache here" >&2; exit 2; } ;;
+  jitcache) rm -rf "${CUDA_CACHE_PATH:-$HOME/.nv/ComputeCache}" && echo "CUDA JIT cache removed" ;;
+  *) echo "unknown PRE=$PRE (pagecache or jitcache)" >&2; exit 2 ;;
+esac
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > /tmp/util-$LABEL.csv &
 UTIL=$!
 T0=$(date +%s.%N)
@@ -32,18 +42,12 @@ texts = (texts * (n // len(texts) + 1))[:n] if n > len(texts) else texts[:n]
 open(out, "w").write("\n".join(texts) + "\n")
 PY
 }
-# PRE=pagecache|jitcache: before the drift, drop the kernel's page cache, or CUDA's JIT cache (~/.nv): which of
-# the two brings back the slow first drift of a fresh machine (results/drift-h200, session 30)
-case ${PRE:-} in
-  pagecache) sync; echo 3 > /proc/sys/vm/drop_caches && echo "page cache dropped" ;;
-  jitcache) rm -rf "${CUDA_CACHE_PATH:-$HOME/.nv/ComputeCache}" && echo "CUDA JIT cache removed" ;;
-esac
 case $MODE in
   drift)
     # the whole output kept (its timestamped lines say when each side's process ended): into $D afterwards
     read -r -a MORE <<< "${ARGS:-}"  # extra arguments, e.g. ARGS="--mps off"
     timeout "$BUDGET" python3 -m evalparity.cli drift --run-dir "${RUN:-/tmp/i26-staged}" --n-prompts "${N:-1000}" \
-      --out "$D" "${MORE[@]}" 2>&1 | tee "/tmp/output-$LABEL.txt" | tail -30 ;;
+      --out "$D" ${MORE[@]+"${MORE[@]}"} 2>&1 | tee "/tmp/output-$LABEL.txt" | tail -30 ;;
   big)
     [[ -f /tmp/m14b/config.json ]] || python3 scripts/gpu/make_model.py /tmp/m14b --shape qwen2.5-14b
     prompts "${N:-200}" /tmp/hs-big.txt
