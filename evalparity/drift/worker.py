@@ -118,8 +118,9 @@ def host_usage() -> dict[str, float]:
     and after a phase, for the drift records: whether a side's phase was bound by the host's CPU (CPU
     seconds near its wall time; in user mode: Python, a JIT; in system mode: page faults, copies), read
     from the disk, or was kept waiting among other processes' threads (many involuntary switches), while
-    the GPU sat idle. In sessions 24-31 the first drift on a fresh H200 had its HF cells probe in about
-    twice the time of the later ones, with more CPU (results/drift-h200, session 30)."""
+    the GPU sat idle. The first drift on a fresh H200 (``drift24a``, ``drift25a``, ``drift28v2``, ``drift30``,
+    ``drift31a``) had its HF cells probe in about twice the time of the later ones, with more CPU, for a
+    reason not yet found (results/drift-h200, session 30)."""
     import resource
 
     r = resource.getrusage(resource.RUSAGE_SELF)
