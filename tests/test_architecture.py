@@ -40,6 +40,7 @@ STAGES: list[tuple[str, ...]] = [
     ("evalparity", "evalparity.errors", "evalparity.config", "evalparity.files", "evalparity.quiet",  # leaves
      "evalparity.printable",  # user text shown, not obeyed: control characters written out
      "evalparity.hostenv",  # what a cell ran on (stdlib only; torch only if the cell imported it)
+     "evalparity.hostuse",  # what a process used of its host over a phase: CPU, switches, faults (stdlib only)
      "evalparity.procs",  # child processes that die with their parent (stdlib only)
      "evalparity.progress_file",  # what a worker tells its parent (progress.json, phase lines; procs, files)
      "evalparity.mps",  # the run's own CUDA MPS server for cells that share a GPU (procs only)
@@ -66,7 +67,7 @@ STAGES: list[tuple[str, ...]] = [
 ]
 # Leaf modules: what the whole package shares, importing nothing of it but these.
 LEAVES = {"evalparity.errors": set(), "evalparity.config": set(), "evalparity.quiet": set(),
-          "evalparity.hostenv": set(),
+          "evalparity.hostenv": set(), "evalparity.hostuse": set(),
           "evalparity.printable": set(), "evalparity.procs": set(),
           "evalparity.mps": {"evalparity.procs", "evalparity.files", "evalparity.config"},
           "evalparity.files": {"evalparity.config"}, "evalparity.shapes": set(), "evalparity.slim": set(),

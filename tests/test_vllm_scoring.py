@@ -74,7 +74,7 @@ def test_flat_scoring_matches_lm_evals_own_path(scored):
 def test_gc_clock_counts_collections():
     import gc
 
-    from evalparity.cells import cpu_usage, usage_since
+    from evalparity.hostuse import cpu_usage, usage_since
 
     before = cpu_usage()
     junk = []

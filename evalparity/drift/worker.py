@@ -27,6 +27,7 @@ from evalparity.backends.probes import HiddenBatch
 from evalparity.drift.measure import DriftAccumulator
 from evalparity.errors import EvalParityError, worker_main
 from evalparity.files import atomic_target, read_json, write_json
+from evalparity.hostuse import cpu_usage, usage_since
 from evalparity.progress_file import ProgressFile
 from evalparity.rundir import layout, records
 
@@ -106,30 +107,6 @@ def peak_gpu_gib(device) -> float | None:
     beside the plan's shares."""
     d = torch.device(device)
     return round(torch.cuda.max_memory_reserved(d) / 2**30, 2) if d.type == "cuda" else None
-
-
-USAGE = {"cpu_user_s": "ru_utime", "cpu_sys_s": "ru_stime", "major_faults": "ru_majflt",
-         "minor_faults": "ru_minflt", "involuntary_switches": "ru_nivcsw"}
-
-
-def host_usage() -> dict[str, float]:
-    """This process's use of the host so far (``getrusage``, every thread): CPU seconds in user and system
-    mode, page faults that read the disk (major) or not (minor), involuntary context switches. Read before
-    and after a phase, for the drift records: whether a side's phase was bound by the host's CPU (CPU
-    seconds near its wall time; in user mode: Python, a JIT; in system mode: page faults, copies), read
-    from the disk, or was kept waiting among other processes' threads (many involuntary switches), while
-    the GPU sat idle. The first drift on a fresh H200 (``drift24a``, ``drift25a``, ``drift28v2``, ``drift30``,
-    ``drift31a``) had its HF cells probe in about twice the time of the later ones, with more CPU, for a
-    reason not yet found (results/drift-h200, session 30)."""
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return {k: getattr(r, field) for k, field in USAGE.items()}
-
-
-def usage_since(before: dict[str, float]) -> dict:
-    now = host_usage()
-    return {k: round(now[k] - before[k], 3) if k.endswith("_s") else int(now[k] - before[k]) for k in USAGE}
 
 
 def encode(probe, texts: list[str], keep: int) -> list[list[int]]:
@@ -267,7 +244,10 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
-    t1, w1, u1 = time.perf_counter(), time.time(), host_usage()
+    # the host's use over the probe and the generation (hostuse), beside their wall time: the first drift on a
+    # fresh H200 (drift24a, drift25a, drift28v2, drift30, drift31a) had its HF cells probe in about twice the
+    # time of the later ones, with more CPU, for a reason not yet found (results/drift-h200, session 30)
+    t1, w1, u1 = time.perf_counter(), time.time(), cpu_usage()
     done, write_wait = 0, 0.0
     steps: list[list[float]] = []  # per chunk: its start in the probe window, seconds in the forward, to the host
     writes: deque = deque()
@@ -285,7 +265,7 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
             done += len(chunk)
             progress.update(phase="reference", n=done, total=sum(map(len, chunks)))
         probe_s, probe_usage = time.perf_counter() - t1, usage_since(u1)
-        t2, w2, u2 = time.perf_counter(), time.time(), host_usage()
+        t2, w2, u2 = time.perf_counter(), time.time(), cpu_usage()
         gens = None
         for w in writes:  # a write that failed already: raise it now, not after the generation
             if w.done():
@@ -362,7 +342,7 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
             matched.add(i)
     decode = probe.tokenizer.decode
     dump = layout.drift_dump(out, cell) if spec.get("dump") else None
-    t1, w1, u1 = time.perf_counter(), time.time(), host_usage()
+    t1, w1, u1 = time.perf_counter(), time.time(), cpu_usage()
     done, read_wait = 0, 0.0
     steps: list[list[float]] = []  # per chunk probed: its start in the probe window, read wait, forward, compare
     for k, chunk, loaded, waited in prefetched(out, ref.chunks, matched, probe.device, ref.pooling):
@@ -382,7 +362,7 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
         done += len(chunk)
         progress.update(phase="probe", n=done, total=sum(map(len, ref.chunks)))
     probe_s, probe_usage = time.perf_counter() - t1, usage_since(u1)
-    t2, w2, u2 = time.perf_counter(), time.time(), host_usage()
+    t2, w2, u2 = time.perf_counter(), time.time(), cpu_usage()
     if ref.generations is not None:
         order = [i for c in ref.chunks for i in c if i in matched]
         theirs = probe.generate([ref.ids[i] for i in order], spec["gen_tokens"])
