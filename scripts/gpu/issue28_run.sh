@@ -27,10 +27,20 @@ case ${PRE:-} in
   pagecache) sync; { echo 3 > /proc/sys/vm/drop_caches && echo "page cache dropped"; } ||
     { echo "PRE=pagecache: cannot drop the page cache here" >&2; exit 2; } ;;
   jitcache) rm -rf "${CUDA_CACHE_PATH:-$HOME/.nv/ComputeCache}" && echo "CUDA JIT cache removed" ;;
-  *) echo "unknown PRE=$PRE (pagecache or jitcache)" >&2; exit 2 ;;
+  triton) rm -rf "${TRITON_CACHE_DIR:-$HOME/.triton/cache}" "${VLLM_CACHE_ROOT:-$HOME/.cache/vllm}" &&
+    echo "Triton's and vLLM's caches removed" ;;
+  pycache) find "$PWD/evalparity" /tmp/site -name __pycache__ -type d -prune -exec rm -rf {} + &&
+    echo "bytecode caches of evalparity and /tmp/site removed" ;;
+  *) echo "unknown PRE=$PRE (pagecache, jitcache, triton or pycache)" >&2; exit 2 ;;
 esac
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 500 > /tmp/util-$LABEL.csv &
 UTIL=$!
+# what else the machine did meanwhile (a first drift's slow HF cells: another process's CPU, or the GPU's clocks?)
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,pstate,clocks_event_reasons.active \
+  --format=csv,noheader -lms 500 > /tmp/clocks-$LABEL.csv &
+CLOCKS=$!
+top -b -d 1 -w 200 -o %CPU 2>/dev/null | awk '/^top -/{print} /^ *[0-9]+ /{if ($9+0 >= 20) print; fflush()}' > /tmp/top-$LABEL.txt &
+TOP=$!
 T0=$(date +%s.%N)
 prompts() {  # $1 prompts of HellaSwag validation (context + first ending), one a line, into $2
   python3 - "$1" "$2" <<'PY'
@@ -59,7 +69,7 @@ case $MODE in
       --device cuda --datasets-dir .gpudata --n-prompts "${N:-10000}" --keep "$D" 2>&1 | tee "$D/bench.txt" | tail -40 ;;
 esac
 RC=${PIPESTATUS[0]}
-kill $UTIL 2>/dev/null
+kill $UTIL $CLOCKS $TOP 2>/dev/null; pkill -f "^top -b -d 1" 2>/dev/null
 python3 - /tmp/util-$LABEL.csv "$D" <<'PY'
 import glob, json, sys
 from datetime import datetime
@@ -86,7 +96,7 @@ PY
 echo "$MODE $LABEL: exit $RC after $(python3 -c "import time;print(round(time.time()-$T0,1))") s"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 if [[ -n ${OUT:-} && -d $D ]]; then
-  cp /tmp/util-$LABEL.csv "$D/" 2>/dev/null
+  cp /tmp/util-$LABEL.csv /tmp/clocks-$LABEL.csv /tmp/top-$LABEL.txt "$D/" 2>/dev/null
   cp "/tmp/output-$LABEL.txt" "$D/output.txt" 2>/dev/null
   (cd "$D" && tar czf "$OUT/$LABEL.tgz" --exclude='reference' --exclude='dump' --exclude='*.safetensors' --exclude='*.pt' . 2>/dev/null)
   ls -la "$OUT"
