@@ -32,8 +32,7 @@ def resolve_model(model: str | None, max_length: int) -> tuple[str, Path | str, 
     """(model id for the report, path or hub id to load, max length capped at the model's)."""
     if model is None:
         path = embedded.model_path()
-        model_id = f"{embedded.MODEL_NAME} (embedded, from {embedded.MODEL_PIN})"
-        return model_id, path, _cap(path, max_length)
+        return embedded.MODEL_ID, path, _cap(path, max_length)
     if _looks_like_path(model):
         path = check_local_model(model)
         # the resolved path is the model's name: ./m from two folders is two models, ./m and /abs/m one

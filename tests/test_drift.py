@@ -929,3 +929,18 @@ def test_engine_differences_name_exactly_the_numerics_variables_that_differ(seed
         if all(runners) and runners[0] != runners[1]:
             want.insert(0, f"model runner {runners[1]}, where the run's was {runners[0]}")
         assert got == want
+
+
+def test_drift_on_a_run_whose_cells_have_not_finished_probes_the_embedded_model_it_names(tmp_path):
+    """A run's spec names the embedded model by its id (``embedded.MODEL_ID``), not a path; until a cell
+    finishes and records the folder it loaded, drift resolves that id to the embedded model (found on an H200:
+    a drift on an unfinished staged run said the model path did not exist). Any other model is returned as
+    the spec names it."""
+    from evalparity.cli.drift import run_model
+    from evalparity.data import embedded
+
+    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4,
+                   model=embedded.MODEL_ID)
+    assert run_model(run) is None
+    other = make_run(tmp_path / "other", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4, model="org/name")
+    assert run_model(other) == "org/name"

@@ -13,6 +13,7 @@ from evalparity import mps as mps_mod
 from evalparity.cli.options import Device, at_least, parse_layers, positive_finite
 from evalparity.cli.output import console, safe
 from evalparity.config import DRIFT, REPORT, STATS
+from evalparity.data import embedded
 from evalparity.devices import resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.models import resolve_model
@@ -220,10 +221,11 @@ def check_is_run(run_dir: Path) -> None:
                               "--prompts instead")
 
 
-def run_model(run_dir: Path) -> str:
+def run_model(run_dir: Path) -> str | None:
     """The model a run's verified cells loaded (their ``model_path``), else the one its spec names, so that
-    drift probes the model the verdicts are about; a run that does not verify (``records.verify_run``) is
-    refused like ``report`` refuses it."""
+    drift probes the model the verdicts are about; None for the embedded model (``resolve_model`` prepares
+    it: a run none of whose cells has finished names it only by its id); a run that does not verify
+    (``records.verify_run``) is refused like ``report`` refuses it."""
     run = records.verify_run(run_dir)
     # a cell with model= scored another checkpoint: the run's model is the plain cells' (spec.CellSpec.model)
     found = next((p for r in run.cells.values()
@@ -232,4 +234,6 @@ def run_model(run_dir: Path) -> str:
     if found is None and not isinstance(spec_model, str):
         raise EvalParityError(f"{layout.spec_file(run_dir)} names no model and no cell of the run recorded one: pass "
                               "--model")
+    if found is None and spec_model == embedded.MODEL_ID:
+        return None
     return found or spec_model
