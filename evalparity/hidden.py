@@ -163,6 +163,7 @@ def run_hidden(request: dict, launch: dict[str, dict], texts: list[str], ids: li
         # what the engine ran with (its backend's loaded settings, e.g. vLLM's model runner and kernel
         # warm-up, and the variables that steer it), as a run's cell and a drift's side record it
         "engine": side.get("engine"),
+        "attention": side.get("attention"),  # an HF probe's attention kernels (backends.probes.SDPA_KERNELS)
     }
     write_json(out / RECORD, record)
     shutil.rmtree(stage, ignore_errors=True)
@@ -278,7 +279,8 @@ def work_main(stage: Path, req: dict, prog: ProgressFile) -> dict:
             "timings": {"worker_start_s": started, "load_s": load_s, "encode_s": encode_s, "forward_s": forward_s,
                         "write_s": write_s},
             "prompts_per_s": len(texts) / forward_s if forward_s > 0 else None,
-            "check_ids": tokens[:n_check], "engine": getattr(probe, "engine", None)}
+            "check_ids": tokens[:n_check], "engine": getattr(probe, "engine", None),
+            "attention": getattr(probe, "attention", None)}
 
 
 def work_check(stage: Path, req: dict, prog: ProgressFile) -> dict:
@@ -322,7 +324,8 @@ def work_check(stage: Path, req: dict, prog: ProgressFile) -> dict:
                     "max_abs": float((b - a).abs().max())})
     return {"backend": req["check"].split("-")[0], "dtype": r["dtype"], "n_prompts": len(ids), "entries": out,
             "tokenization_mismatches": mismatches, "device": str(probe.device),
-            "timings": {"load_s": load_s, "forward_s": forward_s}, "engine": getattr(probe, "engine", None)}
+            "timings": {"load_s": load_s, "forward_s": forward_s}, "engine": getattr(probe, "engine", None),
+            "attention": getattr(probe, "attention", None)}
 
 
 def main(argv: list[str]) -> int:

@@ -328,3 +328,35 @@ def test_hidden_only_batches_are_sized_by_the_hidden_states(tiny_model, monkeypa
     assert seen == [probe.hidden_budget, None]
     for e in a.hidden:
         assert torch.equal(a.hidden[e], b.hidden[e])  # one batch each here: the same rows
+
+
+def test_the_hf_probe_keeps_sdpa_off_cudnn_in_its_forwards_and_generations_only(tiny_model, monkeypatch):
+    """Every forward and generation of an HF probe runs with torch's SDPA held to its prebuilt kernels
+    (``SDPA_KERNELS``: cuDNN builds its kernels per batch shape at run time, seconds on a fresh H200), and the
+    process's own choice is back as it was afterwards; the probe says so for the records."""
+    from transformers import AutoModelForCausalLM
+
+    from evalparity.backends.probes import SDPA_KERNELS, HFProbe
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="sdpa")
+    lm = SimpleNamespace(model=model, tokenizer=None, batch_encode=None, device=torch.device("cpu"))
+    probe = HFProbe(lm)
+    assert probe.attention == {"implementation": "sdpa", "sdpa_kernels": list(SDPA_KERNELS)}
+    assert "CUDNN_ATTENTION" not in SDPA_KERNELS
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+                     torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    assert before  # torch's default, which the probe overrides
+    probe.forward([[1, 5, 9, 3], [4, 2]], [0], "last", logprobs=True)
+    n_forward = len(seen)
+    probe.generate([[1, 5, 9, 3], [4, 2]], 2)
+    assert n_forward > 0 and len(seen) > n_forward  # both went through SDPA
+    assert set(seen) == {(False, True, True, True)}, set(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from evalparity.backends import compat
 from evalparity.backends.tokens import all_cores
@@ -41,6 +42,20 @@ POOLINGS = ("all", "last", "mean")
 # step's Python time, not its arithmetic, is the cost of a small model's generation.
 GEN_KV_BYTES = 4 << 30
 HIDDEN_BYTES = 2 << 30  # an HF probe's hidden states per batch, when it computes no logprobs
+# The attention kernels an HF probe lets torch's SDPA choose from: its prebuilt ones, not cuDNN's. Why: on an
+# H200, torch 2.11 sends a padded (masked) bf16/fp16 batch to cuDNN, which builds its kernels at run time, per
+# batch shape, through CUDA's JIT compiler (kept per machine in ~/.nv/ComputeCache). Measured there
+# (results/drift-h200, session 31): the first drift on a fresh machine, or one after that cache was emptied,
+# spent its HF cells' probes 5.7-6.3 s against 3.7-3.9 s warm, and the cache then held 28 cuDNN SDPA kernels
+# ("cudnn_generated_fort_native_sdpa_sm80_flash_fprop..."); without cuDNN, from an empty cache, 1.4-1.9 s and
+# nothing JIT-compiled. `evalparity hidden`'s HF forward on 10,000 prompts: 3.7 s against 9.5 s. The run's HF
+# cells are left as torch chooses (a user's HF does the same); the probes already pad where the cells did not.
+SDPA_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+def prebuilt_attention():
+    """A context in which torch's scaled-dot-product attention uses only ``SDPA_KERNELS``."""
+    return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_KERNELS])
 
 
 @dataclass
@@ -149,6 +164,9 @@ class HFProbe(_Encodes):
         _decoder_parts(self.model)
         self.n_entries = int(self.model.config.num_hidden_layers) + 1
         self.hidden_size = int(self.model.config.hidden_size)
+        # for the records: the model's attention implementation and, for SDPA, the kernels it may choose from
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        self.attention = {"implementation": impl, "sdpa_kernels": list(SDPA_KERNELS) if impl == "sdpa" else None}
         vocab = int(self.model.config.vocab_size)
         # the fp32 logits of a batch dominate its memory: about 2 GiB of them at most
         self.token_budget = token_budget or max(256, min(16384, (2 << 30) // (4 * vocab)))
@@ -211,7 +229,8 @@ class HFProbe(_Encodes):
             nxt = torch.as_tensor([s + t for s, n in zip(starts, blens) for t in range(n - 1)], dtype=torch.long)
             targets = torch.as_tensor([tok for i in batch for tok in prompts[i][1:]], dtype=torch.long)
             x, mask, valid = x.to(self.device), mask.to(self.device), valid.to(self.device)
-            out = run(input_ids=x, attention_mask=mask, output_hidden_states=True)
+            with prebuilt_attention():
+                out = run(input_ids=x, attention_mask=mask, output_hidden_states=True)
             for e in entries:
                 hidden[e].append(pool(out.hidden_states[e].flatten(0, 1).index_select(0, valid).float(), blens,
                                       pooling))
@@ -246,8 +265,9 @@ class HFProbe(_Encodes):
             for r, i in enumerate(batch):
                 x[r, width - lengths[i]:] = torch.as_tensor(prompts[i])
                 mask[r, width - lengths[i]:] = 1
-            gen = self.model.generate(input_ids=x.to(self.device), attention_mask=mask.to(self.device),
-                                      max_new_tokens=n, do_sample=False, pad_token_id=pad)
+            with prebuilt_attention():
+                gen = self.model.generate(input_ids=x.to(self.device), attention_mask=mask.to(self.device),
+                                          max_new_tokens=n, do_sample=False, pad_token_id=pad)
             for r, i in enumerate(batch):
                 out[i] = cut_at_eos(gen[r, width:].tolist(), eos)
         return out

@@ -385,6 +385,7 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
         "prompts_skipped": sum(x is None for x in ref.ids),  # shorter than two tokens, or a repeat
         "launch": {k: v for k, v in spec["launch"][cell].items() if k != "env"},
         "engine": getattr(probe, "engine", None),
+        "attention": getattr(probe, "attention", None),  # an HF probe's attention kernels (backends.probes)
     }
 
 
