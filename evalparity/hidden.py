@@ -163,7 +163,7 @@ def run_hidden(request: dict, launch: dict[str, dict], texts: list[str], ids: li
         # what the engine ran with (its backend's loaded settings, e.g. vLLM's model runner and kernel
         # warm-up, and the variables that steer it), as a run's cell and a drift's side record it
         "engine": side.get("engine"),
-        "attention": side.get("attention"),  # an HF probe's attention kernels (backends.probes.SDPA_KERNELS)
+        "attention": side.get("attention"),  # an HF probe's allowed attention kernels (backends.probes)
     }
     write_json(out / RECORD, record)
     shutil.rmtree(stage, ignore_errors=True)

@@ -51,10 +51,10 @@ HIDDEN_BYTES = 2 << 30  # an HF probe's hidden states per batch, when it compute
 # 1.45-1.86 s and nothing JIT-compiled. `evalparity hidden`'s HF forward on 10,000 prompts: 3.7 s without it,
 # 9.5 s with it from an empty cache. The run's HF cells are left as torch chooses (a user's HF does the
 # same); the probes pad where the cells' scoring did not, so their kernels were never quite the cells' own.
-SDPA_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
-_ENABLED = {"FLASH_ATTENTION": torch.backends.cuda.flash_sdp_enabled,
+_ENABLED = {"FLASH_ATTENTION": torch.backends.cuda.flash_sdp_enabled,  # each kernel: is it on in this process?
             "EFFICIENT_ATTENTION": torch.backends.cuda.mem_efficient_sdp_enabled,
             "MATH": torch.backends.cuda.math_sdp_enabled}
+SDPA_KERNELS = tuple(_ENABLED)
 
 
 def sdpa_allowed() -> list[str]:

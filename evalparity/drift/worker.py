@@ -246,7 +246,8 @@ def probe_reference(out: Path, spec: dict, prompts: list[str], progress: Progres
 
     # the host's use over the probe and the generation (hostuse), beside their wall time: the first drift on a
     # fresh H200 (drift24a, drift25a, drift28v2, drift30, drift31a) had its HF cells probe in about twice the
-    # time of the later ones, with more CPU, for a reason not yet found (results/drift-h200, session 30)
+    # time of the later ones, with more CPU; these records pointed at it, and session 31 found the cause
+    # (cuDNN's attention compiling its kernels: backends.probes.SDPA_KERNELS, results/drift-h200)
     t1, w1, u1 = time.perf_counter(), time.time(), cpu_usage()
     done, write_wait = 0, 0.0
     steps: list[list[float]] = []  # per chunk: its start in the probe window, seconds in the forward, to the host

@@ -42,16 +42,7 @@ CLOCKS=$!
 top -b -d 1 -w 200 -o %CPU 2>/dev/null | awk '/^top -/{print} /^ *[0-9]+ /{if ($9+0 >= 20) print; fflush()}' > /tmp/top-$LABEL.txt &
 TOP=$!
 T0=$(date +%s.%N)
-prompts() {  # $1 prompts of HellaSwag validation (context + first ending), one a line, into $2
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-n, out = int(sys.argv[1]), sys.argv[2]
-rows = [json.loads(x) for x in open(".gpudata/Rowan/hellaswag/default/validation.jsonl")]
-texts = [(r["ctx"] + " " + r["endings"][0]).replace("\n", " ") for r in rows]
-texts = (texts * (n // len(texts) + 1))[:n] if n > len(texts) else texts[:n]
-open(out, "w").write("\n".join(texts) + "\n")
-PY
-}
+source scripts/gpu/prompts.sh  # prompts N FILE
 case $MODE in
   drift)
     # the whole output kept (its timestamped lines say when each side's process ended): into $D afterwards

@@ -14,12 +14,8 @@ C=${CUDA_CACHE_PATH:-$HOME/.nv/ComputeCache}
 mkdir -p "$EVALPARITY_CACHE/wheels"
 cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
 M=$(python3 -c "from evalparity.data import embedded; print(embedded.model_path())" 2>&1 | tail -1)
-python3 - "$N" /tmp/hs-$LABEL.txt <<'PY'
-import json, sys
-n, out = int(sys.argv[1]), sys.argv[2]
-rows = [json.loads(x) for x in open(".gpudata/Rowan/hellaswag/default/validation.jsonl")]
-open(out, "w").write("\n".join((r["ctx"] + " " + r["endings"][0]).replace("\n", " ") for r in rows[:n]) + "\n")
-PY
+source scripts/gpu/prompts.sh
+prompts "$N" /tmp/hs-$LABEL.txt
 [[ -z ${KEEP_CACHE:-} ]] && rm -rf "$C" && echo "CUDA JIT cache $C removed"
 D=/tmp/$LABEL; rm -rf "$D"
 T0=$(date +%s.%N)
