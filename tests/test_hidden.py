@@ -376,3 +376,31 @@ def test_the_hf_probe_keeps_sdpa_off_cudnn_in_its_forwards_and_generations_only(
         assert not torch.backends.cuda.flash_sdp_enabled()
     finally:
         torch.backends.cuda.enable_flash_sdp(True)
+
+
+def test_prebuilt_attention_never_allows_cudnn_and_keeps_whatever_the_process_switched_off():
+    """Every combination of the process's own flash / memory-efficient / math switches: inside the probe's
+    context cuDNN is off, a kernel the process switched off stays off, one it left on stays on (math alone
+    where the process left none), and every switch is back as it was afterwards."""
+    import itertools
+
+    from evalparity.backends.probes import SDPA_KERNELS, prebuilt_attention, sdpa_allowed
+
+    setters = (torch.backends.cuda.enable_flash_sdp, torch.backends.cuda.enable_mem_efficient_sdp,
+               torch.backends.cuda.enable_math_sdp)
+    getters = (torch.backends.cuda.flash_sdp_enabled, torch.backends.cuda.mem_efficient_sdp_enabled,
+               torch.backends.cuda.math_sdp_enabled)
+    try:
+        for flags in itertools.product((True, False), repeat=3):
+            for on, set_ in zip(flags, setters):
+                set_(on)
+            cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+            want = [k for k, on in zip(SDPA_KERNELS, flags) if on] or ["MATH"]
+            assert sdpa_allowed() == want, flags
+            with prebuilt_attention():
+                assert not torch.backends.cuda.cudnn_sdp_enabled()
+                assert tuple(g() for g in getters) == tuple(k in want for k in SDPA_KERNELS), flags
+            assert tuple(g() for g in getters) == flags and torch.backends.cuda.cudnn_sdp_enabled() == cudnn
+    finally:
+        for set_ in setters:
+            set_(True)
