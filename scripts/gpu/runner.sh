@@ -8,3 +8,12 @@ case ${RUNNER:-vllm} in
   v2) export VLLM_USE_V2_MODEL_RUNNER=1 ;;
   *) echo "RUNNER must be vllm, v1 or v2"; exit 2 ;;
 esac
+# BYTECODE: how Python's byte-code is had. "user" (default): as on a user's machine, the packages compiled at
+# install (scripts/gpu/bytecode.sh, once per lease) and byte-code written for what is not (evalparity's own
+# modules, at their first import); the image's PYTHONDONTWRITEBYTECODE=1 is unset. "source": as the lent image
+# has it, every module compiled from source in every process (an empty prefix, nothing written), for an A/B.
+case ${BYTECODE:-user} in
+  user) unset PYTHONDONTWRITEBYTECODE; [[ -f /tmp/ep-bytecode.sh ]] && source /tmp/ep-bytecode.sh ;;
+  source) mkdir -p /tmp/pyc-empty; export PYTHONDONTWRITEBYTECODE=1 PYTHONPYCACHEPREFIX=/tmp/pyc-empty ;;
+  *) echo "BYTECODE must be user or source"; exit 2 ;;
+esac
