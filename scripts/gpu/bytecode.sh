@@ -2,10 +2,10 @@
 # GPU side, once per lease after ../shared/gpu's install.sh (and install_ray.sh): byte-code for the image's own
 # Python packages (torch, transformers, numpy ...), as a user's `pip install` writes it.
 #
-# Why: the lent image ships its packages without byte-code and sets PYTHONDONTWRITEBYTECODE=1, so every
-# Python process there compiles every module it imports from source, every time. Session 31's profile of
-# `evalparity hidden`'s worker (results/drift-h200, `hidden-h40prof`) counted 1,769 modules compiled from
-# source; on the 2-core CPU machine `from transformers import LlamaForCausalLM` takes 4.8 s with byte-code and
+# Why: the lent image sets PYTHONDONTWRITEBYTECODE=1, and session 31's profile of `evalparity hidden`'s worker
+# (results/drift-h200, `hidden-h40prof`) counted 1,769 modules compiled from source in that one process, /tmp/site
+# being compiled already: the image's packages seem to ship no byte-code (the counts printed below say), so every
+# Python process there compiles every module it imports, every time. On the 2-core CPU machine `from transformers import LlamaForCausalLM` takes 4.8 s with byte-code and
 # 11.5-12.4 s without. No user's machine does that: pip compiles at install. /tmp/site (the recipe's wheels)
 # is compiled by install_ray.sh already; this does the image's folders.
 #
