@@ -10,7 +10,7 @@
 # is compiled by install_ray.sh already; this does the image's folders.
 #
 # In place where the image's folders are writable; otherwise into a prefix (/tmp/pyc), which every later
-# process is then told of through /tmp/ep-bytecode.sh (runner.sh sources it). Prints what it found and what it
+# process is then told of through /tmp/ep-bytecode.sh (device_env.sh sources it). Prints what it found and what it
 # took, so the lease's notes can say so.
 set -uo pipefail
 T0=$(date +%s.%N)

@@ -5,17 +5,7 @@
 # (the bench refuses a folder that holds a finished route); the routes' records, their logs and the output go to
 # $OUT/$LABEL.tgz (LABEL default hidden-passes; tensors left out).
 set -uo pipefail
-source .gpu/bin/env.sh
-source scripts/gpu/runner.sh  # RUNNER=vllm (default), v1 or v2: vLLM's model runner
-# CODE=DIR (a folder of the checkout, carried, holding another commit's evalparity/ package): run that code
-# instead, for an A/B on one machine (scripts/gpu/old_code.sh makes one). PYTHONSAFEPATH: `python -m` and
-# `-c` put the working directory (this checkout, with its evalparity/) first on sys.path, ahead of
-# PYTHONPATH; session 24's first A/B ran this checkout's code in both arms so. Set for both arms alike.
-export PYTHONSAFEPATH=1
-export PYTHONPATH="${CODE:+$PWD/$CODE:}$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
-python3 -c "import evalparity, os; print('evalparity from', os.path.dirname(evalparity.__file__))"
-mkdir -p "$EVALPARITY_CACHE/wheels"
-cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
+source scripts/gpu/device_env.sh  # env.sh, RUNNER, BYTECODE, CODE, this checkout on the path
 python3 -c "from evalparity.data import embedded; print(embedded.model_path())" 2>&1 | tail -1
 LABEL=${LABEL:-hidden-passes}
 D=/tmp/$LABEL

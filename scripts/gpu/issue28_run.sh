@@ -7,13 +7,7 @@
 #           (≥ 10 prompts/s); random weights: right for speed and memory, meaningless for accuracy
 #   hidden  benchmarks/hidden_bench.py on SmolLM2, $N (10000) HellaSwag prompts, 3 layers, last token
 set -uo pipefail
-source .gpu/bin/env.sh
-source scripts/gpu/runner.sh  # RUNNER=vllm (default), v1 or v2: vLLM's model runner
-# CODE=DIR: another commit's evalparity/ package (scripts/gpu/old_code.sh), for an A/B on one machine; see
-# issue26_run.sh for why PYTHONSAFEPATH
-export PYTHONSAFEPATH=1
-export PYTHONPATH="${CODE:+$PWD/$CODE:}$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
-python3 -c "import evalparity, os; print('evalparity from', os.path.dirname(evalparity.__file__))"
+source scripts/gpu/device_env.sh  # env.sh, RUNNER, BYTECODE, CODE, this checkout on the path
 MODE=${MODE:-drift}
 LABEL=${LABEL:-$MODE}
 BUDGET=${BUDGET:-560}

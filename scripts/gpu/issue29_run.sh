@@ -22,15 +22,11 @@
 #             /tmp/i29-quant): the time a stored reference saves
 # Set WHEELS=.gpuwheel (carried) to install extra wheels (tenacity, for lm-eval's API models) first.
 set -uo pipefail
-source .gpu/bin/env.sh
-source scripts/gpu/runner.sh  # RUNNER=vllm (default), v1 or v2: vLLM's model runner
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+source scripts/gpu/device_env.sh  # env.sh, RUNNER, BYTECODE, CODE, this checkout on the path
 MODE=${MODE:-variants}
 LABEL=${LABEL:-$MODE}
 RUN=/tmp/i29-$LABEL
 BUDGET=${BUDGET:-560}
-mkdir -p "$EVALPARITY_CACHE/wheels"
-cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
 if [[ -n ${WHEELS:-} ]]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl 2>&1 | tail -2
 fi

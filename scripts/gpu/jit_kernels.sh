@@ -6,13 +6,10 @@
 # the cache's entries and the kernel names inside them (mangled; c++filt them off the device) into
 # $OUT/$LABEL-kernels.txt, and the drift's records into $OUT/$LABEL.tgz.
 set -uo pipefail
-source .gpu/bin/env.sh
-export PYTHONSAFEPATH=1 PYTHONPATH="$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+source scripts/gpu/device_env.sh  # env.sh, RUNNER, BYTECODE, CODE, this checkout on the path
 LABEL=${LABEL:-jit}
 N=${N:-1000}
 C=${CUDA_CACHE_PATH:-$HOME/.nv/ComputeCache}
-mkdir -p "$EVALPARITY_CACHE/wheels"
-cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
 M=$(python3 -c "from evalparity.data import embedded; print(embedded.model_path())" 2>&1 | tail -1)
 source scripts/gpu/prompts.sh
 prompts "$N" /tmp/hs-$LABEL.txt

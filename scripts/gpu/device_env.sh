@@ -1,4 +1,8 @@
-# runner.sh: `source scripts/gpu/runner.sh` on the device, after .gpu/bin/env.sh. RUNNER picks vLLM's GPU model
+# device_env.sh: `source scripts/gpu/device_env.sh` first in every GPU-side script: the recipe's env.sh, then what
+# makes the lent machine a user's (RUNNER, BYTECODE), this checkout's evalparity on the path, its cache, and the
+# embedded model's wheel where evalparity looks for it.
+source .gpu/bin/env.sh
+# RUNNER picks vLLM's GPU model
 # runner. The recipe's env.sh sets VLLM_USE_V2_MODEL_RUNNER=0 (V1), which no user's machine sets; "vllm" (the
 # default since session 26) unsets it, so that vLLM chooses as it does for a user (in 0.26, V2 for dense
 # decoders); "v1" / "v2" force one. Each vLLM cell records the runner it got (settings.model_runner).
@@ -17,3 +21,12 @@ case ${BYTECODE:-user} in
   source) mkdir -p /tmp/pyc-empty; export PYTHONDONTWRITEBYTECODE=1 PYTHONPYCACHEPREFIX=/tmp/pyc-empty ;;
   *) echo "BYTECODE must be user or source"; exit 2 ;;
 esac
+# CODE=DIR (a folder of the checkout, carried, holding another commit's evalparity/ package): run that code
+# instead, for an A/B on one machine (scripts/gpu/old_code.sh makes one). PYTHONSAFEPATH: `python -m` and
+# `-c` put the working directory (this checkout, with its evalparity/) first on sys.path, ahead of
+# PYTHONPATH; session 24's first A/B ran this checkout's code in both arms so. Set for both arms alike.
+export PYTHONSAFEPATH=1
+export PYTHONPATH="${CODE:+$PWD/$CODE:}$PWD:${PYTHONPATH:-}" EVALPARITY_CACHE=${EVALPARITY_CACHE:-/tmp/epcache}
+python3 -c "import evalparity, os; print('evalparity from', os.path.dirname(evalparity.__file__))"
+mkdir -p "$EVALPARITY_CACHE/wheels"
+cp -n /tmp/bundle/model/*.whl "$EVALPARITY_CACHE/wheels/" 2>/dev/null || true
