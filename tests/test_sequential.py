@@ -203,6 +203,65 @@ def test_the_family_rule_holds_its_level_by_simulation():
     assert fail_alone / sims > 2 * ALPHA
 
 
+def test_shift_is_holm_over_the_whole_family_at_the_last_look():
+    """Generated cases against statsmodels: ``shift_family``'s SHIFTs are Holm's rejections on the McNemar
+    p-values of the comparisons left unsettled at their last look, with every other comparison of the family
+    (settled at any look, or not yet looked at) counted at p = 1; settled results are returned untouched."""
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(5)
+    design = sequential.StagedDesign.for_task(1000, alpha=ALPHA)
+    seen = set()
+    for _ in range(300):
+        k = int(rng.integers(1, 7))
+        b, c = rng.integers(0, 40, k), rng.integers(0, 40, k)
+        results = sequential.decide_all(b, c, 1000, design)  # the last look: unsettled ones are SHIFT/INCONCL.
+        family = k + int(rng.integers(0, 4))
+        got = sequential.shift_family(results, alpha=ALPHA, family_size=family)
+        open_ = [not r.settled for r in results]
+        p = np.array([r.p_shift if o else 1.0 for r, o in zip(results, open_)] + [1.0] * (family - k))
+        want = multipletests(p, alpha=ALPHA, method="holm")[0][:k]
+        for r, g, o, w in zip(results, got, open_, want):
+            if o:
+                assert g.verdict == (verdict.SHIFT if w else verdict.INCONCLUSIVE), (b, c, family)
+            else:
+                assert g == r
+        seen.update((o, g.verdict, r.verdict) for r, g, o in zip(results, got, open_))
+    # the cases reached every kind: a SHIFT the family keeps, one it takes back, and settled ones
+    assert (True, verdict.SHIFT, verdict.SHIFT) in seen and (True, verdict.INCONCLUSIVE, verdict.SHIFT) in seen
+    assert any(not o for o, _, _ in seen)
+
+
+def test_the_staged_shift_holds_its_level_over_the_family_by_simulation():
+    """K = 5 comparisons with no change at all, too noisy to settle (ψ 40 %, margin 1 pp, 3,000 docs): what
+    reaches the last look is SHIFT or INCONCLUSIVE, and with Holm over the family P(any SHIFT) ≤ α; each at α
+    alone (what the staged rule did before) claims a change that is not there ≈ 1 − 0.95⁵ of the time."""
+    rng = np.random.default_rng(17)
+    design = sequential.StagedDesign.for_task(3000, alpha=ALPHA)
+    k, sims, psi = 5, 1500, 0.4
+    p_b, p_c = rates(psi, 0.0)
+    any_family = any_alone = reached = 0
+    for _ in range(sims):
+        b, c, prev = np.zeros(k, int), np.zeros(k, int), 0
+        done, rejected = {}, 0
+        for n in design.looks:
+            draws = rng.multinomial(n - prev, [p_b, p_c, 1 - psi], size=k)
+            b, c, prev = b + draws[:, 0], c + draws[:, 1], n
+            open_ = [j for j in range(k) if j not in done]
+            look = sequential.settle([sequential.decide_all(b, c, n, design)[j] for j in open_], alpha=ALPHA,
+                                     family_size=k, already_different=rejected)
+            rejected += look.new_different
+            done.update({j: r for j, r in zip(open_, look.results) if r.settled or r.final})
+        final = sequential.shift_family([done[j] for j in range(k)], alpha=ALPHA, family_size=k)
+        reached += sum(r.final and not r.settled for r in final)
+        any_family += any(r.verdict == verdict.SHIFT for r in final)
+        any_alone += any(r.final and not r.settled and r.p_shift < ALPHA for r in final)
+    se = math.sqrt(ALPHA * (1 - ALPHA) / sims)
+    assert reached > 0.95 * k * sims  # the comparisons did reach the last look unsettled
+    assert any_family / sims <= ALPHA + 3 * se
+    assert any_alone / sims > 3 * ALPHA
+
+
 # ---------------------------------------------------------------- planner
 @pytest.mark.parametrize("psi,m,target", [(0.05, 0.01, 0.8), (0.01, 0.01, 0.9), (0.2, 0.02, 0.8)])
 def test_the_staged_planner_reaches_its_power_by_the_exact_dp(psi, m, target):
@@ -234,6 +293,9 @@ def test_no_task_size_settles_a_difference_on_the_margin():
                               alpha=ALPHA, family_size=1),
     lambda: sequential.staged_probabilities(sequential.StagedDesign((1000,)), 0.7, 0.6),
     lambda: sequential.n_for_equivalence_staged(M, 0.05, power_target=1.5),
+    lambda: sequential.shift_family(  # two unsettled comparisons in a family of one
+        sequential.decide_all([300, 300], [350, 350], 1000, sequential.StagedDesign((1000,))), alpha=ALPHA,
+        family_size=1),
 ])
 def test_bad_input_is_one_line_naming_the_fix(call):
     with pytest.raises(EvalParityError) as err:

@@ -150,6 +150,25 @@ def test_a_part_edited_after_the_run_is_refused(staged_run, tmp_path):
     assert proc.returncode == 2 and "not the table its cell wrote" in proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("multiple", ["bh", "none"])
+def test_another_multiple_on_a_staged_run_is_refused_not_ignored(staged_run, tiny_model, tmp_path, multiple):
+    """A staged sign-off's family rule is Holm: ``--multiple bh|none`` was printed in its verdicts.json and
+    applied to nothing. Refused in one line, by ``report`` on the staged run (which stays as it was) and by a
+    staged ``run`` before any cell; ``holm`` is what the run was decided with."""
+    out = staged_run[0]
+    verdicts = (out / "stats" / "verdicts.json").read_bytes()
+    proc = evalparity("report", str(out), "--margin", "10pp", "--multiple", multiple, env=ENV)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and f"--multiple {multiple}: a staged run" in said and "--full" in said, said[-2000:]
+    assert "Traceback" not in said and (out / "stats" / "verdicts.json").read_bytes() == verdicts
+    if multiple == "bh":  # the same refusal from a new staged run, before it scores anything
+        new = tmp_path / "new"
+        proc = evalparity(*args(tiny_model, out.parent / "tasks", new), "--multiple", multiple, env=ENV)
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "--multiple bh: a staged run" in said, said[-2000:]
+        assert not (new / "cells").exists() and not (new / "stages").exists()
+
+
 def test_one_scored_cell_stays_loaded_on_the_one_at_a_time_executor(staged_run, tiny_model, tmp_path):
     """Against a stored reference (``--reference-from``) a staged run scores one cell; without Ray it used to
     restart that cell every round, reloading the model each time (137 s against 82 s on an H200). Now its

@@ -612,6 +612,9 @@ def plan_staging(staged: StagingOptions, task_list: list[str], plan, limit: int 
     design = staging.make_plan(units, seed=seed, first=staged.first_look, spending=staged.spending)
     if design is None:
         return None
+    from evalparity.stats.staged import check_multiple
+
+    check_multiple(opts.multiple)  # before any cell: the statistics would refuse it after every cell
     for u in design.units:
         looks = ", ".join(f"{n:,}" for n in u.looks)
         log(f"staged: {safe(u.name)} looks at {looks} docs, stopping when its gating comparisons "

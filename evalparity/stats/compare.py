@@ -494,6 +494,8 @@ def compute(run_dir: Path, opts: StatsOptions, source: Path | None = None) -> St
     attach_noise_floor(rows, pending, opts)
     plan = staging_of(source or run_dir)
     trace = staged_trace(pending, gating, plan, opts) if plan is not None else None
+    if trace is not None and trace.off is None:
+        staged.check_multiple(opts.multiple)
     if trace is not None:
         apply_staged(rows, trace)
     comp = pd.DataFrame([asdict(r) for r in rows], columns=columns())
@@ -646,6 +648,8 @@ def verdicts_document(run_dir: Path, rows: list[Comparison], opts: StatsOptions,
     spec = read_json(layout.spec_file(run_dir)) or {}
     gating = [r for r in rows if r.gating]
     counts = {v: sum(r.verdict == v for r in gating) for v in verdict.VERDICTS if v != verdict.NO_MARGIN}
+    staged_rule = summary.staging is not None and summary.staging.off is None
+    family = "Holm (the staged rule's)" if staged_rule else opts.multiple
     return {
         "schema": SCHEMA,
         "model": spec.get("model"),
@@ -656,7 +660,7 @@ def verdicts_document(run_dir: Path, rows: list[Comparison], opts: StatsOptions,
         "decision_rule": ("EQUIVALENT: the (1-2α) CI lies inside the margin (TOST at α, no adjustment: PASS is "
                           "an intersection-union test). DIFFERENT: the (1-2γ) CI lies outside the margin, γ the "
                           "family threshold (one-sided claims, each at α, plus the far end's tail where the CI is "
-                          f"wide against the margin; {opts.multiple} over the gating comparisons); one comparison: "
+                          f"wide against the margin; {family} over the gating comparisons); one comparison: "
                           "the same (1-2α) CI. SHIFT: a change shown (McNemar or the mean's test, two-sided, same "
                           "family), within-margin not shown. INCONCLUSIVE: neither. A staged run: each verdict at "
                           "the look that settled it, α spent over the looks (staged_look, staging)."),

@@ -14,8 +14,9 @@ The rule at look k, for one comparison, with the product's own p-values (``paire
 - stop **EQUIVALENT** when p_equivalence < α_k: the (1 − 2α_k) interval lies inside the margin;
 - stop **DIFFERENT** when p_beyond < α_k (``verdict.beyond_pvalue``, the far-end tail included): the
   (1 − 2α_k) interval lies outside it;
-- otherwise continue; at the last look what is not settled gets SHIFT or INCONCLUSIVE as today (the exact
-  McNemar test at α: neither claim passes or fails a sign-off, so it needs no spending).
+- otherwise continue; at the last look what is not settled gets SHIFT or INCONCLUSIVE as in a single-look
+  sign-off: the exact McNemar test, at the last look only (neither claim passes or fails a sign-off, so it
+  needs no spending), Holm over the gating family (``shift_family``) as the single-look rule's default.
 
 Why the level holds (a union bound over the looks, no normal approximation of the look-to-look
 correlation): a false EQUIVALENT at some look means p_equivalence < α_k at that look, so
@@ -262,6 +263,28 @@ def settle(results: Sequence[StagedResult], *, alpha: float, family_size: int | 
     new_different = sum(r.verdict == verdict.DIFFERENT for r in out)
     stops = all(r.settled or r.final for r in out)  # at the last look the task's docs have run out
     return TaskLook(tuple(out), stops, new_different)
+
+
+def shift_family(results: Sequence[StagedResult], *, alpha: float, family_size: int) -> list[StagedResult]:
+    """SHIFT or INCONCLUSIVE for the comparisons a staged sign-off left unsettled at their last look: Holm
+    on their McNemar p-values over the whole gating family of ``family_size``, as the single-look rule
+    decides SHIFT (``--multiple holm``). The comparisons settled EQUIVALENT or DIFFERENT (at any look) take no
+    part; that is Holm over all ``family_size`` with their p-values set to 1, which rejects no more than Holm
+    on the p-values every comparison would have had at its last look (Holm is monotone), so P(any false
+    SHIFT) ≤ α. Each unsettled comparison's last look is its task's every doc, a fixed n: its p-value is an
+    ordinary McNemar p-value. Settled results are returned unchanged, in order."""
+    _check_alpha(alpha)
+    open_ = [i for i, r in enumerate(results) if r.final and not r.settled]
+    if family_size < len(open_):
+        raise EvalParityError(f"a family of {family_size} gating comparisons cannot hold {len(open_)} unsettled "
+                              "ones: pass the sign-off's whole gating count")
+    shifted: set[int] = set()
+    for j, i in enumerate(sorted(open_, key=lambda i: results[i].p_shift)):
+        if not results[i].p_shift < alpha / (family_size - j):
+            break
+        shifted.add(i)
+    return [replace(r, verdict=verdict.SHIFT if i in shifted else verdict.INCONCLUSIVE) if i in open_ else r
+            for i, r in enumerate(results)]
 
 
 # ---------------------------------------------------------------- exact operating characteristics

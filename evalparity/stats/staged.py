@@ -4,7 +4,7 @@ A staged run (``staging``) scores each task in looks; after each, the statistics
 That decision is a pure function of the cells' tables and the spec: ``replay`` recomputes it, look by look
 in the order the run made them (round by round, tasks in name order within a round), with the
 group-sequential rule of ``sequential`` (α spent over the looks, Holm over the whole gating family for
-DIFFERENT). The same function serves both sides:
+DIFFERENT, and for SHIFT at the last look). The same function serves both sides:
 
 - the run, after each round, on the rounds scored so far: which tasks stop and which need the next look;
 - the statistics stage, on the finished tables: the verdicts of the gating comparisons, and a check that
@@ -29,7 +29,7 @@ import pandas as pd
 from evalparity.errors import EvalParityError
 from evalparity.staging import StagingPlan, order
 from evalparity.stats import verdict
-from evalparity.stats.sequential import StagedDesign, StagedResult, decide, settle
+from evalparity.stats.sequential import StagedDesign, StagedResult, decide, settle, shift_family
 
 ONE_SIDED = 2  # in a comparison's ``signed`` series: a doc with a value on one side only
 
@@ -197,7 +197,17 @@ def replay(rows: Sequence[GatingRow], plan: StagingPlan, *, alpha: float, direct
                          else "its docs ran out (last look): what is not settled gets the single-look verdict")
                 if settled_all and last:
                     t.why = "every gating comparison settled at its last look"
+    _shift_over_the_family(units, alpha=alpha, family=family)
     return Trace(units, None)
+
+
+def _shift_over_the_family(units: dict[str, UnitTrace], *, alpha: float, family: int) -> None:
+    """SHIFT or INCONCLUSIVE, over every task at once, for what its last look left unsettled
+    (``sequential.shift_family``: Holm over the whole gating family, as a single-look sign-off decides SHIFT)."""
+    where = [(t, i) for t in units.values() for i in sorted(t.results)]
+    decided = shift_family([t.results[i] for t, i in where], alpha=alpha, family_size=family)
+    for (t, i), res in zip(where, decided):
+        t.results[i] = res
 
 
 def _look_of_docs(signed: pd.Series, positions: dict[str, np.ndarray], u) -> tuple[np.ndarray, np.ndarray]:
@@ -230,8 +240,19 @@ def staged_reason(res: StagedResult, t: UnitTrace, unit: str, estimate: str) -> 
         why = f"stage-adjusted p_beyond {res.q_beyond:.2g} below its Holm step"
     else:
         why = (f"not settled at the last look (p_equivalence {res.p_equivalence:.2g} ≥ α_k {res.level:.3g}); "
-               + ("McNemar shows a change" if res.verdict == verdict.SHIFT else "no change shown either"))
+               + ("McNemar shows a change (Holm over the gating comparisons)" if res.verdict == verdict.SHIFT
+                  else "no change shown either"))
     return f"staged, {unit} stopped at {at}: {estimate} = {res.statistic * 100:+.2f} pp, {interval}; {why}"
+
+
+def check_multiple(multiple: str) -> None:
+    """A staged sign-off's family rule is Holm (DIFFERENT at every look, SHIFT at the last: the design its
+    error rates were worked out for); another ``--multiple`` would be printed and recorded but not applied:
+    refused in one line."""
+    if multiple != "holm":
+        raise EvalParityError(f"--multiple {multiple}: a staged run's verdicts are decided by its group-sequential "
+                              "rule, which is Holm over the gating comparisons; drop --multiple, or pass --full "
+                              f"to score every document and decide once with {multiple}")
 
 
 def incomplete_reason(trace: Trace) -> str | None:
