@@ -359,31 +359,71 @@ def build_cells(backends: list[str], dtypes: list[str], batch_size: int | str,
     return tuple(cells)
 
 
-def repeat_without_base(cells: Sequence[CellSpec], others: Collection[str] = ()) -> CellSpec | None:
-    """The first repeat (a tagged cell that is not a TF32 cell) that repeats no cell of the run: its base is
-    neither an untagged cell of ``cells`` with its backend and dtype nor one of ``others`` (names of the cells
-    a run directory holds already, whose entries are checked when that spec is read). The statistics pair a
-    repeat with its base only, for the noise floor, never with the reference: without its base it takes part
-    in no comparison, and its verdict's absence says nothing. One rule for the plan (``check_repeats_have_base``)
-    and for a spec read back (``records``, where a hand-edited tag and label could otherwise take a cell out of
-    every comparison: the cells are not in the spec's identity, so that a run folder may gain cells)."""
+REPEAT_TAG = re.compile(r"(bs|dp)([1-9][0-9]*)")  # a noise-floor repeat's tag: another batch size, or shards
+TAGGED_NAME = re.compile(r"-(?:(?:bs|dp)[1-9][0-9]*|tf32)$")  # how a repeat's or a TF32 cell's name ends
+
+
+def named_like_a_tagged_cell(name: str) -> bool:
+    """Whether ``name`` ends as evalparity names a repeat or a TF32 cell (``-bs4``, ``-dp2``, ``-tf32``):
+    names kept for those, so that no cell of a run can be re-declared one by editing its tag and label alone
+    (``tagged_cell_problem``)."""
+    return TAGGED_NAME.search(name) is not None
+
+
+def tagged_cell_problem(cells: Sequence[CellSpec], others: Collection[str] = ()) -> tuple[CellSpec, str] | None:
+    """The first cell that is tagged but not as evalparity makes a tagged cell, or named like one but not
+    tagged, and why; None when there is none.
+
+    A tag takes a cell out of the gating comparisons: a noise-floor repeat (``bs<N>``: its base at batch
+    size N; ``dp<N>``: over N shards) is paired with its base only, a TF32 cell (``tf32``) with its base and
+    the reference as a precision mode. Evalparity makes them from their base (``build_cells``,
+    ``variants.repeat_of``): the base's backend, dtype and variant (arguments, environment, model,
+    interpreter), the tag's batch size or shard count; and their names (``…-bs4``) are kept for them
+    (``named_like_a_tagged_cell``). A spec read back (``records``) is held to the same, so that editing a
+    cell's tag and label (the cells are not in the spec's identity, so that a run folder may gain cells) can
+    neither take a cell out of the gating comparisons nor put one in. ``others``: names of the cells a run
+    directory holds already (their entries are checked when that spec is read); a repeat of one of them is
+    checked against it there."""
     bases = {c.name: c for c in cells if not c.tag}
     for c in cells:
-        if not c.tag or c.tf32 or c.base_name in others:
+        if not c.tag:
+            if c.tf32:
+                return c, "is a TF32 cell only in part (a TF32 cell is fp32, tagged tf32 and marked tf32)"
+            if named_like_a_tagged_cell(c.name):
+                return c, "is named like a repeat or a TF32 cell (-bs<N>, -dp<N>, -tf32) but is not one"
             continue
+        if c.tf32 or c.tag == "tf32":
+            if not (c.tf32 and c.tag == "tf32" and c.dtype == "float32"):
+                return c, "is a TF32 cell only in part (a TF32 cell is fp32, tagged tf32 and marked tf32)"
+        else:
+            m = REPEAT_TAG.fullmatch(c.tag)
+            if m is None:
+                return c, f"is tagged {c.tag!r}, which no repeat is (bs<N>, dp<N> or tf32)"
+            if int(m.group(2)) != (c.batch_size if m.group(1) == "bs" else c.shards):
+                what = "batch size" if m.group(1) == "bs" else "shard count"
+                return c, f"is tagged {c.tag} but has {what} {c.batch_size if m.group(1) == 'bs' else c.shards}"
+            if c.base_name in others:
+                continue
         base = bases.get(c.base_name)
-        if base is None or (base.backend, base.dtype) != (c.backend, c.dtype):
-            return c
+        if base is None:
+            if c.tf32:
+                continue  # a TF32 cell without its true-fp32 base is compared with the reference only
+            return c, f"is a repeat of {c.base_name}, which is not a cell of this run with its backend and dtype"
+        if (base.backend, base.dtype) != (c.backend, c.dtype):
+            return c, f"is a repeat of {c.base_name}, which is not a cell of this run with its backend and dtype"
+        if base.variant() != c.variant():
+            return c, f"is a repeat of {c.base_name} with other settings (a repeat has its base's variant)"
     return None
 
 
 def check_repeats_have_base(cells: tuple[CellSpec, ...], others: list[str]) -> None:
-    """``repeat_without_base`` as the plan's one-line refusal, before anything starts: its GPU time would buy
+    """``tagged_cell_problem`` as the plan's one-line refusal, before anything starts: its GPU time would buy
     nothing."""
-    lone = repeat_without_base(cells, others)
-    if lone is not None:
-        raise EvalParityError(f"--repeat makes {lone.name}, a repeat of {lone.base_name}, which is not a cell of this "
-                              f"run: add {lone.base_name} (its backend and dtype) to the run, or drop the repeat")
+    found = tagged_cell_problem(cells, others)
+    if found is not None:
+        lone, why = found
+        raise EvalParityError(f"--repeat makes {lone.name}, which {why}: add {lone.base_name} (its backend, dtype "
+                              "and settings) to the run, or drop the repeat")
 
 
 def check_two_cells(cells: tuple[CellSpec, ...], others: list[str], single_cell: bool) -> None:

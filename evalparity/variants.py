@@ -33,6 +33,7 @@ from evalparity.spec import (
     SHORT_DTYPE,
     TENSOR_PARALLEL_ARG,
     CellSpec,
+    named_like_a_tagged_cell,
     parse_backend,
     parse_batch_size,
     parse_dtype,
@@ -126,6 +127,9 @@ def parse_cell(text: str, batch_size: int | str, shards: int, backend_args: dict
     if RESERVED_SUFFIX.search(name):  # a staged run's parts are <cell>.r<r> and <cell>.r<r>.<k>of<n>
         raise EvalParityError(f"--cell name {name!r} ends like a staged run's part or replica (.r<N>, .<K>of<N>), "
                               f"which would share its folders: choose another name")
+    if named_like_a_tagged_cell(name):
+        raise EvalParityError(f"--cell name {name!r} ends like a repeat's or a TF32 cell's (-bs<N>, -dp<N>, -tf32), "
+                              "which take no part in the gating comparisons: choose another name")
     parts = rest.split(":", 2)  # values may hold ':' (a URL): only the first two separate
     if len(parts) < 2 or not parts[0].strip() or not parts[1].strip():
         raise EvalParityError(f"bad --cell {text!r}: write {FORM}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from evalparity.errors import EvalParityError
 from evalparity.spec import (
@@ -110,7 +112,88 @@ def test_a_repeat_needs_its_base_among_the_cells_or_the_folders():
     from evalparity.spec import build_cells, check_repeats_have_base
 
     cells = build_cells(["hf"], ["fp32"], 8, ["hf:bf16:4"], tf32=["hf"])
-    with pytest.raises(EvalParityError, match="hf-bf16-bs4, a repeat of hf-bf16, which is not a cell of this run"):
+    with pytest.raises(EvalParityError, match="hf-bf16-bs4, which is a repeat of hf-bf16, which is not a cell of th"):
         check_repeats_have_base(cells, [])
     check_repeats_have_base(cells, ["hf-bf16"])  # the folder's spec holds it: accepted
     check_repeats_have_base(build_cells(["hf"], ["fp32", "bf16"], 8, ["hf:bf16:4"]), [])
+
+
+# ---------------------------------------------------------------- a cell's part in the comparisons
+NAMES = ["q", "hf-fp32-x", "vllm-bf16-sdpa", "hf-fp32-x-y", "vllm-fp32-fp8"]
+
+
+def _role(c) -> tuple:
+    """What a cell is in the statistics' comparisons (``stats.compare._pairs``): gating (untagged), or a
+    repeat or TF32 cell of its base."""
+    return ("gating",) if not c.tag else ("tf32" if c.tf32 else "repeat", c.base_name)
+
+
+@st.composite
+def _runs(draw):
+    """The cells of a run evalparity builds: a matrix with repeats and TF32 cells, named cells (some named
+    ``<another cell>-<word>``), repeats of named cells; None where the options are refused."""
+    from evalparity import variants
+
+    backends = draw(st.lists(st.sampled_from(["hf", "vllm"]), min_size=1, max_size=2, unique=True))
+    dtypes = draw(st.lists(st.sampled_from(["fp32", "bf16", "fp16"]), min_size=1, max_size=3, unique=True))
+    bs = draw(st.sampled_from([4, 8]))
+    repeats = draw(st.lists(st.builds(lambda b, d, n: f"{b}:{d}:{n}", st.sampled_from(backends),
+                                      st.sampled_from(dtypes), st.sampled_from(["2", "16", "dp2"])), max_size=2))
+    tf32 = draw(st.lists(st.sampled_from(backends), max_size=1))
+    named = draw(st.lists(st.builds(lambda n, b, d, a: f"{n}={b}:{d}" + (f":{a}" if a else ""),
+                                    st.sampled_from(NAMES), st.sampled_from(["hf", "vllm"]),
+                                    st.sampled_from(["fp32", "bf16"]), st.sampled_from(["", "max_model_len=64"])),
+                          max_size=3))
+    named_repeats = draw(st.lists(st.builds(lambda n, k: f"{n}:{k}", st.sampled_from(NAMES),
+                                            st.sampled_from(["2", "dp3"])), max_size=2))
+    try:
+        matrix = build_cells(backends, dtypes, bs, repeats, tf32)
+        return variants.run_cells(matrix, named, bs, 1, {"hf": "", "vllm": ""}, named_repeats)
+    except EvalParityError:
+        return None
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(cells=_runs(), pick=st.integers(0, 99), split=st.integers(0, 9), tf32=st.booleans(),
+       batch=st.sampled_from([None, 2, 4, 8, 16]), shards=st.sampled_from([None, 1, 2, 3]), args=st.booleans())
+def test_no_edit_of_a_cells_tag_and_label_changes_its_part_in_the_comparisons_unrefused(cells, pick, split, tf32,
+                                                                                       batch, shards, args):
+    """Every run evalparity builds passes ``tagged_cell_problem``. Any edit of one cell's spec entry that keeps
+    its name (its folder and its table's rows say it) but re-splits it into label and tag, or changes its TF32
+    mark, batch size, shard count or arguments (what an edit of spec.json and cell.json together can do, no
+    hash forged) is refused, or leaves the cell's part in the comparisons as it was: no gating cell becomes a
+    repeat or a TF32 cell (out of every gating comparison: FAIL became PASS, session 32's review), and no
+    repeat becomes a gating cell."""
+    from dataclasses import replace
+
+    from evalparity.spec import tagged_cell_problem
+
+    assume(cells is not None)
+    assert tagged_cell_problem(cells) is None, [c.name for c in cells]
+    c = cells[pick % len(cells)]
+    cuts = [i for i, ch in enumerate(c.name) if ch == "-"]
+    label, tag = (c.name, "") if not cuts or split % (len(cuts) + 1) == len(cuts) else \
+        (c.name[:cuts[split % (len(cuts) + 1)]], c.name[cuts[split % (len(cuts) + 1)] + 1:])
+    edited = replace(c, label=label, tag=tag, tf32=tf32, batch_size=batch or c.batch_size,
+                     shards=shards or c.shards, args=() if args else c.args)
+    assume(edited.name == c.name and edited != c)
+    changed = tuple(edited if x is c else x for x in cells)
+    if tagged_cell_problem(changed) is None:
+        assert _role(edited) == _role(c), (c, edited)
+
+
+def test_a_repeat_with_other_settings_than_its_base_or_a_tag_no_repeat_has_is_named():
+    from dataclasses import replace
+
+    from evalparity import variants
+    from evalparity.spec import tagged_cell_problem
+
+    cells = variants.run_cells(build_cells(["vllm"], ["bf16"], 8, []), ["x=vllm:bf16:quantization=fp8"], 8, 1,
+                               {"vllm": ""}, ["x:4"])
+    assert tagged_cell_problem(cells) is None
+    rep = cells[-1]
+    for edit, says in ((replace(rep, args=()), "with other settings"), (replace(rep, batch_size=2), "batch size 2"),
+                       (replace(rep, tf32=True), "TF32 cell only in part")):
+        assert says in tagged_cell_problem((*cells[:-1], edit))[1]
+    with pytest.raises(EvalParityError, match="ends like a repeat's or a TF32 cell's"):
+        variants.run_cells(cells[:1], ["y-bs4=vllm:bf16"], 8, 1, {"vllm": ""})

@@ -131,7 +131,7 @@ CASES = {
     "a forged staging folder whose .committed names cells": ([("forge_stage", (0, 0))], 3, None),
     # found by session 24's adversarial review (the cells are not in the spec's identity, cell.json is not sealed)
     "the failing cell re-declared a repeat of a cell that is not there": ([("cell_redeclare", (2, 0))], 2,
-                                                                         "not a cell of this spec"),
+                                                                         "which no repeat is"),
     "a cell re-declared a named cell of another dtype": ([("cell_redeclare", (1, 1))], 2, "was loaded as"),
     "the failing cell taken out of spec.json, its folder removed": ([("cell_vanish", (2,))], 2,
                                                                      "no longer names"),
@@ -364,3 +364,40 @@ def test_a_link_planted_at_a_temporary_files_name_is_never_written_through(folde
         assert json.loads((run / "stats" / "verdicts.json").read_text()) == {"x": 1}
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_variant_cell_re_declared_a_repeat_of_a_cell_that_is_there_is_refused(tmp_path):
+    """Session 32's review: a named variant ``hf-fp32-sdpa`` (20 % of its docs wrong: FAIL) re-declared, in
+    spec.json and its cell.json alike, a repeat (label hf-fp32, tag sdpa) of the hf-fp32 that is there: it
+    left the gating comparisons, and the sign-off was PASS, exit 0. Likewise a TF32 cell. And a named cell's
+    record without the model arguments its claimed dtype is checked against."""
+    from synthetic import add_variant
+
+    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "vllm-fp32"], docs_per_task=2000, group="syn")
+    add_variant(run, "hf-fp32-sdpa", "hf-fp32", backend="hf", dtype="fp32", args={"attn_implementation": "sdpa"},
+                drift=0.2)
+    code, out, _ = tamper.run_cli(["report", str(run), "--margin", "2pp"])
+    assert code == 3 and out.startswith("FAIL"), out
+
+    def edited(entry: dict, record: dict, drop: tuple[str, ...] = ()) -> tuple[int, str, str]:
+        top, copy, _ = _copy(run)
+        try:
+            spec = json.loads((copy / "spec.json").read_text())
+            next(c for c in spec["cells"] if c["name"] == "hf-fp32-sdpa").update(entry)
+            (copy / "spec.json").write_text(json.dumps(spec))
+            cj = copy / "cells" / "hf-fp32-sdpa" / "cell.json"
+            rec = json.loads(cj.read_text()) | record
+            cj.write_text(json.dumps({k: v for k, v in rec.items() if k not in drop}))
+            return tamper.run_cli(["report", str(copy), "--margin", "2pp"])
+        finally:
+            shutil.rmtree(top, ignore_errors=True)
+
+    for entry, record, drop, says in (
+            ({"label": "hf-fp32", "tag": "sdpa"}, {"tag": "sdpa", "base_cell": "hf-fp32"}, (), "which no repeat is"),
+            ({"label": "hf-fp32", "tag": "sdpa", "tf32": True}, {"tag": "sdpa", "base_cell": "hf-fp32", "tf32": True},
+             (), "TF32 cell only in part"),
+            ({"dtype": "bfloat16"}, {"dtype": "bfloat16"}, ("model_args",), "no model_args"),
+            ({"dtype": "bfloat16"}, {"dtype": "bfloat16", "model_args": {"pretrained": "synthetic"}}, (),
+             "do not name the dtype")):
+        code, out, err = edited(entry, record, drop)
+        assert code == 2 and says in err and err.count("error:") == 1, (says, code, out, err[-500:])

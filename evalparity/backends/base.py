@@ -119,6 +119,9 @@ class Backend(Protocol):
     # True where a drift probe's GPU memory is all its process's torch caching allocator, none of it set
     # aside up front (HF): where sides are probed together, drift caps it at the cell's share of the run's
     # memory plan (``drift.worker.cap_gpu_memory``);
+    #   model_args_dtype: bool = False
+    # True where ``model_args`` always name the dtype the model is loaded in (``dtype``: hf, vllm): a cell's
+    # record must then say it, and the dtype the cell claims must be that one (``records.verify_cell``);
     #   cannot_probe(spec, cell) -> str
     # why drift cannot probe this cell ("" where it can: a vLLM engine over several GPUs runs its hooks in
     # worker processes), so that ``drift`` refuses it in one line and ``run --drift`` leaves it out.

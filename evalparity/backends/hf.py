@@ -12,6 +12,7 @@ name = "hf"
 lm_eval_model = "hf"
 install_hint = "pip install -e . (lm-eval and transformers are evalparity's own dependencies)"
 drift_memory_capped = True  # base.Backend's optional member: its drift probe holds only torch-allocated memory
+model_args_dtype = True  # base.Backend's optional member: model_args name the dtype it loads the model in
 TARGET_ROWS = 8         # batch rows at full length that a comfortable HF share holds (memplan)
 LM_EVAL_MAX_BATCH = 64  # lm-eval HFLM's own default ceiling for batch_size=auto
 

