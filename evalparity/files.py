@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +42,22 @@ def write_atomic(path: Path, data: str | bytes) -> None:
             tmp.write_bytes(data)
         else:
             tmp.write_text(data, encoding="utf-8")
+
+
+def write_output(path: Path, data: str) -> None:
+    """A file the user named for their own tools (``--junit-xml``, ``--summary-md``, ``plan --json``): written
+    atomically (``write_atomic``), except where ``path`` is a FIFO or a device (``/dev/stdout`` in a CI step,
+    a named pipe a reader waits on), which is written into as it is: renamed over, it would become a plain
+    file and its reader would wait for nothing."""
+    try:
+        special = not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        special = False  # not there yet (or a dangling link): a plain file, written atomically
+    if not special:
+        write_atomic(path, data)
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(data)
 
 
 def write_json(path: Path, data: dict) -> None:

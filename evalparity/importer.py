@@ -16,7 +16,7 @@ from pathlib import Path
 from evalparity import samples
 from evalparity.errors import EvalParityError
 from evalparity.files import sha256, write_json
-from evalparity.rundir import check_name, contents, layout, records, recover_outputs, units
+from evalparity.rundir import check_name, check_names, contents, layout, records, recover_outputs, units
 from evalparity.rundir.records import STATUS_OK
 from evalparity.spec import SHORT_DTYPE, dtype_of
 
@@ -100,8 +100,7 @@ def import_lm_eval_dirs(paths: list[Path], names: list[str], run_dir: Path) -> l
     (different runs, aligned docs, tasks in common), and publish each as a cell of ``run_dir``."""
     if names and len(names) != len(paths):
         raise EvalParityError(f"--name was given {len(names)} times for {len(paths)} paths: give one per path")
-    for n in names:  # before anything is read or written: a name becomes cells/<name>
-        check_name(n, "--name")
+    check_names(names, "--name")  # before anything is read or written: a name becomes cells/<name>
     inputs = [samples.split_pick(p) for p in paths]
     refuse_same_input(inputs, paths)
     loaded = []

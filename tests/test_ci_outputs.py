@@ -309,3 +309,52 @@ def test_an_unwritable_output_does_not_change_the_exit_code(tmp_path):
     assert proc.returncode == doc["sign_off"]["exit_code"], proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "GITHUB_STEP_SUMMARY" in warnings[0]
+
+
+def test_the_step_summary_is_never_appended_to_the_runs_own_files(tmp_path):
+    """Session 32's review: ``$GITHUB_STEP_SUMMARY`` had none of ``--summary-md``'s checks, so pointed at a
+    cell's sealed table (or spec.json) it appended markdown to it, and the next command refused the run. Now
+    the same rule holds for it: a warning line, the exit code and every file of the run as they were."""
+    a = make_lm_eval_dir(tmp_path / "a", dtype="float32")
+    b = make_lm_eval_dir(tmp_path / "b", dtype="bfloat16", flip=2, seed=1)
+    out = tmp_path / "cmp"
+    first = evalparity("compare", str(a), str(b), "--out", str(out))
+    code = json.loads(layout.verdicts_file(out).read_text())["sign_off"]["exit_code"]
+    assert first.returncode == code, first.stderr[-2000:]
+    cell = next(p for p in layout.cells_dir(out).iterdir() if p.is_dir())
+    for target in (layout.table(cell), layout.cell_record(cell), layout.cells_dir(out) / "summary.md",
+                   out / "compare.json"):
+        before = target.read_bytes() if target.exists() else None
+        proc = evalparity("report", str(out), env={ci.STEP_SUMMARY_ENV: str(target)})
+        assert proc.returncode == code, (target, proc.stderr[-2000:])
+        warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+        assert len(warnings) == 1 and "GITHUB_STEP_SUMMARY" in warnings[0] and "not appended" in warnings[0]
+        assert (target.read_bytes() if target.exists() else None) == before, target
+    assert evalparity("report", str(out)).returncode == code  # the run verifies as before
+
+
+def test_a_fifo_or_a_device_is_written_into_not_replaced(tmp_path):
+    """``--junit-xml`` or ``--summary-md`` at a named pipe (or ``/dev/stdout``): written into, so its reader
+    gets the document; renamed over (the atomic write) it became a plain file, and as root ``/dev/full``
+    was replaced so."""
+    import os
+    import stat
+    import threading
+
+    from evalparity.files import write_output
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    write_output(fifo, "<testsuites/>\n")
+    reader.join(timeout=30)
+    assert got == ["<testsuites/>\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    with pytest.raises(OSError):  # a device that refuses the write: an error (a warning for the verbs), kept
+        write_output(Path("/dev/full"), "x")
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    plain = tmp_path / "j.xml"
+    write_output(plain, "a")
+    write_output(plain, "b")
+    assert plain.read_text() == "b"

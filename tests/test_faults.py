@@ -50,6 +50,16 @@ def test_hostile_compare_names(lm_dirs, tmp_path, bad):
     record(f"compare --name {bad!r}", f"exit 2, one line, nothing written ({line[:60]}...)")
 
 
+def test_a_compare_name_given_twice_is_refused_before_anything_is_written(lm_dirs, tmp_path):
+    """Two inputs under one ``--name``: the second became ``<name>-2``, which nobody asked for."""
+    a, b = lm_dirs
+    out = tmp_path / "o"
+    proc = evalparity_here("compare", str(a), str(b), "--name", "x", "--name", "x", "--out", str(out))
+    line = one_line_error(proc)
+    assert proc.returncode == 2 and "--name x is given twice" in line, line
+    assert not out.exists()
+
+
 def test_compare_out_reused_with_other_inputs_is_refused(lm_dirs, tmp_path):
     a, b = lm_dirs
     c = make_lm_eval_dir(tmp_path / "c", dtype="float16", flip=12, seed=2)  # a cell that would FAIL
@@ -175,6 +185,25 @@ def test_a_second_run_on_a_locked_dir_names_the_holder(tiny_model, tiny_tasks, t
         assert "is in use by another evalparity" in one_line_error(rep)
     assert not out.exists()  # the lock's own directory goes with it, being empty
     record("second run while a run holds the dir", "exit 2, one line naming host and pid; nothing written")
+
+
+@pytest.mark.parametrize("to", ["nowhere", "outside"])
+def test_a_lock_that_is_a_symbolic_link_is_named_so(tmp_path, to):
+    """A dangling link at the lock's name read as "no lock" twenty times, and the refusal said the lock
+    "keeps changing hands"; a link to a file outside is never written through or followed into a takeover."""
+    from evalparity import rundir
+    from evalparity.errors import EvalParityError
+
+    run = tmp_path / "r"
+    run.mkdir()
+    outside = tmp_path / "outside.txt"
+    if to == "outside":
+        outside.write_text("keep me")
+    (run / ".evalparity.lock").symlink_to(outside)
+    with pytest.raises(EvalParityError, match="is a symbolic link .*not a lock evalparity writes"):
+        rundir.acquire(run, create=False)
+    assert (run / ".evalparity.lock").is_symlink()
+    assert (outside.read_text() == "keep me") if to == "outside" else not outside.exists()
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over(tiny_model, tiny_tasks, tmp_path):

@@ -29,8 +29,7 @@ def compare(
 
     if len(paths) < 2:
         raise EvalParityError("compare needs at least two lm-eval output directories")
-    for n in name or []:
-        rundir.check_name(n, "--name")
+    rundir.check_names(name or [], "--name")
     # Checked before anything is written; the reference, by default the first cell, is known after the import.
     opts = stats.options()
     run_dir = out or Path("results") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.text import Text
 
 from evalparity import signoff
-from evalparity.cli.options import Outputs
+from evalparity.cli.options import Outputs, ci_output_problem
 from evalparity.cli.output import console, safe, sign_off
 from evalparity.printable import visible
 from evalparity.runlog import RunLog
@@ -25,7 +25,7 @@ def finish(run_dir: Path, opts: StatsOptions, outputs: Outputs, timings: RunLog 
     result = signoff.stats_and_report(run_dir, opts, outputs.fail_on_inconclusive, timings)
     show_verdicts(result.verdicts)
     sign_off(result.status, result.reason, result.html, result.code)  # its line always reaches stdout
-    ci_outputs(result, outputs)
+    ci_outputs(run_dir, result, outputs)
     return result.code
 
 
@@ -44,13 +44,21 @@ def show_verdicts(verdicts_file: Path) -> None:
         console.print(f"[yellow]warning: the verdict table could not be drawn ({safe(type(err).__name__)})[/yellow]")
 
 
-def ci_outputs(result: signoff.SignOff, outputs: Outputs) -> None:
-    """The JUnit file and the markdown summary, from ``verdicts.json`` as written, after the sign-off."""
-    from evalparity.report.ci import step_summary_path, write_ci_outputs
+def ci_outputs(run_dir: Path, result: signoff.SignOff, outputs: Outputs) -> None:
+    """The JUnit file and the markdown summary, from ``verdicts.json`` as written, after the sign-off; the
+    summary appended to ``$GITHUB_STEP_SUMMARY`` where the options' own rules allow it there
+    (``ci_output_problem``: never into the run's verified folders or records), else a warning line."""
+    from evalparity.report.ci import STEP_SUMMARY_ENV, step_summary_path, write_ci_outputs
 
-    for line in write_ci_outputs(result.verdicts, junit_xml=outputs.junit_xml, summary_md=outputs.summary_md,
-                                 report=result.html, fail_on_inconclusive=outputs.fail_on_inconclusive,
-                                 step_summary=step_summary_path()):
+    lines, step = [], step_summary_path()
+    problem = ci_output_problem(run_dir, f"${STEP_SUMMARY_ENV}", step) if step else None
+    if problem:
+        lines.append(f"{problem}; the summary was not appended there, the sign-off above stands")
+        step = None
+    lines += write_ci_outputs(result.verdicts, junit_xml=outputs.junit_xml, summary_md=outputs.summary_md,
+                              report=result.html, fail_on_inconclusive=outputs.fail_on_inconclusive,
+                              step_summary=step)
+    for line in lines:
         try:
             console.print(Text.assemble(("warning:", "yellow"), " ", visible(line)), soft_wrap=True, highlight=False)
         except Exception:  # noqa: BLE001 - the console is a courtesy, as for the sign-off

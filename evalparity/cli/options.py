@@ -154,35 +154,45 @@ RUN_RECORDS = frozenset({config.SPEC_FILE, config.COMPARE_FILE, config.RUN_FILE,
 
 
 def check_ci_outputs(run_dir: Path, junit_xml: Path | None, summary_md: Path | None) -> None:
-    """``--junit-xml`` and ``--summary-md``, checked before a verb starts anything. They may point anywhere
-    the user chooses (their CI reads them there), but each must be a file in a folder that exists (the run
-    folder itself counts: the verb creates it), not the same file twice, and not inside the run folder's
-    ``cells/``, ``shards/`` or ``stages/``, whose contents a run verifies (a stray file there would make
-    its next command refuse the run). One line, exit 2."""
-    run = Path(os.path.realpath(run_dir))
-    units = [Path(os.path.realpath(d(run_dir))) for d in (layout.cells_dir, layout.shards_dir, layout.stages_dir)]
+    """``--junit-xml`` and ``--summary-md``, checked before a verb starts anything (``ci_output_problem``),
+    and not the same file twice. One line, exit 2."""
     seen: dict[Path, str] = {}
     for flag, path in (("--junit-xml", junit_xml), ("--summary-md", summary_md)):
         if path is None:
             continue
-        real = Path(os.path.realpath(path))  # realpath: a link loop is not an error here
-        if str(path) in ("", ".") or real.is_dir():
-            raise EvalParityError(f"{flag} {path} is a folder: give the path of a file, e.g. {flag} "
-                                  f"{Path(path) / ('junit.xml' if flag == '--junit-xml' else 'summary.md')}")
-        if not real.parent.is_dir() and real.parent != run:
-            raise EvalParityError(f"{flag} {path}: the folder {Path(path).parent} does not exist: create it "
-                                  "first, or give a path in an existing folder")
-        for d in units:
-            if real == d or d in real.parents:
-                raise EvalParityError(f"{flag} {path} is inside the run folder's {d.name}/, which a run verifies "
-                                      f"file by file: give a path outside it (e.g. {run_dir}/{real.name})")
-        if run in real.parents and (real.parent != run or real.name in RUN_RECORDS):
-            raise EvalParityError(f"{flag} {path} would overwrite what evalparity writes in the run folder: give "
-                                  f"a file name of your own at its top (e.g. {run_dir}/junit.xml) or a path "
-                                  "outside it")
+        problem = ci_output_problem(run_dir, flag, path)
+        if problem:
+            raise EvalParityError(problem)
+        real = Path(os.path.realpath(path))
         if real in seen:
             raise EvalParityError(f"{flag} {path} is the file {seen[real]} writes too: give each its own path")
         seen[real] = flag
+
+
+def ci_output_problem(run_dir: Path, flag: str, path: Path | str) -> str | None:
+    """Why a CI output (``--junit-xml``, ``--summary-md``, ``$GITHUB_STEP_SUMMARY``) may not be written at
+    ``path``, in one line naming the fix; None where it may. They may point anywhere the user chooses (their
+    CI reads them there), but each must be a file in a folder that exists (the run folder itself counts: the
+    verb creates it), and not inside the run folder's ``cells/``, ``shards/`` or ``stages/``, whose contents a
+    run verifies (a stray file there, or a line appended to a sealed table, would make its next command
+    refuse the run), nor one of the records at its top."""
+    run = Path(os.path.realpath(run_dir))
+    units = [Path(os.path.realpath(d(run_dir))) for d in (layout.cells_dir, layout.shards_dir, layout.stages_dir)]
+    real = Path(os.path.realpath(path))  # realpath: a link loop is not an error here
+    if str(path) in ("", ".") or real.is_dir():
+        return (f"{flag} {path} is a folder: give the path of a file, e.g. {flag} "
+                f"{Path(path) / ('junit.xml' if flag == '--junit-xml' else 'summary.md')}")
+    if not real.parent.is_dir() and real.parent != run:
+        return (f"{flag} {path}: the folder {Path(path).parent} does not exist: create it first, or give a path "
+                "in an existing folder")
+    for d in units:
+        if real == d or d in real.parents:
+            return (f"{flag} {path} is inside the run folder's {d.name}/, which a run verifies file by file: give "
+                    f"a path outside it (e.g. {run_dir}/{real.name})")
+    if run in real.parents and (real.parent != run or real.name in RUN_RECORDS):
+        return (f"{flag} {path} would overwrite what evalparity writes in the run folder: give a file name of your "
+                f"own at its top (e.g. {run_dir}/junit.xml) or a path outside it")
+    return None
 
 
 # ------------------------------------------------------------------ ranges of numeric options

@@ -4,6 +4,7 @@ the work; this prints it and writes the JSON)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -15,7 +16,7 @@ from evalparity import rundir, signoff
 from evalparity.cli.options import Statistics, verb
 from evalparity.cli.output import console, print_table, safe
 from evalparity.errors import EvalParityError
-from evalparity.files import read_json, write_json
+from evalparity.files import read_json, write_output
 from evalparity.printable import visible
 from evalparity.rundir import layout
 
@@ -80,7 +81,7 @@ def _check_target(run_dir: Path, target: Path, default_name: str, schema: str) -
 
 def _write(target: Path, data: dict) -> None:
     try:
-        write_json(target, data)
+        write_output(target, json.dumps(data, indent=2, default=str))
     except OSError as err:
         raise EvalParityError(f"could not write the plan to {target} ({err.strerror or err}): free space or give "
                               "--json a writable path") from None

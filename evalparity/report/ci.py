@@ -41,7 +41,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterable
 from pathlib import Path
 
-from evalparity.files import write_atomic
+from evalparity.files import write_output
 from evalparity.printable import visible
 from evalparity.report.markdown import md_escape
 
@@ -348,7 +348,7 @@ def write_ci_outputs(verdicts: Path, *, junit_xml: Path | None = None, summary_m
         return [f"no CI outputs written: {verdicts} could not be read ({_why(err)})"]
     if junit_xml is not None:
         try:
-            write_atomic(Path(junit_xml), junit_document(doc, fail_on_inconclusive=fail_on_inconclusive))
+            write_output(Path(junit_xml), junit_document(doc, fail_on_inconclusive=fail_on_inconclusive))
         except (OSError, ValueError) as err:
             warnings.append(f"--junit-xml {junit_xml} was not written ({_why(err)}); the sign-off above stands")
     summary = None
@@ -356,7 +356,7 @@ def write_ci_outputs(verdicts: Path, *, junit_xml: Path | None = None, summary_m
         summary = summary_document(doc, report=report, fail_on_inconclusive=fail_on_inconclusive)
     if summary_md is not None:
         try:
-            write_atomic(Path(summary_md), summary)
+            write_output(Path(summary_md), summary)
         except (OSError, ValueError) as err:
             warnings.append(f"--summary-md {summary_md} was not written ({_why(err)}); the sign-off above stands")
     if step_summary:

@@ -35,9 +35,9 @@ from evalparity.rundir.lock import (
     staged_outputs,
     writable_dir_error,
 )
-from evalparity.rundir.names import NAME_RULE, check_name, check_name_ok, child
+from evalparity.rundir.names import NAME_RULE, check_name, check_name_ok, check_names, child
 
 __all__ = ["layout", "records", "HashStats", "fingerprint_change", "model_fingerprint", "attempts_dir",
            "STALE_BREAK_S", "RunLock", "acquire", "check_not_inside_a_run", "check_out_path", "contents",
            "describe_holder", "recover_outputs", "staged_outputs", "writable_dir_error", "NAME_RULE",
-           "check_name", "check_name_ok", "child"]
+           "check_name", "check_name_ok", "check_names", "child"]

@@ -237,6 +237,10 @@ def acquire(run_dir: Path, *, create: bool = True, flag: str = "--out") -> RunLo
         text = json.dumps(info)
         info = json.loads(text)
         for _ in range(20):
+            if path.is_symlink():  # dangling, it read as "no lock" twenty times: "keeps changing hands"
+                raise EvalParityError(f"{path} is a symbolic link (to {os.readlink(path)}), not a lock evalparity "
+                                      f"writes: if no evalparity works on {run_dir}, remove the link; or use "
+                                      f"another {flag}")
             if _create_exclusive(path, text):
                 lock = RunLock(path, info, created)
                 if inherited:

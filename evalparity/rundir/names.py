@@ -23,6 +23,17 @@ def check_name(name: str, what: str = "cell name") -> str:
     return name
 
 
+def check_names(names: list[str], what: str = "--name") -> list[str]:
+    """``names`` if each is safe (``check_name``) and none is given twice, else a one-line error: two cells
+    under one name would share its folder (or one be renamed, which nobody asked for)."""
+    for n in names:
+        check_name(n, what)
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise EvalParityError(f"{what} {twice} is given twice: give each its own name")
+    return names
+
+
 def child(root: Path, name: str, what: str = "cell name") -> Path:
     """``root / name`` for a checked ``name``; the result is always directly inside ``root``."""
     return root / check_name(name, what)
