@@ -13,7 +13,7 @@ from evalparity import backends, config
 from evalparity import tasks as tasks_mod
 from evalparity.data import embedded, mirrors
 from evalparity.devices import cpu_flags, resolve_device, unsupported_dtypes
-from evalparity.errors import EvalParityError
+from evalparity.errors import EXIT_DOCTOR_PROBLEMS, EvalParityError
 from evalparity.spec import split_list
 
 
@@ -137,4 +137,4 @@ def diagnose(console: Console, tasks: str | None, datasets_dir: str | None,
         problems += "nothing to do" not in fix
         console.print(f"[yellow]snag[/yellow]: {problem}\n  fix: {fix}")
     console.print("[green]all good[/green]" if not problems else f"[red]{problems} problem(s)[/red]")
-    return 0 if not problems else 1
+    return 0 if not problems else EXIT_DOCTOR_PROBLEMS

@@ -7,6 +7,7 @@ EXIT_DIFFERENT = 3
 EXIT_INCONCLUSIVE = 4
 EXIT_USAGE = 2
 EXIT_CELL_FAILED = 5
+EXIT_DOCTOR_PROBLEMS = 6  # evalparity doctor found something that does not work here (1 stays a bug's)
 
 
 class EvalParityError(Exception):

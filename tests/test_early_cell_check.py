@@ -72,3 +72,13 @@ def test_the_early_cell_check_refuses_exactly_what_the_plan_refuses(seed):
             assert early[1] == late[1] and "\n" not in early[1], (cells, early, late)
         seen[early[0]] += 1
     assert seen["refused"] >= 20 and seen["cells"] >= 20, seen  # both sides of the property were exercised
+
+
+def test_with_cell_one_of_backends_and_dtypes_takes_the_other_from_the_reference():
+    """``--help`` says so ("with --cell, only the reference's"); it was refused ("no dtypes given")."""
+    opts = CellOptions(cell=["x=vllm:bf16:quantization=fp8"], backends="vllm,hf")
+    assert [c.name for c in named_cells(opts, 8, PlacementOptions(), "hf-fp32")] == ["vllm-fp32", "hf-fp32", "x"]
+    opts = CellOptions(cell=["x=vllm:bf16:quantization=fp8"], dtypes="bf16,fp32")
+    assert [c.name for c in named_cells(opts, 8, PlacementOptions(), "hf-fp32")] == ["hf-bf16", "hf-fp32", "x"]
+    with pytest.raises(EvalParityError, match="give both --backends and --dtypes"):
+        named_cells(CellOptions(cell=["x=vllm:bf16"], dtypes="bf16"), 8, PlacementOptions(), "x")

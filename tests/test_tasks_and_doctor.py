@@ -53,7 +53,7 @@ def test_doctor_reports_backends_and_missing_data(tmp_path):
     out = proc.stderr + proc.stdout
     assert "vllm" in out and "transformers" in out and "device: cpu" in out
     assert "task evalparity_smoke: data available (24 docs" in out
-    assert "ceval/ceval-exam" in out and proc.returncode == 1
+    assert "ceval/ceval-exam" in out and proc.returncode == 6  # EXIT_DOCTOR_PROBLEMS; 1 is a bug's
     assert "embedded model files: shipped, pinned" in out
     assert "Traceback" not in out
 
@@ -73,6 +73,6 @@ def test_doctor_names_damaged_embedded_model_files(tmp_path, monkeypatch):
     (shipped / "MANIFEST.json").write_text("[")
     monkeypatch.setattr(embedded, "SHIPPED", shipped)
     console = Console(record=True, width=300)
-    assert doctor.diagnose(console, None, None) >= 1
+    assert doctor.diagnose(console, None, None) == 6  # a problem found: EXIT_DOCTOR_PROBLEMS
     text = console.export_text()
     assert f"embedded model files: {shipped / 'MANIFEST.json'} is missing or damaged: reinstall evalparity" in text

@@ -30,8 +30,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Does backend or dtype drift change model quality? Paired statistics over lm-eval runs.",
                   epilog="Exit codes: 0 PASS; 3 FAIL (a gating comparison DIFFERENT); 4 INCONCLUSIVE (pass "
                          "--no-fail-on-inconclusive to exit 0 then); 5 INCOMPLETE (a cell failed or is missing); "
-                         "2 bad input; 130 interrupted (Ctrl-C), 143 stopped by SIGTERM, 129 by SIGHUP; 1 an "
-                         "internal error (a bug: please report it).")
+                         "2 bad input; 130 interrupted (Ctrl-C), 143 stopped by SIGTERM, 129 by SIGHUP; 6 doctor found "
+                         "a problem; 1 an internal error (a bug: please report it).")
 
 
 def _version(value: bool) -> None:

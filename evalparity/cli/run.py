@@ -97,7 +97,8 @@ class CellOptions:
 
     def matrix(self) -> tuple[list[str], list[str]]:
         """(backends, dtypes) of the matrix: as given; else vllm,hf x fp32,bf16,fp16 without --cell, and
-        none with it (the run is then the reference and the named cells)."""
+        none with it (the run is then the reference and the named cells; ``named_cells`` gives one of the
+        two given alone the reference's other)."""
         named = bool(self.cell)
         backends = split_list(self.backends) if self.backends is not None else ([] if named else ["vllm", "hf"])
         dtypes = split_list(self.dtypes) if self.dtypes is not None else ([] if named else ["fp32", "bf16", "fp16"])
@@ -366,6 +367,13 @@ def named_cells(cells: CellOptions, bs, place: PlacementOptions, reference: str 
     refused here. Arguments alone: ``check_arguments`` calls it before anything starts (the embedded
     model's preparation included), ``plan_cells`` again with the device's batch size."""
     kinds, dtypes = cells.matrix()
+    if cells.cell and bool(kinds) != bool(dtypes):  # one of the two given: the other is the reference's
+        ref = variants.reference_cell(reference, bs, place.shards)
+        if ref is None:
+            raise EvalParityError(f"--cell with only one of --backends and --dtypes takes the other from the "
+                                  f"reference cell, and the reference ({reference or 'none'}) is not a "
+                                  "backend-dtype cell: give both --backends and --dtypes")
+        kinds, dtypes = kinds or [ref.backend], dtypes or [ref.dtype]
     repeats = [r for r in cells.repeat or [] if not variants.is_named_repeat(r)]
     named_repeats = [r for r in cells.repeat or [] if variants.is_named_repeat(r)]
     if kinds or dtypes or not cells.cell:
