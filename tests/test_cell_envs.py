@@ -282,7 +282,8 @@ def test_a_cell_record_made_with_other_weights_is_refused_by_verification(tmp_pa
     seal = records.seal_table(folder, 1).to_json()
     meta = {"cell": "q", "status": "ok", "backend": "hf", "dtype": "float32", "batch_size": 8, "tag": "",
             "tf32": False, "base_cell": entry.base_name, "spec_identity": "id", "model_fingerprint": "run",
-            "variant": {"model": "/m/q", "model_digest": "b" * 16}, "table": seal}
+            "variant": {"model": "/m/q", "model_digest": "b" * 16}, "table": seal,
+            "model_args": {"pretrained": "/m/q", "dtype": "float32"}}
     records.write_cell(folder, meta)
     with pytest.raises(EvalParityError, match="its variant is"):
         records.verify_cell(folder, "id", entry, "run")
