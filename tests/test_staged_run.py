@@ -150,6 +150,38 @@ def test_a_part_edited_after_the_run_is_refused(staged_run, tmp_path):
     assert proc.returncode == 2 and "not the table its cell wrote" in proc.stdout + proc.stderr
 
 
+def test_a_report_with_a_tighter_margin_is_incomplete_not_a_single_look_verdict(staged_run, tmp_path):
+    """st_same stopped at look 2 (100 docs) under the run's 10 pp. Under 6 pp the staged rule would not have
+    stopped it there: the sign-off is INCOMPLETE (exit 5), saying to rerun `run` with that margin, never the
+    single-look verdict of 100 docs (session 32's review: PASS, exit 0; the check could never fire)."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(staged_run[0], copy)
+    proc = evalparity("report", str(copy), "--margin", "6pp", env=ENV)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 5 and proc.stdout.startswith("INCOMPLETE"), said[-2000:]
+    assert "st_same (look 2 of 4, not settled)" in said and "rerun `evalparity run` with them" in said, said[-2000:]
+    v = check_verdicts(copy / "stats" / "verdicts.json")
+    assert v["sign_off"]["status"] == "INCOMPLETE"
+
+
+def test_a_rounds_part_copied_over_its_cell_is_refused(staged_run, tmp_path):
+    """A part is sealed like a cell (its table, its record): copied over ``cells/<cell>`` (a plain ``cp``, no
+    hash made) it passed for the cell, and the sign-off was the first look's (session 32's review: PASS on 50
+    docs where the run decided on 100). Its record says it is a part: refused."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(staged_run[0], copy)
+    for cell in ("hf-fp32", "hfcopy-fp32"):
+        shutil.rmtree(copy / "cells" / cell)
+        shutil.copytree(copy / "stages" / f"{cell}.r0", copy / "cells" / cell)
+    proc = evalparity("report", str(copy), "--margin", "10pp", env=ENV)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "part (round 0), not of a whole cell" in said, said[-2000:]
+
+
 @pytest.mark.parametrize("multiple", ["bh", "none"])
 def test_another_multiple_on_a_staged_run_is_refused_not_ignored(staged_run, tiny_model, tmp_path, multiple):
     """A staged sign-off's family rule is Holm: ``--multiple bh|none`` was printed in its verdicts.json and

@@ -59,6 +59,8 @@ def drift(
     dest = layout.drift_dir(run_dir) if into else out or Path("results") / f"drift-{time.strftime('%Y%m%d-%H%M%S')}"
     lock = rundir.acquire(run_dir, create=False, flag="--run-dir") if into else rundir.acquire(dest, flag="--out")
     with lock:
+        if not into:
+            probe_drift.check_out(dest)
         # the statistics drift will recompute before it re-renders the run's report: a record that cannot be
         # read back is refused before anything loads
         if into:

@@ -21,7 +21,7 @@ from rich.console import Console
 from evalparity import backends, mps, procs, progress
 from evalparity.cellenv import cell_environment
 from evalparity.errors import EvalParityError
-from evalparity.files import write_json
+from evalparity.files import read_json, write_json
 from evalparity.models import resolve_model
 from evalparity.printable import visible
 from evalparity.rundir import layout, records
@@ -44,19 +44,37 @@ def prompts_from_run(run_dir: Path, n: int, seed: int = 0) -> list[str]:
     return text
 
 
-def prompts_from_file(path: Path) -> list[str]:
+def prompt_lines(path: Path) -> list[str]:
+    """A prompt file's lines, read as UTF-8 text: one line naming the file where it is not a readable file
+    of text (a folder, binary bytes), never a traceback."""
     if not path.exists():
         raise EvalParityError(f"prompt file {path} does not exist: give a .txt (one prompt a line) or .jsonl file")
+    if not path.is_file():
+        raise EvalParityError(f"prompt file {path} is not a file: give a .txt (one prompt a line) or .jsonl file")
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise EvalParityError(f"prompt file {path} is not UTF-8 text (byte {err.start}): save it as UTF-8") from None
+    except OSError as err:
+        raise EvalParityError(f"prompt file {path} cannot be read ({err.strerror or err})") from None
+
+
+def prompts_from_file(path: Path) -> list[str]:
+    """The prompts of a .txt (one a line) or .jsonl (a ``prompt`` string per row) file; blank lines skipped."""
+    lines = prompt_lines(path)
     if path.suffix == ".jsonl":
         out = []
-        for i, line in enumerate(path.read_text().splitlines(), 1):
+        for i, line in enumerate(lines, 1):
             if line.strip():
                 try:
-                    out.append(json.loads(line)["prompt"])
-                except (json.JSONDecodeError, KeyError, TypeError):
+                    prompt = json.loads(line)["prompt"]
+                except (json.JSONDecodeError, KeyError, TypeError, RecursionError):
                     raise EvalParityError(f"{path}:{i} is not a JSON object with a 'prompt' field") from None
+                if not isinstance(prompt, str):
+                    raise EvalParityError(f"{path}:{i}: its 'prompt' is {type(prompt).__name__}, not text")
+                out.append(prompt)
         return out
-    return [x for x in path.read_text().splitlines() if x.strip()]
+    return [x for x in lines if x.strip()]
 
 
 def parse_cell(name: str) -> tuple[str, str, bool]:
@@ -169,6 +187,22 @@ def together_ok(run_spec: RunSpec | None, cells: list[str]) -> bool:
     plan = (run_spec.memory_plan or {}) if run_spec is not None else {}
     return run_spec is not None and run_spec.device != "cpu" and int(plan.get("cells_per_gpu") or 1) >= len(cells) \
         and all(c in (plan.get("cells") or {}) for c in cells)
+
+
+def check_out(folder: Path) -> None:
+    """``--out`` of a drift that writes a folder of its own: new, empty, or an earlier drift's output (its
+    ``spec.json`` is drift's: written over). Anything else, a run folder above all (drift's spec has the run
+    spec's name: it replaced the run's, session 32's review), is refused in one line before anything loads."""
+    from evalparity.rundir import contents
+
+    if not contents(folder):
+        return
+    spec = read_json(layout.drift_spec(folder))
+    if not layout.drift_spec(folder).is_symlink() and isinstance(spec, dict) \
+            and {"reference", "cells", "gen_tokens", "launch"} <= set(spec) and "tasks" not in spec:
+        return
+    raise EvalParityError(f"--out {folder} is not empty and not an output of `evalparity drift` (a run's folder "
+                          "takes its drift with --run-dir alone, into its drift/): give an empty or new folder")
 
 
 def run_drift(launch: dict[str, dict], prompts: list[str], out: Path, *, reference: str = "hf-fp32",

@@ -442,6 +442,11 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
             got = rec.tf32 or None  # false or absent: a plain cell
         if got != value:
             raise _refuse(record, f"its {key} is {got!r}, the spec's is {value!r}", fix)
+    part = next((k for k in ("round", "shard") if k in rec.extra), None)
+    if entry is not None and part is not None:  # sealed like a cell, and copied over one, it passed for it
+        raise _refuse(record, f"it is the record of {'a staged round' if part == 'round' else 'a replica'}'s part "
+                      f"({part} {json.dumps(rec.extra[part])}), not of a whole cell (a part copied over the cell)",
+                      fix)
     if entry is not None:
         # a named cell's name says nothing of its dtype: the dtype it claims must be the one its model was
         # loaded in (lm-eval's model arguments, recorded beside it), or a bf16 table passes for fp32; a record

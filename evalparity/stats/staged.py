@@ -73,8 +73,12 @@ class Trace:
         return sorted(u.unit for u in self.units.values() if u.needs_next())
 
     def unfinished(self) -> list[UnitTrace]:
-        """Open tasks whose docs ran out before their last look: a staged run stopped between rounds."""
-        return [u for u in self.units.values() if u.open and not u.needs_next() and u.reached + 1 < len(u.looks)]
+        """Open tasks whose docs end before their last look (``needs_next``): a staged run stopped between
+        rounds, or statistics asked with a tighter margin (or α) than the run decided its stops with. Their
+        verdicts would be single-look ones on docs the staged rule did not stop at: the sign-off is
+        INCOMPLETE. (It was never: this said "open, not needing a next look, before its last", which no
+        task is, and a report with a tighter margin signed off PASS; session 32's review.)"""
+        return [u for u in self.units.values() if u.needs_next()]
 
     def to_json(self) -> dict:
         return {"rule": None if self.off else "group-sequential", "off": self.off,
@@ -261,4 +265,6 @@ def incomplete_reason(trace: Trace) -> str | None:
     if not left:
         return None
     names = ", ".join(f"{u.unit} (look {u.reached + 1} of {len(u.looks)}, not settled)" for u in left)
-    return f"the staged run stopped before its tasks settled: {names}; rerun the same command to resume"
+    return (f"the staged run stopped before its tasks settled: {names}; rerun the same command to resume (with "
+            "other statistics options than the run's, rerun `evalparity run` with them: it scores the looks "
+            "they need)")
