@@ -12,7 +12,9 @@ never becomes a job.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +72,38 @@ def _check_cell_settings(run_dir: Path, old: RunSpec, new: RunSpec, force: bool)
             raise EvalParityError(f"cell {c.name} finished with other settings ({change or 'another backend or dtype'}"
                                   f" than this run asks for): rerun with the same ones to resume, --force to rerun "
                                   "it with these, or use another --out")
+    for c in new.cells:
+        _check_scored_parts(run_dir, c, new.identity())
+
+
+# a unit of a cell's that is not the cell: a staged round's part (<cell>.r<r>), a replica's share of one
+# (<cell>.r<r>.<k>of<n>) or an unstaged replica's share (<cell>.<k>of<n>), in stages/ or shards/
+def _parts_of(run_dir: Path, cell: str) -> list[Path]:
+    pattern = re.compile(rf"{re.escape(cell)}\.(?:r\d+(?:\.\d+of\d+)?|\d+of\d+)")
+    return [p for folder in (layout.stages_dir(run_dir), layout.shards_dir(run_dir)) if folder.is_dir()
+            for p in sorted(folder.iterdir()) if pattern.fullmatch(p.name)]
+
+
+def _check_scored_parts(run_dir: Path, c, identity: str) -> None:
+    """A resumed staged (or sharded) run scores the rounds (or shares) its cells lack and merges them with the
+    ones scored before: every part must have been scored with the settings this run gives the cell, or the
+    merged cell would hold two variants (session 32's review: a killed run resumed with another --cell
+    setting, or --batch-size, mixed them, and could then sign off PASS). ``--force`` does not rescore parts,
+    so it does not lift this: one line, before any cell starts."""
+    for part in _parts_of(run_dir, c.name):
+        rec = records.read_cell(part) if records.is_done(part, identity) else None
+        if rec is None:
+            continue
+        if str(rec.batch_size) != str(c.batch_size):
+            raise EvalParityError(f"cell {c.name} has parts scored with batch size {rec.batch_size} ({part.name}), "
+                                  f"this run asks for {c.batch_size}: rerun with --batch-size {rec.batch_size} to "
+                                  "resume, or use another --out")
+        if (rec.backend, rec.dtype, bool(rec.tf32), rec.variant or {}) != (c.backend, c.dtype, bool(c.tf32),
+                                                                          c.variant()):
+            raise EvalParityError(f"cell {c.name} has parts scored with other settings ({part.name}: "
+                                  f"{json.dumps(rec.variant or {}, sort_keys=True)[:200]}, {rec.backend} "
+                                  f"{rec.dtype}) than this run asks for: rerun with the same ones to resume, or use "
+                                  "another --out")
 
 
 def set_aside_forced(run_dir: Path, spec: RunSpec) -> list[str]:

@@ -182,6 +182,26 @@ def test_a_rounds_part_copied_over_its_cell_is_refused(staged_run, tmp_path):
     assert proc.returncode == 2 and "part (round 0), not of a whole cell" in said, said[-2000:]
 
 
+def test_a_resume_that_would_merge_parts_of_other_settings_is_refused_before_any_cell(staged_run, tiny_model,
+                                                                                     tmp_path):
+    """Session 32's review: a staged run killed after some rounds and resumed with another --batch-size (or
+    --cell setting) scored the rest with it and merged both into one cell (then refused it, or, after the
+    fix its message gave, signed off PASS on two variants). The parts' own records are checked first."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(staged_run[0], copy)
+    for p in [*(copy / "cells").iterdir(), copy / "stages" / "finish.json", copy / "stats", copy / "report"]:
+        shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)  # as if killed after its last round
+    spec = (copy / "spec.json").read_bytes()
+    for extra, says in ((["--batch-size", "4"], "has parts scored with batch size 8"),
+                        (["--hf-args", "attn_implementation=eager"], "has parts scored with other settings")):
+        proc = evalparity(*args(tiny_model, staged_run[0].parent / "tasks", copy), *extra, env=ENV)
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and says in said and "Traceback" not in said, said[-2000:]
+        assert (copy / "spec.json").read_bytes() == spec and not list((copy / "cells").iterdir())
+
+
 @pytest.mark.parametrize("multiple", ["bh", "none"])
 def test_another_multiple_on_a_staged_run_is_refused_not_ignored(staged_run, tiny_model, tmp_path, multiple):
     """A staged sign-off's family rule is Holm: ``--multiple bh|none`` was printed in its verdicts.json and
