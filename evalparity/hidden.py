@@ -112,6 +112,14 @@ def finished(folder: Path, request: dict) -> dict | None:
     if not all((folder / f).is_file() for f in (TENSORS, TABLE)):
         raise EvalParityError(f"--out {folder} has {RECORD} but not {TENSORS} and {TABLE}: remove the folder and "
                               "run again")
+    seals = record.get("seals")
+    for name in (TENSORS, TABLE):  # emptied or edited, it was "already done: nothing to do" (session 32's review)
+        seal = seals.get(name) if isinstance(seals, dict) else None
+        path = folder / name
+        if not isinstance(seal, dict) or path.is_symlink() or path.stat().st_size != seal.get("bytes") \
+                or sha256(path) != seal.get("sha256"):
+            raise EvalParityError(f"--out {folder}: {name} is not the file {RECORD} records (edited, truncated, or "
+                                  "written by an older evalparity): remove the folder and run again")
     return record
 
 
@@ -146,6 +154,8 @@ def run_hidden(request: dict, launch: dict[str, dict], texts: list[str], ids: li
         raise
     side = json.loads((stage / "main.json").read_text())
     checked = json.loads((stage / "check.json").read_text()) if check else None
+    seals = {name: {"sha256": sha256(stage / name), "bytes": (stage / name).stat().st_size}
+             for name in (TENSORS, TABLE)}
     for name in (TENSORS, TABLE):
         os.replace(stage / name, out / name)
     record = {
@@ -159,6 +169,7 @@ def run_hidden(request: dict, launch: dict[str, dict], texts: list[str], ids: li
         "prompts_per_s": side["prompts_per_s"],
         "check": checked if check else {"off": True},
         "files": {"tensors": TENSORS, "prompts": TABLE, "log": f"{request['backend']}.log"},
+        "seals": seals,  # what ``finished`` checks before it calls the folder done
         "launch": {n: {k: v for k, v in launch[n].items() if k != "env"} for n in names},
         # what the engine ran with (its backend's loaded settings, e.g. vLLM's model runner and kernel
         # warm-up, and the variables that steer it), as a run's cell and a drift's side record it

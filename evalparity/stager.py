@@ -376,9 +376,11 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
                 want = next_request(plan, identity, r + 1, trace)
                 have = rounds.read_round(run_dir, r + 1, identity)
                 if have is not None and (want is None or have.tasks != want.tasks or have.docs != want.docs):
-                    raise EvalParityError(f"{layout.round_file(run_dir, r + 1)} asks for other docs than the decisions "
-                                          f"on rounds 1..{r + 1} do: remove the run's stages/ and cells/ folders and "
-                                          "rerun")
+                    raise EvalParityError(f"{layout.round_file(run_dir, r + 1)} asks for other docs than these "
+                                          f"statistics options decide on rounds 1..{r + 1} (the run decided its "
+                                          "rounds with others: a margin, alpha, --compare or --reference): rerun with "
+                                          "the options the run was made with to resume it, or with these into a new "
+                                          "--out")
                 if want is None:
                     rounds.write_finish(run_dir, r + 1, identity)
                     break

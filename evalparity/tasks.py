@@ -147,6 +147,9 @@ def preflight(names: list[str], tm, mirror_roots: list[Path], limit: int | None,
             metrics.update(task.higher_is_better())  # the metrics lm-eval can aggregate: the per-sample keys
             if n == 0:
                 empty.append(tname)
+            if "/" in tname or "\0" in tname:  # lm-eval files its per-sample output under the task's name
+                raise EvalParityError(f"task {tname!r} has a path separator in its name, under which lm-eval cannot "
+                                      "save its per-sample output: rename it in its YAML (task:)")
             leaves[tname] = n
             shots = num_fewshot if num_fewshot is not None else (task.config.num_fewshot or 0)
             if shots > 0 and not _has_fewshot_docs(task):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -163,6 +164,11 @@ def test_a_finished_request_is_not_redone_another_is_refused(hf_out, tmp_path):
     (foreign / "notes.txt").write_text("mine")
     moved = [str(foreign) if a == str(out) else a for a in args]
     assert "not an output of `evalparity hidden`" in one_line_error(evalparity_here(*moved))
+    emptied = tmp_path / "emptied"  # session 32's review: an emptied tensors file was "already done"
+    shutil.copytree(out, emptied)
+    (emptied / "hidden.safetensors").write_bytes(b"")
+    again = evalparity_here(*[str(emptied) if a == str(out) else a for a in args])
+    assert again.returncode == 2 and "hidden.safetensors is not the file hidden.json records" in one_line_error(again)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -611,3 +611,21 @@ def test_a_reference_scored_on_another_gpu_model_is_refused_and_cuda_0_is_cuda(t
     monkeypatch.setattr(matrix.cells, "device_name", lambda device: "NVIDIA A100")
     _, src = matrix.reference_from(str(source), make_spec([REF, NEW], device="cuda:0"), REF, tmp_path / "run")
     assert src.cell == REF
+
+
+def test_a_stored_reference_at_a_repeats_batch_size_is_refused():
+    """Session 32's review: ``--reference-from SRC:hf-fp32-bs1 --repeat hf:fp32:1`` made this run's hf-fp32
+    (adopted at batch size 1) and its noise-floor repeat the same thing: a noise floor of nothing."""
+    from types import SimpleNamespace
+
+    from evalparity.errors import EvalParityError
+    from evalparity.rundir import reuse
+    from evalparity.spec import RunSpec, build_cells
+
+    stored = RunSpec(model="m", tasks=("t",), cells=build_cells(["hf"], ["fp32"], 8, ["hf:fp32:1"]))
+    source = SimpleNamespace(spec=stored, cell="hf-fp32-bs1", target="hf-fp32")
+    spec = RunSpec(model="m", tasks=("t",), cells=build_cells(["hf", "vllm"], ["fp32"], 8, ["hf:fp32:1"]))
+    with pytest.raises(EvalParityError, match="the repeat hf-fp32-bs1 would measure nothing"):
+        reuse.adopt(spec, source)
+    spec2 = RunSpec(model="m", tasks=("t",), cells=build_cells(["hf", "vllm"], ["fp32"], 8, ["hf:fp32:4"]))
+    assert next(c for c in reuse.adopt(spec2, source).cells if c.name == "hf-fp32").batch_size == 1

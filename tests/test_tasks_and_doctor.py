@@ -76,3 +76,18 @@ def test_doctor_names_damaged_embedded_model_files(tmp_path, monkeypatch):
     assert doctor.diagnose(console, None, None) == 6  # a problem found: EXIT_DOCTOR_PROBLEMS
     text = console.export_text()
     assert f"embedded model files: {shipped / 'MANIFEST.json'} is missing or damaged: reinstall evalparity" in text
+
+
+def test_a_task_named_with_a_path_separator_is_refused_before_any_cell(tmp_path):
+    """Session 32's review: an include-path task ``sl/ash`` was scored by every cell, then lost at lm-eval's
+    save (exit 5); it is one line at the data check now."""
+    import json
+
+    from tiny import MC_YAML
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "a b", "choices": ["x", "y"], "label": 0}) + "\n")
+    (tmp_path / "slash.yaml").write_text(MC_YAML.format(name="sl/ash", data=data))
+    tm = tasks.task_manager([str(tmp_path)])
+    with pytest.raises(EvalParityError, match="'sl/ash' has a path separator in its name"):
+        tasks.preflight(["sl/ash"], tm, [], None, num_fewshot=0)

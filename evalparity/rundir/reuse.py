@@ -320,4 +320,10 @@ def adopt(spec: RunSpec, source: Source) -> RunSpec:
     as it was, so that the spec and the reused record agree (``records.verify_cell`` holds them to it)."""
     was = next(c for c in source.spec.cells if c.name == source.cell)
     cells = tuple(replace(c, batch_size=was.batch_size) if c.name == source.target else c for c in spec.cells)
+    same = next((c for c in cells if c.tag.startswith("bs") and c.base_name == source.target
+                 and str(c.batch_size) == str(was.batch_size)), None)
+    if same is not None:  # its noise floor would compare the reference with itself (session 32's review)
+        raise EvalParityError(f"--reference-from {source.cell} was scored at batch size {was.batch_size}, so this "
+                              f"run's {source.target} is too, and the repeat {same.name} would measure nothing: "
+                              "give the repeat another batch size")
     return replace(spec, cells=cells)
