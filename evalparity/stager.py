@@ -340,7 +340,7 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     have = rounds.read_round(run_dir, 0, identity)
     if have is None:
         rounds.write_round(run_dir, first)
-    elif have.tasks != first.tasks or have.docs != first.docs:
+    elif not staging.same_request(have, first):  # every field: tasks, docs, padding, groups (review F9)
         raise EvalParityError(f"{layout.round_file(run_dir, 0)} asks for other docs than the run's staging plan: "
                               "remove the run's stages/ and cells/ folders and rerun")
     scored = [c for c in spec.cells if reused is None or c.name != reused.target]
@@ -375,7 +375,7 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
                 shown.line(round_line(r, request, trace, plan))
                 want = next_request(plan, identity, r + 1, trace)
                 have = rounds.read_round(run_dir, r + 1, identity)
-                if have is not None and (want is None or have.tasks != want.tasks or have.docs != want.docs):
+                if have is not None and (want is None or not staging.same_request(have, want)):
                     raise EvalParityError(f"{layout.round_file(run_dir, r + 1)} asks for other docs than these "
                                           f"statistics options decide on rounds 1..{r + 1} (the run decided its "
                                           "rounds with others: a margin, alpha, --compare or --reference): rerun with "
