@@ -31,6 +31,7 @@ from evalparity.config import (
     ATTEMPTS,
     CELLS,
     PORT_BASE_ENV,
+    STAGES,
     job_port_base,
     unit_location,
 )
@@ -72,8 +73,9 @@ def _check_cell_settings(run_dir: Path, old: RunSpec, new: RunSpec, force: bool)
             raise EvalParityError(f"cell {c.name} finished with other settings ({change or 'another backend or dtype'}"
                                   f" than this run asks for): rerun with the same ones to resume, --force to rerun "
                                   "it with these, or use another --out")
-    for c in new.cells:
-        _check_scored_parts(run_dir, c, new.identity())
+    if not force:  # --force sets the parts aside with the cells (``set_aside_forced``): they are scored again
+        for c in new.cells:
+            _check_scored_parts(run_dir, c, new.identity())
 
 
 # a unit of a cell's that is not the cell: a staged round's part (<cell>.r<r>), a replica's share of one
@@ -88,8 +90,7 @@ def _check_scored_parts(run_dir: Path, c, identity: str) -> None:
     """A resumed staged (or sharded) run scores the rounds (or shares) its cells lack and merges them with the
     ones scored before: every part must have been scored with the settings this run gives the cell, or the
     merged cell would hold two variants (session 32's review: a killed run resumed with another --cell
-    setting, or --batch-size, mixed them, and could then sign off PASS). ``--force`` does not rescore parts,
-    so it does not lift this: one line, before any cell starts."""
+    setting, or --batch-size, mixed them, and could then sign off PASS). One line, before any cell starts."""
     for part in _parts_of(run_dir, c.name):
         rec = records.read_cell(part) if records.is_done(part, identity) else None
         if rec is None:
@@ -124,6 +125,15 @@ def set_aside_forced(run_dir: Path, spec: RunSpec) -> list[str]:
             dest.parent.mkdir(parents=True, exist_ok=True)
             src.replace(dest)
             moved.append(f"{folder}/{unit}")
+    stages = layout.stages_dir(run_dir)
+    if spec.staging and stages.is_dir() and not stages.is_symlink() and any(stages.iterdir()):
+        # a staged run's cells are merged from their rounds' parts: set aside with its round records, the run
+        # starts again at round 1 and scores every part anew (it re-merged the old parts: --force rescored
+        # nothing, session 32)
+        dest = rundir.attempts_dir(run_dir, "rounds", STAGES) / f"superseded-{stamp}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        stages.replace(dest)
+        moved.append(f"{STAGES}/")
     if moved:
         logger.info(f"--force: {len(moved)} finished folder(s) moved to {ATTEMPTS}/ until rerun: {', '.join(moved)}")
     return moved

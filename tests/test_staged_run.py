@@ -202,6 +202,25 @@ def test_a_resume_that_would_merge_parts_of_other_settings_is_refused_before_any
         assert (copy / "spec.json").read_bytes() == spec and not list((copy / "cells").iterdir())
 
 
+def test_force_on_a_staged_run_sets_its_rounds_aside_with_its_cells(staged_run, tmp_path):
+    """``--force`` moved a staged run's cells aside but left its rounds' parts, from which the run merged the
+    same cells again: nothing was rescored. Now the parts and round records go to ``attempts/`` too, so the
+    run starts again at round 1; nothing is deleted."""
+    import shutil
+
+    from evalparity.matrix import set_aside_forced
+    from evalparity.rundir import records
+
+    copy = tmp_path / "copy"
+    shutil.copytree(staged_run[0], copy)
+    parts = sorted(p.name for p in (copy / "stages").iterdir())
+    moved = set_aside_forced(copy, records.read_spec(copy))
+    assert "stages/" in moved and not (copy / "stages").exists()
+    aside = next((copy / "attempts" / "stages" / "rounds").iterdir())
+    assert sorted(p.name for p in aside.iterdir()) == parts and "round-0.json" in parts
+    assert not [p for p in (copy / "cells").iterdir() if not p.name.startswith(".")]
+
+
 @pytest.mark.parametrize("multiple", ["bh", "none"])
 def test_another_multiple_on_a_staged_run_is_refused_not_ignored(staged_run, tiny_model, tmp_path, multiple):
     """A staged sign-off's family rule is Holm: ``--multiple bh|none`` was printed in its verdicts.json and
