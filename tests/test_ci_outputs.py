@@ -322,8 +322,11 @@ def test_the_step_summary_is_never_appended_to_the_runs_own_files(tmp_path):
     code = json.loads(layout.verdicts_file(out).read_text())["sign_off"]["exit_code"]
     assert first.returncode == code, first.stderr[-2000:]
     cell = next(p for p in layout.cells_dir(out).iterdir() if p.is_dir())
-    for target in (layout.table(cell), layout.cell_record(cell), layout.cells_dir(out) / "summary.md",
-                   out / "compare.json"):
+    from evalparity.cli.options import ci_output_problem
+
+    for target in (layout.cell_record(cell), layout.cells_dir(out) / "summary.md"):  # the rule, without a report
+        assert ci_output_problem(out, "$GITHUB_STEP_SUMMARY", target) is not None, target
+    for target in (layout.table(cell), out / "compare.json"):  # the whole path, through the command line
         before = target.read_bytes() if target.exists() else None
         proc = evalparity("report", str(out), env={ci.STEP_SUMMARY_ENV: str(target)})
         assert proc.returncode == code, (target, proc.stderr[-2000:])

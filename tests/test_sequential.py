@@ -203,7 +203,7 @@ def test_the_family_rule_holds_its_level_by_simulation():
     assert fail_alone / sims > 2 * ALPHA
 
 
-def test_shift_is_holm_over_the_whole_family_at_the_last_look():
+def test_shift_is_holm_over_the_whole_family_at_the_last_look(frozen_heap):
     """Generated cases against statsmodels: ``shift_family``'s SHIFTs are Holm's rejections on the McNemar
     p-values of the comparisons left unsettled at their last look, with every other comparison of the family
     (settled at any look, or not yet looked at) counted at p = 1; settled results are returned untouched."""
