@@ -50,19 +50,24 @@ def write_output(path: Path, data: str) -> None:
     a named pipe a reader waits on), which is written into as it is: renamed over, it would become a plain
     file and its reader would wait for nothing."""
     try:
-        special = not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode)
+        mode = os.stat(path).st_mode
     except OSError:
-        special = False  # not there yet (or a dangling link): a plain file, written atomically
-    if not special:
+        mode = stat.S_IFREG  # not there yet (or a dangling link): a plain file, written atomically
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         write_atomic(path, data)
         return
     with open(path, "w", encoding="utf-8") as f:
         f.write(data)
 
 
+def json_text(data: dict) -> str:
+    """How evalparity writes a JSON record: indented, anything else as its text."""
+    return json.dumps(data, indent=2, default=str)
+
+
 def write_json(path: Path, data: dict) -> None:
     """Write JSON atomically (``write_atomic``)."""
-    write_atomic(path, json.dumps(data, indent=2, default=str))
+    write_atomic(path, json_text(data))
 
 
 def loads(text: str):

@@ -93,18 +93,16 @@ def _check_scored_parts(run_dir: Path, c, identity: str) -> None:
     setting, or --batch-size, mixed them, and could then sign off PASS). One line, before any cell starts."""
     for part in _parts_of(run_dir, c.name):
         rec = records.read_cell(part) if records.is_done(part, identity) else None
-        if rec is None:
+        differs = records.role_difference(rec, c, c.name) if rec is not None else None
+        if differs is None:
             continue
-        if str(rec.batch_size) != str(c.batch_size):
+        if differs[0] == "batch_size":
             raise EvalParityError(f"cell {c.name} has parts scored with batch size {rec.batch_size} ({part.name}), "
                                   f"this run asks for {c.batch_size}: rerun with --batch-size {rec.batch_size} to "
                                   "resume, or use another --out")
-        if (rec.backend, rec.dtype, bool(rec.tf32), rec.variant or {}) != (c.backend, c.dtype, bool(c.tf32),
-                                                                          c.variant()):
-            raise EvalParityError(f"cell {c.name} has parts scored with other settings ({part.name}: "
-                                  f"{json.dumps(rec.variant or {}, sort_keys=True)[:200]}, {rec.backend} "
-                                  f"{rec.dtype}) than this run asks for: rerun with the same ones to resume, or use "
-                                  "another --out")
+        raise EvalParityError(f"cell {c.name} has parts scored with other settings ({part.name}: its {differs[0]} is "
+                              f"{json.dumps(differs[1], sort_keys=True, default=str)[:200]}) than this run asks for: "
+                              "rerun with the same ones to resume, or use another --out")
 
 
 def set_aside_forced(run_dir: Path, spec: RunSpec) -> list[str]:

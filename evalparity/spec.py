@@ -386,16 +386,13 @@ def tagged_cell_problem(cells: Sequence[CellSpec], others: Collection[str] = ())
     checked against it there."""
     bases = {c.name: c for c in cells if not c.tag}
     for c in cells:
+        if (c.tf32 or c.tag == "tf32") and not (c.tf32 and c.tag == "tf32" and c.dtype == "float32"):
+            return c, "is a TF32 cell only in part (a TF32 cell is fp32, tagged tf32 and marked tf32)"
         if not c.tag:
-            if c.tf32:
-                return c, "is a TF32 cell only in part (a TF32 cell is fp32, tagged tf32 and marked tf32)"
             if named_like_a_tagged_cell(c.name):
                 return c, "is named like a repeat or a TF32 cell (-bs<N>, -dp<N>, -tf32) but is not one"
             continue
-        if c.tf32 or c.tag == "tf32":
-            if not (c.tf32 and c.tag == "tf32" and c.dtype == "float32"):
-                return c, "is a TF32 cell only in part (a TF32 cell is fp32, tagged tf32 and marked tf32)"
-        else:
+        if not c.tf32:
             m = REPEAT_TAG.fullmatch(c.tag)
             if m is None:
                 return c, f"is tagged {c.tag!r}, which no repeat is (bs<N>, dp<N> or tf32)"

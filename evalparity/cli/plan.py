@@ -4,7 +4,6 @@ the work; this prints it and writes the JSON)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Annotated
@@ -16,7 +15,7 @@ from evalparity import rundir, signoff
 from evalparity.cli.options import Statistics, verb
 from evalparity.cli.output import console, print_table, safe
 from evalparity.errors import EvalParityError
-from evalparity.files import read_json, write_output
+from evalparity.files import json_text, read_json, write_output
 from evalparity.printable import visible
 from evalparity.rundir import layout
 
@@ -81,7 +80,7 @@ def _check_target(run_dir: Path, target: Path, default_name: str, schema: str) -
 
 def _write(target: Path, data: dict) -> None:
     try:
-        write_output(target, json.dumps(data, indent=2, default=str))
+        write_output(target, json_text(data))
     except OSError as err:
         raise EvalParityError(f"could not write the plan to {target} ({err.strerror or err}): free space or give "
                               "--json a writable path") from None

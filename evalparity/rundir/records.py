@@ -407,6 +407,24 @@ def _refuse(path: Path, what: str, fix: str) -> EvalParityError:
     return EvalParityError(f"{path}: {what}: {fix}")
 
 
+def role_difference(rec: CellRecord, entry: CellSpec | None, name: str) -> tuple[str, object, object] | None:
+    """The first field of ``rec`` that is not what the spec entry says: (field, recorded, the spec's); None
+    when none is. What the statistics read of a record decides which comparisons are made (a tag makes a
+    noise-floor repeat, tf32 a precision-mode cell, base_cell their pair), and a part of a cell must have
+    been scored as the cell is (``matrix``: a resume merges them). ``entry`` None: a comparison's cell
+    ``name``, a plain cell of its own (``importer``)."""
+    want = {"tag": "", "tf32": None, "base_cell": name} if entry is None else \
+        {"backend": entry.backend, "dtype": entry.dtype, "batch_size": entry.batch_size, "tag": entry.tag or "",
+         "tf32": entry.tf32, "base_cell": entry.base_name, "variant": entry.variant()}
+    for key, value in want.items():
+        got = getattr(rec, key) if key != "tag" else (rec.tag or "")
+        if key == "tf32" and entry is None:
+            got = rec.tf32 or None  # false or absent: a plain cell
+        if got != value:
+            return key, got, value
+    return None
+
+
 def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint: str | None) -> CellRecord | str:
     """The verified record of the named cell in ``folder``; or why it is incomplete (a rerun finishes it);
     or a one-line refusal (raised) where the folder is not what its record and the spec say."""
@@ -430,18 +448,9 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
     if fingerprint is not None and rec.model_fingerprint != fingerprint:
         raise _refuse(record, f"made with model fingerprint {rec.model_fingerprint}, but this run's model "
                       f"is {fingerprint}", fix)
-    # What the statistics read of a record decides which comparisons are made (a tag makes a noise-floor
-    # repeat, tf32 a precision-mode cell, base_cell their pair): it must be what the spec says. A comparison's
-    # cells are plain cells of their own (``importer``).
-    want = {"tag": "", "tf32": None, "base_cell": folder.name} if entry is None else \
-        {"backend": entry.backend, "dtype": entry.dtype, "batch_size": entry.batch_size, "tag": entry.tag or "",
-         "tf32": entry.tf32, "base_cell": entry.base_name, "variant": entry.variant()}
-    for key, value in want.items():
-        got = getattr(rec, key) if key != "tag" else (rec.tag or "")
-        if key == "tf32" and entry is None:
-            got = rec.tf32 or None  # false or absent: a plain cell
-        if got != value:
-            raise _refuse(record, f"its {key} is {got!r}, the spec's is {value!r}", fix)
+    differs = role_difference(rec, entry, folder.name)
+    if differs is not None:
+        raise _refuse(record, f"its {differs[0]} is {differs[1]!r}, the spec's is {differs[2]!r}", fix)
     part = next((k for k in ("round", "shard") if k in rec.extra), None)
     if entry is not None and part is not None:  # sealed like a cell, and copied over one, it passed for it
         raise _refuse(record, f"it is the record of {'a staged round' if part == 'round' else 'a replica'}'s part "
