@@ -332,7 +332,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
         logger.info(f"{len(skipped)} cell(s) already done, skipped: {', '.join(skipped)} (--force reruns them)")
     by_name = {c.name: c for c in spec.cells}
     for cell in merge_only:
-        outcomes[cell.name] = _merge(run_dir, cell, 0.0)
+        outcomes[cell.name] = _merge(run_dir, spec, cell, 0.0)
     with log.stage("executor_start"):
         executor = choose_executor(spec, placement, len(jobs), run_dir, model_path, ray_head) \
             if jobs else None
@@ -367,7 +367,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                     status = _settle(run_dir, by_name[job.cell], end, wall, unrecorded)
                     left[job.cell] -= 1
                     if left[job.cell] == 0:
-                        outcomes[job.cell] = _cell_outcome(run_dir, by_name[job.cell], wall, unrecorded)
+                        outcomes[job.cell] = _cell_outcome(run_dir, spec, by_name[job.cell], wall, unrecorded)
                         shown.overall(advance=1)
                     shown.finished(job.unit, status)
                 for job in executor.running():
@@ -434,25 +434,26 @@ def _settle(run_dir: Path, cell, end, wall: float, unrecorded: dict[str, dict]) 
     return _final_meta(run_dir, unit, folder).get("status", "failed")
 
 
-def _cell_outcome(run_dir: Path, cell, wall: float, unrecorded: dict[str, dict] | None = None) -> CellOutcome:
+def _cell_outcome(run_dir: Path, spec: RunSpec, cell, wall: float,
+                  unrecorded: dict[str, dict] | None = None) -> CellOutcome:
     """A cell whose jobs have all ended: its own outcome, or, for a sharded cell, the merge of its shards."""
     unrecorded = unrecorded or {}
     if cell.shards == 1:
         meta = unrecorded.get(cell.name) or _final_meta(run_dir, cell.name, CELLS)
         return CellOutcome(cell.name, meta.get("status", "failed"), wall, meta)
-    bad = shards.pending_shards(run_dir, cell, False)
+    bad = shards.pending_shards(run_dir, cell, False, spec.identity())
     if bad:
         why = "; ".join(f"shard {unit}: {m['error']}" for unit, m in unrecorded.items()
                         if unit.startswith(f"{cell.name}.") and m.get("error"))
         return CellOutcome(cell.name, "failed", wall, {
             "status": "failed", "error": f"shard(s) {bad} of {cell.shards} failed: "
                                          + (why or f"see shards/{cell.name}.<k>of{cell.shards}/cell.log")})
-    return _merge(run_dir, cell, wall)
+    return _merge(run_dir, spec, cell, wall)
 
 
-def _merge(run_dir: Path, cell, wall: float) -> CellOutcome:
+def _merge(run_dir: Path, spec: RunSpec, cell, wall: float) -> CellOutcome:
     try:
-        meta = shards.merge(run_dir, cell)
+        meta = shards.merge(run_dir, spec, cell)
     except (OSError, ValueError) as err:
         return CellOutcome(cell.name, "failed", wall, {"status": "failed", "error": f"merging shards: {err}"})
     return CellOutcome(cell.name, "ok", meta.get("wall_s", wall), meta)

@@ -15,6 +15,7 @@ alignment check refuses such a comparison instead of reporting it as drift.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -23,10 +24,11 @@ import pandas as pd
 
 from evalparity import samples
 from evalparity.config import CELLS, unit_location
+from evalparity.errors import EvalParityError
 from evalparity.files import write_json
 from evalparity.rundir import layout, records, units
 from evalparity.rundir.records import STATUS_OK
-from evalparity.spec import CellSpec
+from evalparity.spec import CellSpec, RunSpec
 
 
 def shard_dirs(run_dir: Path, cell: CellSpec) -> list[Path]:
@@ -52,11 +54,30 @@ def merge_tables(tables: list[pd.DataFrame], parts: str = "shards") -> pd.DataFr
     return df
 
 
+# what the parts of one cell must share beyond its settings (its spec entry, checked by records.verify_part)
+SAME_IN_PARTS = ("device_name", "versions", "precision", "interpreter")
+
+
+def _short(value: object) -> str:
+    return json.dumps(value, sort_keys=True, default=str)[:120]
+
+
 def stage_merged(run_dir: Path, cell: str, dirs: list[Path], parts: str = "shards", folder: str = CELLS):
     """The merged table of the unit folders ``dirs`` written into the temp folder of the unit ``cell`` (in
     ``folder``) and sealed, ready for its record and publish: (temp folder, table, seal, the parts' records).
-    Shards, staged rounds and a staged round's replicas merge alike."""
+    Shards, staged rounds and a staged round's replicas merge alike. Each part was verified by its caller
+    (``records.verify_part``); here, before anything is written, the parts must also agree on what makes a
+    cell's numbers beyond its settings (``SAME_IN_PARTS``): a part scored on another device or install (a
+    resumed run on another machine, a replica on another GPU) is another cell's, and one record says one."""
     metas = [units.read_cell_json(d) or {} for d in dirs]
+    for key in SAME_IN_PARTS:
+        other = next((d for d, m in zip(dirs, metas) if m.get(key) != metas[0].get(key)), None)
+        if other is not None:
+            raise EvalParityError(f"the {parts} of {cell} ran with different {key} ({dirs[0].name}: "
+                                  f"{_short(metas[0].get(key))}; {other.name}: "
+                                  f"{_short(metas[dirs.index(other)].get(key))}): they are not one cell; run "
+                                  "them with one install on like devices (resume where the run began), or rerun "
+                                  "into a new --out")
     table = merge_tables([samples.read_table(layout.table(d)) for d in dirs], parts)
     out = units.tmp_dir(run_dir, cell, folder)
     if out.exists():
@@ -79,9 +100,16 @@ def aggregate(table: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
-def merge(run_dir: Path, cell: CellSpec) -> dict:
-    """Write and publish ``cells/<cell>`` from its finished shards; return its cell.json."""
+def merge(run_dir: Path, spec: RunSpec, cell: CellSpec) -> dict:
+    """Write and publish ``cells/<cell>`` from its finished shards, each verified as a part of the cell
+    (``records.verify_part``: a resumed run merges shards an earlier attempt published); return its cell.json."""
     dirs = shard_dirs(run_dir, cell)
+    fingerprint = (spec.model_fingerprint or {}).get("digest")
+    for k, d in enumerate(dirs):
+        place = {"shard": {"index": k, "of": cell.shards}, "round": None}
+        if records.verify_part(d, spec.identity(), cell, fingerprint, place) is None:
+            raise EvalParityError(f"{d}: shard {k + 1} of {cell.shards} of {cell.name} has not finished: rerun the "
+                                  "same command to score it")
     out, table, seal, metas = stage_merged(run_dir, cell.name, dirs)
     layout.log_file(out).write_text("".join(f"shard {k}: {layout.log_file(d).relative_to(run_dir)}\n"
                                           for k, d in enumerate(dirs)))

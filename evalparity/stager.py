@@ -64,7 +64,7 @@ def read_parts(run_dir: Path, spec: RunSpec, upto: int) -> tuple[dict[str, pd.Da
         parts = []
         for r in range(upto + 1):
             folder = rounds.part_dir(run_dir, cell.name, r)
-            rec = verify_part(folder, identity, cell.name, r, fingerprint)
+            rec = records.verify_part(folder, identity, cell, fingerprint, {"round": r, "shard": None})
             if rec is None:
                 break
             parts.append(samples.read_table(layout.table(folder)))
@@ -74,30 +74,6 @@ def read_parts(run_dir: Path, spec: RunSpec, upto: int) -> tuple[dict[str, pd.Da
         else:
             metas.pop(cell.name, None)
     return tables, metas
-
-
-def verify_part(folder: Path, identity: str, cell: str, r: int, fingerprint: str | None):
-    """A part's verified record (``CellRecord``), or None when it is not there (yet); a one-line refusal when
-    it is not this run's part of that cell and round, or its table is not the one it sealed."""
-    if not folder.exists() and not folder.is_symlink():
-        return None
-    fix = f"remove {folder} and rerun the same command to score that round again"
-    if folder.is_symlink() or not folder.is_dir():
-        raise EvalParityError(f"{folder}: a part is a link or a file, not the folder its cell wrote: {fix}")
-    rec = records.read_cell(folder)
-    if rec is None or not rec.ok:
-        return None
-    problem = None
-    if rec.cell != cell or rec.extra.get("round") != r:
-        problem = f"it is the record of {rec.cell} round {rec.extra.get('round')}, not of {cell} round {r}"
-    elif rec.spec_identity != identity or (fingerprint and rec.model_fingerprint != fingerprint):
-        problem = "it was made under another spec or model"
-    elif rec.table is None or not layout.table(folder).is_file() or layout.table(folder).is_symlink() \
-            or records.TableSeal.of(layout.table(folder), rec.table.n_rows) != rec.table:
-        problem = "its table is not the one it sealed (edited, replaced or copied)"
-    if problem:
-        raise EvalParityError(f"{folder}: {problem}: {fix}")
-    return rec
 
 
 def has_part(run_dir: Path, spec: RunSpec, cell: str, r: int) -> bool:
@@ -110,7 +86,6 @@ def has_share(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, k: int) -> b
         run_dir, rounds.replica_part_name(cell.name, r, k, cell.shards), STAGES, identity=spec.identity())
 
 
-SAME_IN_REPLICAS = ("device_name", "versions", "precision", "interpreter")  # a replica that differs is another cell
 
 
 def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, side_by_side: bool = True) -> bool:
@@ -118,7 +93,7 @@ def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, side_by
     share is in: each verified as a part is (of this cell, round, spec and model, its table the one it
     sealed, the replica it says) and to hold exactly its share of the round's docs
     (``RoundRequest.replica_share``); the replicas must agree on what makes a cell's numbers
-    (``SAME_IN_REPLICAS``: device, versions, precision, interpreter). Merged into one table, recorded like an
+    (``shards.SAME_IN_PARTS``: device, versions, precision, interpreter). Merged into one table, recorded like an
     unsharded part (timings: the slowest replica's when they ran ``side_by_side``, else their sum) and
     published with one rename. Whether the cell's part is in (a cell with one replica publishes it itself)."""
     if has_part(run_dir, spec, cell.name, r):
@@ -134,23 +109,16 @@ def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, side_by
     metas = []
     for k, folder in enumerate(dirs):
         fix = f"remove {folder} and rerun the same command to score that share again"
-        rec = verify_part(folder, spec.identity(), cell.name, r, fingerprint)
-        if rec is None:
+        place = {"round": r, "shard": {"index": k, "of": n}}
+        if records.verify_part(folder, spec.identity(), cell, fingerprint, place) is None:
             return False
         metas.append(units.read_cell_json(folder) or {})
-        if rec.extra.get("shard") != {"index": k, "of": n}:
-            raise EvalParityError(f"{folder}: it is not replica {k + 1} of {n}'s share of {cell.name} round "
-                                  f"{r + 1}: {fix}")
         rows = samples.read_table(layout.table(folder))
         have = set(zip(rows["task"], rows["doc_id"].astype(int)))
         want = {(leaf, d) for leaf, ids in request.replica_share(k, n).docs.items() for d in ids}
         if have != want:
             raise EvalParityError(f"{folder}: it holds {len(have - want)} doc(s) outside replica {k + 1} of {n}'s "
                                   f"share of round {r + 1} and lacks {len(want - have)} of it: {fix}")
-    for key in SAME_IN_REPLICAS:  # before anything is written
-        if any(m.get(key) != metas[0].get(key) for m in metas):
-            raise EvalParityError(f"the replicas of {cell.name} ran with different {key} in round {r + 1}: they "
-                                  "are not one cell; run them on like GPUs and installs, then rerun")
     name = rounds.part_name(cell.name, r)
     out, table, seal, _ = stage_merged(run_dir, name, dirs, "replicas", STAGES)  # shares disjoint: checked
     meta = {k: v for k, v in metas[0].items() if k not in ("shard", "placement", "pid", "aggregate", "n_rows")}
@@ -202,8 +170,14 @@ def check_replica_counts(run_dir: Path, spec: RunSpec, reused: Source | None) ->
 
 def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) -> dict:
     """Write and publish ``cells/<cell>`` from its parts of rounds 0..n_rounds−1: one table sorted like an
-    unstaged cell's, a record whose timings are the parts' (load once, evaluation summed)."""
+    unstaged cell's, a record whose timings are the parts' (load once, evaluation summed). Each part verified
+    again as it is merged (a resume merges parts that an earlier process published)."""
     dirs = [rounds.part_dir(run_dir, cell.name, r) for r in range(n_rounds)]
+    fingerprint = (spec.model_fingerprint or {}).get("digest")
+    for r, d in enumerate(dirs):
+        if records.verify_part(d, spec.identity(), cell, fingerprint, {"round": r, "shard": None}) is None:
+            raise EvalParityError(f"{d}: {cell.name}'s part of round {r + 1} has not finished: rerun the same "
+                                  "command to score it")
     out, table, seal, metas = stage_merged(run_dir, cell.name, dirs, "rounds")
     homes = [layout.log_file(units.tmp_dir(run_dir, rounds.replica_name(cell.name, k, cell.shards), STAGES))
              for k in range(cell.shards)]

@@ -16,7 +16,15 @@ import time
 import ahead
 import pandas as pd
 import pytest
-from conftest import TINY_CELLS, cli, evalparity, evalparity_here, sigint_as_on_a_terminal, tiny_run_args
+from conftest import (
+    TINY_CELLS,
+    cli,
+    evalparity,
+    evalparity_here,
+    one_line_error,
+    sigint_as_on_a_terminal,
+    tiny_run_args,
+)
 from verdict_schema import check_verdicts
 
 from evalparity.samples import HASHES, KEY, check_alignment, read_table
@@ -151,6 +159,26 @@ def test_rerun_skips_every_cell(run_dir, tiny_model, tiny_tasks):
     assert "5 cell(s) already done, skipped" in proc.stderr
     assert {c: (out / "cells" / c / "cell.json").stat().st_mtime for c in CELLS} == before
     print(f"rerun with every cell skipped took {took:.1f} s")
+
+
+def test_a_shard_edited_before_its_cell_was_merged_is_refused_on_resume(run_dir, tiny_model, tiny_tasks, tmp_path):
+    """A run killed after its shards finished and before they were merged: the resume merges them. A shard's
+    table edited meanwhile was merged and sealed as the cell's (until session 33), and signed off; now each
+    shard is verified as a part of its cell first (``records.verify_part``), and the resume refused in one
+    line naming it, with nothing merged."""
+    import shutil
+
+    out = tmp_path / "r"
+    shutil.copytree(run_dir[0], out, symlinks=True)
+    shutil.rmtree(out / "cells" / "hf-fp32-dp2")
+    shard = out / "shards" / "hf-fp32-dp2.0of2" / "samples.parquet"
+    table = read_table(shard)
+    table.loc[table.index[0], "loglikelihood"] += 1.0
+    table.to_parquet(shard, index=False)
+    proc = evalparity(*tiny_run_args(tiny_model, tiny_tasks, out))
+    said = one_line_error(proc)
+    assert proc.returncode == 2 and "hf-fp32-dp2.0of2" in said and "not the table its cell wrote" in said, said
+    assert not (out / "cells" / "hf-fp32-dp2").exists()
 
 
 def test_report_regenerates_alone(run_dir):

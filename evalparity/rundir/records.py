@@ -441,6 +441,46 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
     rec = check_cell(folder)
     if not rec.ok:
         return f"it {rec.status}" + (f" ({rec.error})" if rec.error else "")
+    part = next((k for k in PART_KEYS if k in rec.extra), None)
+    if entry is not None and part is not None:  # sealed like a cell, and copied over one, it passed for it
+        what = "a staged round" if part == "round" else "a replica"
+        raise _refuse(layout.cell_record(folder), f"it is the record of {what}'s part ({part} "
+                      f"{json.dumps(rec.extra[part])}), not of a whole cell (a part copied over the cell)", fix)
+    return _verified(folder, rec, identity, entry, folder.name, fingerprint, fix) or "samples.parquet is missing"
+
+
+# what a record says of the part of a cell it is: a staged round's ({"round": r}), a shard's or a replica's
+# share ({"shard": {"index": k, "of": n}}), both for a replica's share of a round; a whole cell has neither
+PART_KEYS = ("round", "shard")
+
+
+def verify_part(folder: Path, identity: str, entry: CellSpec, fingerprint: str | None,
+                place: dict[str, object]) -> CellRecord | None:
+    """The verified record of a part of the cell ``entry`` in ``folder`` (``place``: its ``PART_KEYS``, None
+    for a key it must not have), or None where the part has not finished (yet: a rerun scores it). Verified
+    as a cell is, and as the part it is said to be: parts are merged into the cell (``shards.stage_merged``)
+    and a staged run decides on them, so a part of another cell, round or share, of other settings (a resume
+    with other options), or with an edited table would become the cell's. One-line refusal otherwise."""
+    if not folder.exists() and not folder.is_symlink():
+        return None
+    fix = f"remove {folder} and rerun the same command to score that part again"
+    if folder.is_symlink() or not folder.is_dir():
+        raise _refuse(folder, "a part is a link or a file, not the folder its cell wrote", fix)
+    rec = read_cell(folder)
+    if rec is None or not rec.ok:
+        return None
+    said = {k: rec.extra.get(k) for k in place}
+    if rec.cell != entry.name or said != place:
+        raise _refuse(layout.cell_record(folder), f"it is the record of {rec.cell} {json.dumps(said)}, not of "
+                      f"{entry.name} {json.dumps(place)}", fix)
+    return _verified(folder, rec, identity, entry, entry.name, fingerprint, fix)
+
+
+def _verified(folder: Path, rec: CellRecord, identity: str, entry: CellSpec | None, name: str,
+              fingerprint: str | None, fix: str) -> CellRecord | None:
+    """``rec`` (the record in ``folder`` of the cell ``name``, or of a part of it), checked against the spec:
+    made under its identity and model, in the role the spec entry gives the cell, loaded in the dtype it
+    claims, its table the one it sealed; None where the table is missing. One-line refusal otherwise."""
     record = layout.cell_record(folder)
     if rec.spec_identity != identity:
         raise _refuse(record, f"made under spec identity {rec.spec_identity}, but this run's is {identity} "
@@ -448,14 +488,9 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
     if fingerprint is not None and rec.model_fingerprint != fingerprint:
         raise _refuse(record, f"made with model fingerprint {rec.model_fingerprint}, but this run's model "
                       f"is {fingerprint}", fix)
-    differs = role_difference(rec, entry, folder.name)
+    differs = role_difference(rec, entry, name)
     if differs is not None:
         raise _refuse(record, f"its {differs[0]} is {differs[1]!r}, the spec's is {differs[2]!r}", fix)
-    part = next((k for k in ("round", "shard") if k in rec.extra), None)
-    if entry is not None and part is not None:  # sealed like a cell, and copied over one, it passed for it
-        raise _refuse(record, f"it is the record of {'a staged round' if part == 'round' else 'a replica'}'s part "
-                      f"({part} {json.dumps(rec.extra[part])}), not of a whole cell (a part copied over the cell)",
-                      fix)
     if entry is not None:
         # a named cell's name says nothing of its dtype: the dtype it claims must be the one its model was
         # loaded in (lm-eval's model arguments, recorded beside it), or a bf16 table passes for fp32; a record
@@ -477,7 +512,7 @@ def verify_cell(folder: Path, identity: str, entry: CellSpec | None, fingerprint
     if table.is_symlink():
         raise _refuse(table, "the table is a symbolic link, not the table its cell wrote", fix)
     if not table.exists():
-        return "samples.parquet is missing"
+        return None
     size = table.stat().st_size
     found = sha256(table) if size == rec.table.bytes else None
     if found != rec.table.sha256:
