@@ -25,10 +25,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import getpass
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -108,12 +112,50 @@ def _guard_setup(group: int) -> Callable[[], None]:
     return setup
 
 
+def private_tmp_env(env: dict[str, str] | None) -> tuple[dict[str, str], str | None]:
+    """``env`` (default: this process's) with ``TMPDIR`` a new folder of the child's own, and that folder.
+    The engines leave files in the temporary folder and never remove them (vLLM 0.32: a ``vllm_dist_<hex>``
+    rendezvous file per engine, a ZMQ socket per engine client; a served model, more): every cell, drift or
+    hidden worker would leave them in /tmp, outside the output folder. The folder is removed with the child
+    (``ended``), whatever killed it. Torch's compile cache stays where it was (its default is under the
+    temporary folder; moving it would make every cell compile cold)."""
+    env = dict(os.environ if env is None else env)
+    try:
+        tmp = tempfile.mkdtemp(prefix=TMP_PREFIX)  # short: sockets are made in it (108-byte paths)
+    except OSError:  # no writable temporary folder: the child finds out as it would have
+        return env, None
+    if "TORCHINDUCTOR_CACHE_DIR" not in env:
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
+    env["TMPDIR"] = tmp
+    return env, tmp
+
+
+def _user() -> str:
+    """The user name as torch's compile cache names its default folder (``cache_dir_utils``)."""
+    try:
+        name = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):  # no entry in the password file (containers)
+        name = f"uid_{os.getuid()}"
+    return re.sub(r'[\\/:*?"<>|]', "_", name)
+
+
+TMP_PREFIX = "evalparity-tmp-"
+
+
 def popen(argv: list[str], **kwargs) -> subprocess.Popen:
     """``subprocess.Popen(argv, **kwargs)`` for a child that must not outlive this process (see the module's
-    docstring). Call ``ended`` once it has ended (or ``stop`` to end it), from the thread that started it."""
+    docstring), with a temporary folder of its own (``private_tmp_env``). Call ``ended`` once it has ended (or
+    ``stop`` to end it), from the thread that started it."""
     _load_prctl()
     _install_handlers()
-    proc = subprocess.Popen(argv, preexec_fn=_child_setup, **kwargs)
+    kwargs["env"], tmp = private_tmp_env(kwargs.get("env"))
+    try:
+        proc = subprocess.Popen(argv, preexec_fn=_child_setup, **kwargs)
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    proc.tmp = tmp  # type: ignore[attr-defined]
     with _lock:
         _children[proc.pid] = proc
     try:
@@ -141,6 +183,13 @@ def ended(proc: subprocess.Popen) -> None:
             guard.wait(timeout=5)
     with _lock:
         _children.pop(proc.pid, None)
+    _remove_tmp(proc)
+
+
+def _remove_tmp(proc: subprocess.Popen) -> None:
+    tmp = getattr(proc, "tmp", None)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> int:
@@ -234,6 +283,7 @@ def kill_all() -> None:
         for p in (proc, getattr(proc, "guard", None)):
             if p is not None:
                 _reap(p, deadline)
+        _remove_tmp(proc)
 
 
 def _reap(p: subprocess.Popen, deadline: float) -> None:

@@ -261,3 +261,42 @@ def test_a_child_killed_by_the_handler_reports_its_kill_to_an_interrupted_wait()
     out = subprocess.run([sys.executable, "-c", RETURNING.format(root=str(ROOT))], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert out.stdout.strip() == str(-signal.SIGKILL), (out.stdout, out.stderr)
+
+
+# A child that leaves files in its temporary folder, as vLLM's engine does (a rendezvous file, a ZMQ socket).
+LITTER = """
+import socket, subprocess, sys, tempfile, time
+from evalparity import procs
+child = procs.popen([sys.executable, "-c",
+                     "import os, socket, sys, tempfile, time; d = tempfile.gettempdir(); "
+                     "open(os.path.join(d, 'vllm_dist_0'), 'w').close(); "
+                     "socket.socket(socket.AF_UNIX).bind(os.path.join(d, 'ipc-0')); "
+                     "print(d, os.environ['TORCHINDUCTOR_CACHE_DIR'], flush=True); time.sleep(300)"],
+                    stdout=subprocess.PIPE, text=True)
+print(child.stdout.readline().strip(), flush=True)
+{end}
+"""
+
+
+@pytest.mark.parametrize("end", [ENDED.replace("child.wait()", "child.kill(); child.wait()"), "raise SystemExit(7)",
+                                 "raise KeyboardInterrupt", "time.sleep(300)"], ids=["ended", "exit", "ctrl-c", "term"])
+def test_a_childs_temporary_files_go_with_it(tmp_path, end):
+    """Every child gets a temporary folder of its own (``procs.private_tmp_env``), removed with it however it
+    ends: what the engines leave in /tmp (a file and a socket per vLLM engine) is not left outside the
+    output folder. Torch's compile cache stays where its default is, shared between cells."""
+    parent = subprocess.Popen([sys.executable, "-c", LITTER.format(end=end)], stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT, env=os.environ | {"TMPDIR": str(tmp_path)})
+    try:
+        theirs, compile_cache = parent.stdout.readline().split()
+        assert Path(theirs).parent == tmp_path and sorted(os.listdir(theirs)) == ["ipc-0", "vllm_dist_0"]
+        assert Path(compile_cache).parent == tmp_path and Path(compile_cache).name.startswith("torchinductor_")
+        if end == "time.sleep(300)":
+            parent.terminate()
+        if end.startswith("child.kill"):
+            assert parent.stdout.readline().strip() == "ended"
+        else:
+            parent.wait(timeout=30)
+        wait_for(lambda: not Path(theirs).exists(), timeout=10, what=f"{theirs} removed")
+        assert os.listdir(tmp_path) == []
+    finally:
+        parent.kill()
