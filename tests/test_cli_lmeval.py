@@ -3,8 +3,12 @@ its fractional ``--limit`` takes each task's share."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
+import ahead
 import pytest
-from conftest import evalparity, one_line_error
+from conftest import cli, evalparity, one_line_error
 
 from evalparity.errors import EvalParityError
 from evalparity.spec import check_limit, fraction_limits
@@ -42,19 +46,32 @@ def test_chat_template_options_are_checked_before_any_model_loads(tiny_model, ti
     assert proc.returncode == 2 and "needs --apply-chat-template" in one_line_error(proc)
 
 
-def test_chat_template_reaches_every_cell_and_is_recorded(tiny_model, tiny_tasks, tmp_path):
-    import json
-    import shutil
+@ahead.job("chat_run")
+def _chat_run(ctx: ahead.Context):
+    """A run of a copy of the tiny model given a chat template, with --apply-chat-template (started ahead:
+    tests/ahead.py)."""
+    root = ctx.mktemp("chat")
+    model, out = root / "chat-model", root / "run"
+    tiny, tasks = ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks")
 
-    model = tmp_path / "chat-model"
-    shutil.copytree(tiny_model, model)
-    cfg = json.loads((model / "tokenizer_config.json").read_text())
-    cfg["chat_template"] = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
-    (model / "tokenizer_config.json").write_text(json.dumps(cfg))
-    out = tmp_path / "run"
-    proc = evalparity("run", "--model", str(model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
-                      "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "2", "--apply-chat-template",
-                      "--system-instruction", "Be brief.", "--out", str(out))
+    def work():
+        shutil.copytree(tiny, model)
+        cfg = json.loads((model / "tokenizer_config.json").read_text())
+        cfg["chat_template"] = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
+        (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+        return out, ctx.run(cli("run", "--model", str(model), "--tasks", "tiny_mc", "--include-path", str(tasks),
+                                "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "2", "--apply-chat-template",
+                                "--system-instruction", "Be brief.", "--out", str(out)))
+    return work
+
+
+@pytest.fixture
+def chat_run(request):
+    return ahead.take("chat_run", request)
+
+
+def test_chat_template_reaches_every_cell_and_is_recorded(chat_run):
+    out, proc = chat_run
     assert proc.returncode in (0, 4), proc.stderr[-2000:]
     spec = json.loads((out / "spec.json").read_text())
     assert spec["alignment"]["apply_chat_template"] and spec["alignment"]["system_instruction"] == "Be brief."

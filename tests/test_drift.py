@@ -672,10 +672,33 @@ def test_device_reductions_match_a_prompt_by_prompt_computation(seed):
     assert s["prompt_logprobs"]["abs_max"] == pytest.approx(float(np.abs(lp_b - lp_a).max()))
 
 
+PROBED = ("hf-fp32", "vllm-fp32")
+
+
+@ahead.job("probe_equality", wanted=torch.backends.mkl.is_available)
+def _probe_equality(ctx: ahead.Context):
+    """``probe_equality.py`` on each cell, in a process of its own (started ahead: tests/ahead.py)."""
+    import sys
+    from pathlib import Path
+
+    from evalparity.drift import launch_plan
+
+    here = Path(__file__).parent
+    envs = {cell: launch_plan("x", [cell], cell, device="cpu", max_len=256)[cell]["env"] | {"MKL_CBWR": "AUTO,STRICT"}
+            for cell in PROBED}
+    return lambda: {cell: ctx.run([sys.executable, str(here / "probe_equality.py"), "embedded", cell],
+                                  env=envs[cell], cwd=here, timeout=600) for cell in PROBED}
+
+
+@pytest.fixture(scope="module")
+def probe_equality(request):
+    return ahead.take("probe_equality", request)
+
+
 @pytest.mark.skipif(not torch.backends.mkl.is_available(),
                     reason="the exact bar needs MKL's strict reproducible mode (MKL_CBWR); this torch has no MKL")
-@pytest.mark.parametrize("cell", ["hf-fp32", "vllm-fp32"])
-def test_batched_probes_equal_one_prompt_probes(cell):
+@pytest.mark.parametrize("cell", PROBED)
+def test_batched_probes_equal_one_prompt_probes(cell, probe_equality):
     """Issue 28's bar: the batched probe against the same probe one prompt at a time, on the embedded
     SmolLM2 in fp32 (the tiny test model's activations reach 400, where fp32 round-off alone is above it):
     the same numbers at every entry, all tokens or the last, and the same greedy tokens.
@@ -686,18 +709,7 @@ def test_batched_probes_equal_one_prompt_probes(cell):
     3.0e-6, above the issue's 1e-6, in any batched route against one prompt at a time. Pinned, what is left
     is the probe's own work (padding, masks, pooling, the hooks' split): exactly equal, so this test holds
     it to 0, where the issue asks ≤ 1e-6."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from evalparity.drift import launch_plan
-
-    env = os.environ | launch_plan("x", [cell], cell, device="cpu", max_len=256)[cell]["env"]
-    env["MKL_CBWR"] = "AUTO,STRICT"
-    here = Path(__file__).parent
-    proc = subprocess.run([sys.executable, str(here / "probe_equality.py"), "embedded", cell], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=here)
+    proc = probe_equality[cell]
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     for pooling in ("all", "last", "mean"):

@@ -13,8 +13,9 @@ import json
 import re
 from pathlib import Path
 
+import ahead
 import pytest
-from conftest import evalparity
+from conftest import cli
 from rich.console import Console
 
 from evalparity import progress
@@ -165,11 +166,23 @@ def test_a_bad_interval_is_one_line_naming_the_variable(monkeypatch, value):
     assert "\n" not in str(err.value)
 
 
-def test_a_piped_run_logs_its_cells_before_it_signs_off(tiny_model, tiny_tasks, tmp_path):
-    out = tmp_path / "run"
-    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
-                      "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "4", "--max-length", "512",
-                      "--out", str(out), env={progress.INTERVAL_ENV: "0.5"})
+@ahead.job("piped_run")
+def _piped_run(ctx: ahead.Context):
+    """A run whose output goes to a pipe, progress every 0.5 s (started ahead: tests/ahead.py)."""
+    out = ctx.mktemp("piped") / "run"
+    cmd = cli("run", "--model", str(ctx.fixture("tiny_model")), "--tasks", "tiny_mc", "--include-path",
+              str(ctx.fixture("tiny_tasks")), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "4",
+              "--max-length", "512", "--out", str(out))
+    return lambda: (out, ctx.run(cmd, env={progress.INTERVAL_ENV: "0.5"}))
+
+
+@pytest.fixture
+def piped_run(request):
+    return ahead.take("piped_run", request)
+
+
+def test_a_piped_run_logs_its_cells_before_it_signs_off(piped_run):
+    out, proc = piped_run
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
     err = proc.stderr
     assert "━" not in err[:err.index("┏")], err  # no bar's frame before the cells' summary table (heavy box)

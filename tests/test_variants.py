@@ -8,8 +8,9 @@ import json
 import re
 from dataclasses import replace
 
+import ahead
 import pytest
-from conftest import evalparity, one_line_error
+from conftest import cli, evalparity, one_line_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from synthetic import make_run, reseal
@@ -175,13 +176,25 @@ def test_a_resume_that_asks_other_settings_of_a_finished_cell_is_refused(tmp_pat
     prepare_run_dir(run, other, force=True)  # --force reruns it with the new ones
 
 
-def test_a_tiny_run_with_a_variant_cell(tiny_model, tiny_tasks, tmp_path):
+@ahead.job("variant_run")
+def _variant_run(ctx: ahead.Context):
+    """The run of the test below (started ahead: tests/ahead.py)."""
+    out = ctx.mktemp("variant") / "run"
+    cmd = cli("run", "--model", str(ctx.fixture("tiny_model")), "--tasks", "tiny_mc", "--include-path",
+              str(ctx.fixture("tiny_tasks")), "--limit", "6", "--max-length", "256", "--cell",
+              "eager=hf:fp32:attn_implementation=eager", "--repeat", "eager:2", "--out", str(out))
+    return lambda: (out, ctx.run(cmd))
+
+
+@pytest.fixture
+def variant_run(request):
+    return ahead.take("variant_run", request)
+
+
+def test_a_tiny_run_with_a_variant_cell(tiny_model, tiny_tasks, variant_run):
     """With --cell and no matrix, the run is the reference (hf-fp32) and the named cell; the variant's
     argument reaches lm-eval's model, its record says what it is, and it signs off against the reference."""
-    out = tmp_path / "run"
-    proc = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
-                      "--limit", "6", "--max-length", "256", "--cell", "eager=hf:fp32:attn_implementation=eager",
-                      "--repeat", "eager:2", "--out", str(out))
+    out, proc = variant_run
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]  # 4: INCONCLUSIVE on 6 docs
     spec = json.loads((out / "spec.json").read_text())
     assert [c["name"] for c in spec["cells"]] == ["hf-fp32", "eager", "eager-bs2"]
