@@ -54,8 +54,33 @@ def merge_tables(tables: list[pd.DataFrame], parts: str = "shards") -> pd.DataFr
     return df
 
 
-# what the parts of one cell must share beyond its settings (its spec entry, checked by records.verify_part)
-SAME_IN_PARTS = ("device_name", "versions", "precision", "interpreter")
+# What the parts of one cell must share beyond its settings (its spec entry, checked by records.verify_part):
+# a part scored on another device or install (a resume on another machine, a replica on another GPU), or
+# reused from an earlier run where the others were scored here, is another cell's, and one record says one.
+SAME_IN_PARTS = ("device_name", "versions", "precision", "interpreter", "reused_from")
+
+
+def check_one_cell(run_dir: Path, cell: str, parts: list[tuple[Path, dict]], what: str) -> None:
+    """The records of ``cell``'s parts (folder, record), ``what`` they are ("rounds", "shards", "replicas"):
+    a one-line refusal naming the first part that differs from the first in one of ``SAME_IN_PARTS``. Before
+    a staged run decides on the parts (``stager.read_parts``), and before anything merged is written."""
+    if not parts:
+        return
+    first, rec0 = parts[0]
+    for key in SAME_IN_PARTS:
+        other = next(((d, m) for d, m in parts[1:] if m.get(key) != rec0.get(key)), None)
+        if other is not None:
+            raise EvalParityError(f"the {what} of {cell} ran with different {key} ({_where(run_dir, first)}: "
+                                  f"{_short(rec0.get(key))}; {_where(run_dir, other[0])}: {_short(other[1].get(key))})"
+                                  ": they are not one cell; score them with one install on like devices (rerun "
+                                  "where the run was made), or rerun into a new --out")
+
+
+def _where(run_dir: Path, folder: Path) -> str:
+    try:
+        return str(folder.relative_to(run_dir))
+    except ValueError:
+        return str(folder)
 
 
 def _short(value: object) -> str:
@@ -66,18 +91,10 @@ def stage_merged(run_dir: Path, cell: str, dirs: list[Path], parts: str = "shard
     """The merged table of the unit folders ``dirs`` written into the temp folder of the unit ``cell`` (in
     ``folder``) and sealed, ready for its record and publish: (temp folder, table, seal, the parts' records).
     Shards, staged rounds and a staged round's replicas merge alike. Each part was verified by its caller
-    (``records.verify_part``); here, before anything is written, the parts must also agree on what makes a
-    cell's numbers beyond its settings (``SAME_IN_PARTS``): a part scored on another device or install (a
-    resumed run on another machine, a replica on another GPU) is another cell's, and one record says one."""
+    (``records.verify_part``); here, before anything is written, the parts must also be of one cell
+    (``check_one_cell``)."""
     metas = [units.read_cell_json(d) or {} for d in dirs]
-    for key in SAME_IN_PARTS:
-        other = next((d for d, m in zip(dirs, metas) if m.get(key) != metas[0].get(key)), None)
-        if other is not None:
-            raise EvalParityError(f"the {parts} of {cell} ran with different {key} ({dirs[0].name}: "
-                                  f"{_short(metas[0].get(key))}; {other.name}: "
-                                  f"{_short(metas[dirs.index(other)].get(key))}): they are not one cell; run "
-                                  "them with one install on like devices (resume where the run began), or rerun "
-                                  "into a new --out")
+    check_one_cell(run_dir, cell, list(zip(dirs, metas)), parts)
     table = merge_tables([samples.read_table(layout.table(d)) for d in dirs], parts)
     out = units.tmp_dir(run_dir, cell, folder)
     if out.exists():

@@ -37,7 +37,7 @@ from evalparity.errors import EvalParityError
 from evalparity.rundir import layout, records, rounds, units
 from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
 from evalparity.rundir.reuse import Source
-from evalparity.shards import aggregate, stage_merged
+from evalparity.shards import aggregate, check_one_cell, stage_merged
 from evalparity.spec import CellSpec, RunSpec
 from evalparity.staging import StagingPlan
 
@@ -61,7 +61,7 @@ def read_parts(run_dir: Path, spec: RunSpec, upto: int) -> tuple[dict[str, pd.Da
     identity = spec.identity()
     fingerprint = (spec.model_fingerprint or {}).get("digest")
     for cell in spec.cells:
-        parts = []
+        parts, seen = [], []
         for r in range(upto + 1):
             folder = rounds.part_dir(run_dir, cell.name, r)
             rec = records.verify_part(folder, identity, cell, fingerprint, {"round": r, "shard": None})
@@ -69,6 +69,8 @@ def read_parts(run_dir: Path, spec: RunSpec, upto: int) -> tuple[dict[str, pd.Da
                 break
             parts.append(samples.read_table(layout.table(folder)))
             metas[cell.name] = rec.to_json()
+            seen.append((folder, metas[cell.name]))
+        check_one_cell(run_dir, cell.name, seen, "rounds")  # decided on as one cell's: they must be one
         if len(parts) == upto + 1:
             tables[cell.name] = pd.concat(parts, ignore_index=True)
         else:
@@ -93,7 +95,7 @@ def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, side_by
     share is in: each verified as a part is (of this cell, round, spec and model, its table the one it
     sealed, the replica it says) and to hold exactly its share of the round's docs
     (``RoundRequest.replica_share``); the replicas must agree on what makes a cell's numbers
-    (``shards.SAME_IN_PARTS``: device, versions, precision, interpreter). Merged into one table, recorded like an
+    (``shards.check_one_cell``: device, versions, precision, interpreter). Merged into one table, recorded like an
     unsharded part (timings: the slowest replica's when they ran ``side_by_side``, else their sum) and
     published with one rename. Whether the cell's part is in (a cell with one replica publishes it itself)."""
     if has_part(run_dir, spec, cell.name, r):
@@ -309,7 +311,6 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
     plan = StagingPlan.from_json(spec.staging)
     identity = spec.identity()
     by_name = {c.name: c for c in spec.cells}
-    rounds.clear_finish(run_dir)
     first = first_request(plan, identity)
     have = rounds.read_round(run_dir, 0, identity)
     if have is None:
@@ -319,6 +320,7 @@ def run(spec: RunSpec, run_dir: Path, opts, executor, make_job, console: Console
                               "remove the run's stages/ and cells/ folders and rerun")
     scored = [c for c in spec.cells if reused is None or c.name != reused.target]
     check_replica_counts(run_dir, spec, reused)
+    rounds.clear_finish(run_dir)  # after the checks: a refused resume leaves the finished run as it was
     mode = "resident" if can_hold_all(executor, spec, cells_per_gpu, scored) else "round"
     if mode == "round" and any(c.shards > 1 for c in scored):
         logger.warning("staged: the executor runs one process at a time, so a cell's replicas (--shards) run one "

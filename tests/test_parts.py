@@ -33,6 +33,8 @@ ELSEWHERE = {
     "versions": {"python": "3.11.7", "torch": "2.9.0", "transformers": "4.57.0", "lm_eval": "0.4.9"},
     "precision": {"float32_matmul_precision": "high", "cuda_matmul_allow_tf32": True},
     "interpreter": {"executable": "/opt/other/bin/python", "prefix": "/opt/other", "python": "3.11.7"},
+    # rows of an earlier run (--reference-from) where the other parts were scored here (or the reverse)
+    "reused_from": {"run_dir": "/runs/old", "cell": "hf-fp32"},
 }
 # What may differ from part to part of one cell: its own process and when and where it ran.
 MAY_DIFFER = {"pid": 4242, "host": "node-7", "started": "2026-01-01T00:00:00+0000", "load_s": 9.5, "eval_s": 1.25,
@@ -139,6 +141,12 @@ def _merge(root: Path, spec: RunSpec, cell: CellSpec, parts: list[Path], staged:
         shards.merge(root, spec, cell)
 
 
+def _decide(root: Path, spec: RunSpec, cell: CellSpec, parts: list[Path]) -> None:
+    """What a staged run's decision after its last round reads of the parts (``stager.read_parts``)."""
+    tables, _ = stager.read_parts(root, spec, len(parts) - 1)
+    assert len(tables[cell.name]) == 2 * 3 * len(parts)
+
+
 @pytest.mark.parametrize("staged", [False, True], ids=["shards", "rounds"])
 def test_only_parts_that_are_the_cell_as_scored_are_merged(tmp_path, staged):
     rng = random.Random(20261205 + staged)
@@ -158,9 +166,15 @@ def test_only_parts_that_are_the_cell_as_scored_are_merged(tmp_path, staged):
                 _merge(root, spec, cell, parts, staged)
             said = str(err.value)
             assert "\n" not in said and parts[i].name in said, (where, said)
+            if staged:  # nor is it decided on
+                with pytest.raises(EvalParityError) as err:
+                    _decide(root, spec, cell, parts)
+                assert "\n" not in str(err.value) and parts[i].name in str(err.value), (where, str(err.value))
             cells_dir = layout.cells_dir(root)  # nothing of the merged cell written
             assert not cells_dir.exists() or not any(cells_dir.iterdir()), (where, list(cells_dir.iterdir()))
         else:
+            if staged:
+                _decide(root, spec, cell, parts)
             _merge(root, spec, cell, parts, staged)
             got = records.verify_cell(final, spec.identity(), cell, None)
             assert isinstance(got, records.CellRecord), (where, got)
