@@ -42,7 +42,10 @@ SECRET_VALUE = re.compile(r"(?i)authorization|bearer\s|basic\s|-----BEGIN|\bhf_[
 URL_USERINFO = re.compile(r"([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
 PLAIN_VALUE = re.compile(r"(?i)-?\d+(\.\d+)?|true|false|yes|no|on|off")
 # Per process or per run, steering nothing: left out (a port, a shared-memory name, the MPS server's folders).
-PER_PROCESS = ("VLLM_PORT", "VLLM_HOST_IP", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+# A cache's folder (evalparity sets torch's compile cache to its default for every child: procs.private_tmp_env)
+# steers nothing either.
+PER_PROCESS = ("VLLM_PORT", "VLLM_HOST_IP", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
+               "TORCHINDUCTOR_CACHE_DIR")
 MAX_VALUE = 200  # characters of a value kept (a path list can be long)
 MAX_NAME = 100   # characters of a name kept
 MAX_VARIABLES = 100  # variables kept; the record says how many more there were

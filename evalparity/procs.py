@@ -112,21 +112,31 @@ def _guard_setup(group: int) -> Callable[[], None]:
     return setup
 
 
+TMP_PREFIX = "evalparity-tmp-"
+TMP_ROOT_ENV = "EVALPARITY_TMP_ROOT"  # the temporary folder a child's own folder was made in
+
+
 def private_tmp_env(env: dict[str, str] | None) -> tuple[dict[str, str], str | None]:
     """``env`` (default: this process's) with ``TMPDIR`` a new folder of the child's own, and that folder.
     The engines leave files in the temporary folder and never remove them (vLLM 0.32: a ``vllm_dist_<hex>``
     rendezvous file per engine, a ZMQ socket per engine client; a served model, more): every cell, drift or
     hidden worker would leave them in /tmp, outside the output folder. The folder is removed with the child
-    (``ended``), whatever killed it. Torch's compile cache stays where it was (its default is under the
-    temporary folder; moving it would make every cell compile cold)."""
+    (``ended``, ``kill_all``); what no exit path of this process reaches (it is killed by SIGKILL, or Ray
+    cancels the task that started the child) leaves it, named ``evalparity-tmp-*``.
+
+    The folder is made in the temporary folder the child would have had (``env``'s ``TMPDIR``: a cell's
+    ``env.TMPDIR=`` is honoured), or, for a child of a child (a cell's served model), beside its parent's
+    (``TMP_ROOT_ENV``), not inside it: socket paths are limited to 108 bytes. Torch's compile cache stays where
+    its default was for the child (moving it would make every cell compile cold)."""
     env = dict(os.environ if env is None else env)
+    root = env.get(TMP_ROOT_ENV) if Path(env.get("TMPDIR", "")).name.startswith(TMP_PREFIX) else None
+    root = root or env.get("TMPDIR") or tempfile.gettempdir()
     try:
-        tmp = tempfile.mkdtemp(prefix=TMP_PREFIX)  # short: sockets are made in it (108-byte paths)
+        tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root)
     except OSError:  # no writable temporary folder: the child finds out as it would have
         return env, None
-    if "TORCHINDUCTOR_CACHE_DIR" not in env:
-        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
-    env["TMPDIR"] = tmp
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, f"torchinductor_{_user()}"))
+    env.update({"TMPDIR": tmp, TMP_ROOT_ENV: root})
     return env, tmp
 
 
@@ -137,9 +147,6 @@ def _user() -> str:
     except (KeyError, ModuleNotFoundError, OSError):  # no entry in the password file (containers)
         name = f"uid_{os.getuid()}"
     return re.sub(r'[\\/:*?"<>|]', "_", name)
-
-
-TMP_PREFIX = "evalparity-tmp-"
 
 
 def popen(argv: list[str], **kwargs) -> subprocess.Popen:

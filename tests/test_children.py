@@ -284,8 +284,9 @@ def test_a_childs_temporary_files_go_with_it(tmp_path, end):
     """Every child gets a temporary folder of its own (``procs.private_tmp_env``), removed with it however it
     ends: what the engines leave in /tmp (a file and a socket per vLLM engine) is not left outside the
     output folder. Torch's compile cache stays where its default is, shared between cells."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"TMPDIR": str(tmp_path)}
     parent = subprocess.Popen([sys.executable, "-c", LITTER.format(end=end)], stdout=subprocess.PIPE, text=True,
-                              cwd=ROOT, env=os.environ | {"TMPDIR": str(tmp_path)})
+                              cwd=ROOT, env=env)
     try:
         theirs, compile_cache = parent.stdout.readline().split()
         assert Path(theirs).parent == tmp_path and sorted(os.listdir(theirs)) == ["ipc-0", "vllm_dist_0"]
@@ -300,3 +301,21 @@ def test_a_childs_temporary_files_go_with_it(tmp_path, end):
         assert os.listdir(tmp_path) == []
     finally:
         parent.kill()
+
+
+def test_a_childs_temporary_folder_is_made_where_its_own_would_be_and_never_nests(tmp_path):
+    """In the child's own ``TMPDIR`` (a cell's ``env.TMPDIR=`` is what it gets), and for a child of a child (a
+    cell's served model) beside its parent's, not inside it: a Unix socket's path is at most 107 bytes, and
+    vLLM's ZMQ socket under /tmp is 89 already (session 33's review: nested, a base of 23 characters broke it)."""
+    from evalparity import procs
+
+    user = tmp_path / "scratch"
+    user.mkdir()
+    env, mine = procs.private_tmp_env({"TMPDIR": str(user)})
+    assert Path(mine).parent == user and env["TMPDIR"] == mine
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(user / f"torchinductor_{procs._user()}")  # torch's default there
+    env2, theirs = procs.private_tmp_env(env)  # what the cell passes on to its server
+    assert Path(theirs).parent == user and theirs != mine
+    assert env2["TORCHINDUCTOR_CACHE_DIR"] == env["TORCHINDUCTOR_CACHE_DIR"]
+    assert procs.private_tmp_env({"TMPDIR": str(tmp_path / "missing")}) == ({"TMPDIR": str(tmp_path / "missing")},
+                                                                            None)  # left as it would have been
