@@ -157,10 +157,11 @@ def prepare_run_dir(run_dir: Path, spec: RunSpec, force: bool = False) -> None:
         rundir.recover_outputs(run_dir)  # what a killed run left: moved-aside folders, a half-published report
         if force:
             set_aside_forced(run_dir, spec)
-        # Keep the union of cells, so that adding a cell to a run keeps the earlier ones in the spec.
-        names = {c.name for c in spec.cells}
+        # Keep the union of cells, so that adding a cell to a run keeps the earlier ones in the spec, in the
+        # order they had (a resume naming them in another order, or some of them, reordered the report's rows)
         merged = spec.to_json()
-        merged["cells"] = [c for c in old["cells"] if c["name"] not in names] + merged["cells"]
+        now = {c["name"]: c for c in merged["cells"]}
+        merged["cells"] = [now.pop(c["name"], c) for c in old["cells"]] + list(now.values())
         write_json(path, merged)
         return
     if rundir.contents(run_dir):
@@ -375,7 +376,7 @@ def run_matrix(spec: RunSpec, run_dir: Path, model_path: str, *, force: bool = F
                     if shown.watch(job.unit, file):
                         started.setdefault(job.unit, time.perf_counter())
                 time.sleep(0.5)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, or a cell's shards refused at their merge (one line): the others stop
             executor.stop()
             raise
         finally:

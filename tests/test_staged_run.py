@@ -375,12 +375,21 @@ def _resumable_copy(src: Path, dest: Path) -> Path:
 
 
 def test_a_resume_with_another_replica_count_is_refused(replica_run, tiny_model, tmp_path):
+    """Refused in one line; the run it was refused on is left as it was: here a run killed while it merged
+    its cells, whose decision that no round follows (``stages/finish.json``) was removed by the refused
+    resume before session 33 (review F11)."""
+    import shutil
+
     src, out, _, _, _ = replica_run
-    copy = _resumable_copy(out, tmp_path / "copy")
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    shutil.rmtree(copy / "cells")
+    finish = (copy / "stages" / "finish.json").read_bytes()
     proc = evalparity(*args(tiny_model, src.parent / "tasks", copy), "--reference-from", f"{src}:hf-fp32",
                       "--shards", "1", env=ENV)
     said = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "was scored by 2 replica(s) per cell" in said and "--shards 2" in said, said[-2000:]
+    assert (copy / "stages" / "finish.json").read_bytes() == finish
 
 
 def test_a_share_holding_another_replicas_docs_is_refused(replica_run, tiny_model, tmp_path):

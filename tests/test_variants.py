@@ -8,9 +8,8 @@ import json
 import re
 from dataclasses import replace
 
-import ahead
 import pytest
-from conftest import cli, evalparity, one_line_error
+from conftest import VARIANT_CELLS, evalparity, hf_variant_args, one_line_error
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from synthetic import make_run, reseal
@@ -176,28 +175,14 @@ def test_a_resume_that_asks_other_settings_of_a_finished_cell_is_refused(tmp_pat
     prepare_run_dir(run, other, force=True)  # --force reruns it with the new ones
 
 
-@ahead.job("variant_run")
-def _variant_run(ctx: ahead.Context):
-    """The run of the test below (started ahead: tests/ahead.py)."""
-    out = ctx.mktemp("variant") / "run"
-    cmd = cli("run", "--model", str(ctx.fixture("tiny_model")), "--tasks", "tiny_mc", "--include-path",
-              str(ctx.fixture("tiny_tasks")), "--limit", "6", "--max-length", "256", "--cell",
-              "eager=hf:fp32:attn_implementation=eager", "--repeat", "eager:2", "--out", str(out))
-    return lambda: (out, ctx.run(cmd))
-
-
-@pytest.fixture
-def variant_run(request):
-    return ahead.take("variant_run", request)
-
-
-def test_a_tiny_run_with_a_variant_cell(tiny_model, tiny_tasks, variant_run):
+def test_a_tiny_run_with_a_variant_cell(hf_variant_run, tiny_tasks):
     """With --cell and no matrix, the run is the reference (hf-fp32) and the named cell; the variant's
-    argument reaches lm-eval's model, its record says what it is, and it signs off against the reference."""
-    out, proc = variant_run
+    argument reaches lm-eval's model, its record says what it is, and it signs off against the reference.
+    (The shared run of conftest.hf_variant_run, which applies a chat template too.)"""
+    model, out, proc = hf_variant_run
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]  # 4: INCONCLUSIVE on 6 docs
     spec = json.loads((out / "spec.json").read_text())
-    assert [c["name"] for c in spec["cells"]] == ["hf-fp32", "eager", "eager-bs2"]
+    assert [c["name"] for c in spec["cells"]] == VARIANT_CELLS
     rec = json.loads((out / "cells" / "eager" / "cell.json").read_text())
     assert rec["status"] == "ok" and rec["variant"] == {"args": {"attn_implementation": "eager"}}
     assert rec["model_args"]["attn_implementation"] == "eager"
@@ -209,9 +194,7 @@ def test_a_tiny_run_with_a_variant_cell(tiny_model, tiny_tasks, variant_run):
     again_rec = json.loads((out / "cells" / "eager-bs2" / "cell.json").read_text())
     assert again_rec["variant"] == rec["variant"] and again_rec["model_args"]["batch_size"] == 2
     # another setting for the finished cell, same folder: refused in one line before anything runs
-    again = evalparity("run", "--model", str(tiny_model), "--tasks", "tiny_mc", "--include-path", str(tiny_tasks),
-                       "--limit", "6", "--max-length", "256", "--cell", "eager=hf:fp32:attn_implementation=sdpa",
-                       "--out", str(out))
+    again = evalparity(*hf_variant_args(model, tiny_tasks, out, "eager=hf:fp32:attn_implementation=sdpa"))
     assert again.returncode == 2
     assert "eager finished with other settings" in one_line_error(again)
 
@@ -362,3 +345,17 @@ def test_engine_argument_names_read_from_source_are_the_imported_ones(tmp_path, 
         "from dataclasses import dataclass\n@dataclass\nclass EngineArgs:\n    model: str = ''\n"
         "    if FLAG:\n        extra: int = 0\n")
     assert vllm.engine_arg_names_from_source() is None  # a field under a condition: import instead
+
+
+def test_a_resume_keeps_the_order_of_the_runs_cells(tmp_path):
+    """spec.json keeps the union of the cells a run folder was given, in the order they first came: a resume
+    that names some of them, or names them in another order, does not reorder the report's rows (session 32's
+    review, F11); a cell added comes last."""
+    from synthetic import synthetic_spec
+
+    run = tmp_path / "run"
+    prepare_run_dir(run, synthetic_spec(["hf-fp32", "vllm-fp32", "hf-bf16"]))
+    prepare_run_dir(run, synthetic_spec(["hf-bf16", "hf-fp32"]))
+    assert [c.name for c in records.read_spec(run).cells] == ["hf-fp32", "vllm-fp32", "hf-bf16"]
+    prepare_run_dir(run, synthetic_spec(["vllm-bf16", "vllm-fp32"]))
+    assert [c.name for c in records.read_spec(run).cells] == ["hf-fp32", "vllm-fp32", "hf-bf16", "vllm-bf16"]
