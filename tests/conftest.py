@@ -90,6 +90,47 @@ def tiny_run_copy() -> Path:
     return ahead.take("tiny_run", None)[2]
 
 
+# A second shared run, of HF cells only: a named variant cell with a repeat of its own, a copy of the tiny model
+# given a chat template and applied, progress every 0.5 s on a pipe. Three features, one run, each read by its
+# own test (test_variants, test_cli_lmeval, test_progress_logs): each was a run of its own (about 80 s in all).
+VARIANT_CELLS = ["hf-fp32", "eager", "eager-bs2"]
+CHAT_TEMPLATE = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
+
+
+def hf_variant_args(model: Path, tasks: Path, out: Path, cell: str = "eager=hf:fp32:attn_implementation=eager",
+                    *extra: str) -> list[str]:
+    return ["run", "--model", str(model), "--tasks", "tiny_mc", "--include-path", str(tasks), "--limit", "6",
+            "--max-length", "256", "--cell", cell, "--apply-chat-template", "--system-instruction", "Be brief.",
+            *extra, "--out", str(out)]
+
+
+@ahead.job("hf_variant_run")
+def _hf_variant_run(ctx: ahead.Context):
+    root = ctx.mktemp("hfvariant")
+    model, out = root / "chat-model", root / "run"
+    tiny, tasks = ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks")
+
+    def work():
+        import json
+
+        from evalparity.progress import INTERVAL_ENV
+
+        shutil.copytree(tiny, model)
+        cfg = json.loads((model / "tokenizer_config.json").read_text())
+        cfg["chat_template"] = CHAT_TEMPLATE
+        (model / "tokenizer_config.json").write_text(json.dumps(cfg))
+        proc = ctx.run(cli(*hf_variant_args(model, tasks, out, "eager=hf:fp32:attn_implementation=eager",
+                                            "--repeat", "eager:2")), env={INTERVAL_ENV: "0.5"})
+        return model, out, proc
+    return work
+
+
+@pytest.fixture(scope="session")
+def hf_variant_run(request):
+    """That run: (its model, its folder, the finished command)."""
+    return ahead.take("hf_variant_run", request)
+
+
 def crash_args(model: Path, tasks: Path, out: Path) -> list[str]:
     """A one-cell run whose cell crashes for real: ``backend=seq2seq`` makes HF load an encoder-decoder class
     for a Llama config."""

@@ -4,11 +4,9 @@ its fractional ``--limit`` takes each task's share."""
 from __future__ import annotations
 
 import json
-import shutil
 
-import ahead
 import pytest
-from conftest import cli, evalparity, one_line_error
+from conftest import VARIANT_CELLS, evalparity, one_line_error
 
 from evalparity.errors import EvalParityError
 from evalparity.spec import check_limit, fraction_limits
@@ -46,36 +44,13 @@ def test_chat_template_options_are_checked_before_any_model_loads(tiny_model, ti
     assert proc.returncode == 2 and "needs --apply-chat-template" in one_line_error(proc)
 
 
-@ahead.job("chat_run")
-def _chat_run(ctx: ahead.Context):
-    """A run of a copy of the tiny model given a chat template, with --apply-chat-template (started ahead:
-    tests/ahead.py)."""
-    root = ctx.mktemp("chat")
-    model, out = root / "chat-model", root / "run"
-    tiny, tasks = ctx.fixture("tiny_model"), ctx.fixture("tiny_tasks")
-
-    def work():
-        shutil.copytree(tiny, model)
-        cfg = json.loads((model / "tokenizer_config.json").read_text())
-        cfg["chat_template"] = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}{% endfor %}"
-        (model / "tokenizer_config.json").write_text(json.dumps(cfg))
-        return out, ctx.run(cli("run", "--model", str(model), "--tasks", "tiny_mc", "--include-path", str(tasks),
-                                "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "2", "--apply-chat-template",
-                                "--system-instruction", "Be brief.", "--out", str(out)))
-    return work
-
-
-@pytest.fixture
-def chat_run(request):
-    return ahead.take("chat_run", request)
-
-
-def test_chat_template_reaches_every_cell_and_is_recorded(chat_run):
-    out, proc = chat_run
+def test_chat_template_reaches_every_cell_and_is_recorded(hf_variant_run):
+    """The shared run of conftest.hf_variant_run: a copy of the tiny model given a chat template, applied."""
+    _, out, proc = hf_variant_run
     assert proc.returncode in (0, 4), proc.stderr[-2000:]
     spec = json.loads((out / "spec.json").read_text())
     assert spec["alignment"]["apply_chat_template"] and spec["alignment"]["system_instruction"] == "Be brief."
-    for cell in ("hf-fp32", "hf-bf16"):
+    for cell in VARIANT_CELLS:
         rec = json.loads((out / "cells" / cell / "cell.json").read_text())
         assert rec["settings"]["chat"] == {"apply_chat_template": True, "system_instruction": "Be brief."}
         samples = next((out / "cells" / cell / "lm_eval").rglob("samples_tiny_mc_*.jsonl")).read_text()

@@ -13,9 +13,8 @@ import json
 import re
 from pathlib import Path
 
-import ahead
 import pytest
-from conftest import cli
+from conftest import VARIANT_CELLS
 from rich.console import Console
 
 from evalparity import progress
@@ -166,32 +165,18 @@ def test_a_bad_interval_is_one_line_naming_the_variable(monkeypatch, value):
     assert "\n" not in str(err.value)
 
 
-@ahead.job("piped_run")
-def _piped_run(ctx: ahead.Context):
-    """A run whose output goes to a pipe, progress every 0.5 s (started ahead: tests/ahead.py)."""
-    out = ctx.mktemp("piped") / "run"
-    cmd = cli("run", "--model", str(ctx.fixture("tiny_model")), "--tasks", "tiny_mc", "--include-path",
-              str(ctx.fixture("tiny_tasks")), "--backends", "hf", "--dtypes", "fp32,bf16", "--limit", "4",
-              "--max-length", "512", "--out", str(out))
-    return lambda: (out, ctx.run(cmd, env={progress.INTERVAL_ENV: "0.5"}))
-
-
-@pytest.fixture
-def piped_run(request):
-    return ahead.take("piped_run", request)
-
-
-def test_a_piped_run_logs_its_cells_before_it_signs_off(piped_run):
-    out, proc = piped_run
+def test_a_piped_run_logs_its_cells_before_it_signs_off(hf_variant_run):
+    """The shared run of conftest.hf_variant_run: its output went to a pipe, progress every 0.5 s."""
+    _, out, proc = hf_variant_run
     assert proc.returncode in (0, 3, 4), proc.stderr[-3000:]
     err = proc.stderr
     assert "━" not in err[:err.index("┏")], err  # no bar's frame before the cells' summary table (heavy box)
     sign_off = err.index("sign-off:")
-    for cell in ("hf-fp32", "hf-bf16"):
+    for cell in VARIANT_CELLS:
         lines = re.findall(rf"^{STAMP}  {cell}  .*$", err[:sign_off], flags=re.M)
         assert any("elapsed" in line for line in lines), err  # its start or progress lines
         assert any(re.search(r"  ok in \d+:\d\d:\d\d", line) for line in lines), err  # and its end
-    for key, value in (("model", ""), ("device", "cpu"), ("cells", "hf-fp32, hf-bf16"), ("out", str(out)),
+    for key, value in (("model", ""), ("device", "cpu"), ("cells", ", ".join(VARIANT_CELLS)), ("out", str(out)),
                        ("executor", "local")):  # the plan, before the first cell's line
         assert re.search(rf"^{STAMP}  {key} +{re.escape(value)}", err[:err.index("hf-fp32  ")], flags=re.M), err
     # Every line of the run's log starts with the time: all before the cells' table, and after it up to the

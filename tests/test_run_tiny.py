@@ -173,7 +173,8 @@ def test_a_shard_edited_before_its_cell_was_merged_is_refused_on_resume(run_dir,
     shutil.rmtree(out / "cells" / "hf-fp32-dp2")
     shard = out / "shards" / "hf-fp32-dp2.0of2" / "samples.parquet"
     table = read_table(shard)
-    table.loc[table.index[0], "loglikelihood"] += 1.0
+    row = table["loglikelihood"].notna().idxmax()  # a multiple-choice row (a generation's is NaN: no edit)
+    table.loc[row, "loglikelihood"] += 1.0
     table.to_parquet(shard, index=False)
     proc = evalparity(*tiny_run_args(tiny_model, tiny_tasks, out))
     said = one_line_error(proc)
