@@ -41,14 +41,29 @@ from pathlib import Path
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # what stops a command from outside; SIGINT unwinds as Ctrl-C
 
-# The guard: in the child's process group, it kills that group (itself included) when the parent dies, or
-# straight away if the parent is already gone (reparented) by the time it runs. SIGTERM, its parent-death
-# signal, arrives blocked (``_guard_setup``) and is unblocked once the handler is in place, so it cannot kill
-# the guard before the guard can act on it.
+# The guard: in the child's process group, it kills that group when the parent dies, or straight away if the
+# parent is already gone (reparented) by the time it runs, and then removes the child's temporary folder (its
+# second argument: ``private_tmp_env``), which no exit path of the dead parent will; it leaves the group first
+# to outlive it that long (where it cannot, it kills the group and itself with it, as before). SIGTERM, its
+# parent-death signal, arrives blocked (``_guard_setup``) and is unblocked once the handler is in place, so it
+# cannot kill the guard before the guard can act on it. While the parent lives, the guard dies with the group.
 _GUARD = """
 import os, signal, sys
 def kill(*_):
-    os.killpg(0, signal.SIGKILL)
+    group = os.getpgid(0)
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        os.killpg(0, signal.SIGKILL)
+    os.killpg(group, signal.SIGKILL)
+    if len(sys.argv) > 2:
+        import shutil, time
+        for _ in range(100):
+            shutil.rmtree(sys.argv[2], ignore_errors=True)
+            if not os.path.lexists(sys.argv[2]):
+                break
+            time.sleep(0.02)
+    os._exit(0)
 signal.signal(signal.SIGTERM, kill)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 if os.getppid() != int(sys.argv[1]):
@@ -121,8 +136,8 @@ def private_tmp_env(env: dict[str, str] | None) -> tuple[dict[str, str], str | N
     The engines leave files in the temporary folder and never remove them (vLLM 0.32: a ``vllm_dist_<hex>``
     rendezvous file per engine, a ZMQ socket per engine client; a served model, more): every cell, drift or
     hidden worker would leave them in /tmp, outside the output folder. The folder is removed with the child
-    (``ended``, ``kill_all``); what no exit path of this process reaches (it is killed by SIGKILL, or Ray
-    cancels the task that started the child) leaves it, named ``evalparity-tmp-*``.
+    (``ended``, ``kill_all``), or, where no exit path of this process runs (it was killed by SIGKILL, or it
+    is a Ray worker whose task Ray cancelled), by the child's guard (``_GUARD``) once it has killed the child.
 
     The folder is made in the temporary folder the child would have had (``env``'s ``TMPDIR``: a cell's
     ``env.TMPDIR=`` is honoured), or, for a child of a child (a cell's served model), beside its parent's
@@ -167,7 +182,7 @@ def popen(argv: list[str], **kwargs) -> subprocess.Popen:
         _children[proc.pid] = proc
     try:
         proc.guard = subprocess.Popen(  # type: ignore[attr-defined]
-            [sys.executable, "-S", "-c", _GUARD, str(os.getpid())], stdin=subprocess.DEVNULL,
+            [sys.executable, "-S", "-c", _GUARD, str(os.getpid()), *([tmp] if tmp else [])], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_guard_setup(proc.pid))
     except (OSError, subprocess.SubprocessError):  # the child ended already (its group is gone): no guard needed
         proc.guard = None  # type: ignore[attr-defined]

@@ -279,11 +279,13 @@ print(child.stdout.readline().strip(), flush=True)
 
 
 @pytest.mark.parametrize("end", [ENDED.replace("child.wait()", "child.kill(); child.wait()"), "raise SystemExit(7)",
-                                 "raise KeyboardInterrupt", "time.sleep(300)"], ids=["ended", "exit", "ctrl-c", "term"])
+                                 "raise KeyboardInterrupt", "time.sleep(300)", "time.sleep(301)"],
+                         ids=["ended", "exit", "ctrl-c", "term", "parent-sigkill"])
 def test_a_childs_temporary_files_go_with_it(tmp_path, end):
     """Every child gets a temporary folder of its own (``procs.private_tmp_env``), removed with it however it
     ends: what the engines leave in /tmp (a file and a socket per vLLM engine) is not left outside the
-    output folder. Torch's compile cache stays where its default is, shared between cells."""
+    output folder; with the parent killed by SIGKILL, its guard removes it. Torch's compile cache stays where
+    its default is, shared between cells."""
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"TMPDIR": str(tmp_path)}
     parent = subprocess.Popen([sys.executable, "-c", LITTER.format(end=end)], stdout=subprocess.PIPE, text=True,
                               cwd=ROOT, env=env)
@@ -293,6 +295,8 @@ def test_a_childs_temporary_files_go_with_it(tmp_path, end):
         assert Path(compile_cache).parent == tmp_path and Path(compile_cache).name.startswith("torchinductor_")
         if end == "time.sleep(300)":
             parent.terminate()
+        if end == "time.sleep(301)":
+            parent.kill()
         if end.startswith("child.kill"):
             assert parent.stdout.readline().strip() == "ended"
         else:
