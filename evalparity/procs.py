@@ -133,9 +133,10 @@ TMP_ROOT_ENV = "EVALPARITY_TMP_ROOT"  # the temporary folder a child's own folde
 
 def private_tmp_env(env: dict[str, str] | None) -> tuple[dict[str, str], str | None]:
     """``env`` (default: this process's) with ``TMPDIR`` a new folder of the child's own, and that folder.
-    The engines leave files in the temporary folder and never remove them (vLLM 0.32: a ``vllm_dist_<hex>``
-    rendezvous file per engine, a ZMQ socket per engine client; a served model, more): every cell, drift or
-    hidden worker would leave them in /tmp, outside the output folder. The folder is removed with the child
+    The engines leave files in the temporary folder and never remove them (vLLM 0.32's ``vllm serve``: ZMQ
+    sockets and a ``vllm_dist_<hex>`` rendezvous file, 8 files per managed server measured on a CPU; its
+    multi-process paths use the same folder): they were left in /tmp, outside the output folder. The folder is
+    removed with the child
     (``ended``, ``kill_all``), or, where no exit path of this process runs (it was killed by SIGKILL, or it
     is a Ray worker whose task Ray cancelled), by the child's guard (``_GUARD``) once it has killed the child.
 
@@ -146,6 +147,8 @@ def private_tmp_env(env: dict[str, str] | None) -> tuple[dict[str, str], str | N
     env = dict(os.environ if env is None else env)
     root = env.get(TMP_ROOT_ENV) if Path(env.get("TMPDIR", "")).name.startswith(TMP_PREFIX) else None
     root = root or env.get("TMPDIR") or tempfile.gettempdir()
+    if not tmp_fits(root):  # sockets made in a folder of its own would not bind: the child keeps ``root``
+        return env, None
     try:
         tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root)
     except OSError:  # no writable temporary folder: the child finds out as it would have
@@ -153,6 +156,17 @@ def private_tmp_env(env: dict[str, str] | None) -> tuple[dict[str, str], str | N
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, f"torchinductor_{_user()}"))
     env.update({"TMPDIR": tmp, TMP_ROOT_ENV: root})
     return env, tmp
+
+
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, less its NUL)
+SOCKET_NAME = 37  # what vLLM adds to the temporary folder for a ZMQ socket: "/" and a UUID
+
+
+def tmp_fits(root: str) -> bool:
+    """Whether a child's own folder in ``root`` leaves room for a socket's path: made in a temporary folder
+    longer than 46 bytes, it would not (``vllm serve`` then fails to start: "ipc path ... is longer than 107
+    characters"), and the child is left with ``root`` itself, as it would have been."""
+    return len(os.fsencode(root)) + 1 + len(TMP_PREFIX) + 8 + SOCKET_NAME <= SOCKET_PATH_MAX
 
 
 def _user() -> str:

@@ -281,11 +281,12 @@ print(child.stdout.readline().strip(), flush=True)
 @pytest.mark.parametrize("end", [ENDED.replace("child.wait()", "child.kill(); child.wait()"), "raise SystemExit(7)",
                                  "raise KeyboardInterrupt", "time.sleep(300)", "time.sleep(301)"],
                          ids=["ended", "exit", "ctrl-c", "term", "parent-sigkill"])
-def test_a_childs_temporary_files_go_with_it(tmp_path, end):
+def test_a_childs_temporary_files_go_with_it(tmp_path_factory, end):
     """Every child gets a temporary folder of its own (``procs.private_tmp_env``), removed with it however it
     ends: what the engines leave in /tmp (a file and a socket per vLLM engine) is not left outside the
     output folder; with the parent killed by SIGKILL, its guard removes it. Torch's compile cache stays where
     its default is, shared between cells."""
+    tmp_path = tmp_path_factory.mktemp("t")  # short: a socket's path in a child's folder in it must fit 107 bytes
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"} | {"TMPDIR": str(tmp_path)}
     parent = subprocess.Popen([sys.executable, "-c", LITTER.format(end=end)], stdout=subprocess.PIPE, text=True,
                               cwd=ROOT, env=env)
@@ -307,12 +308,13 @@ def test_a_childs_temporary_files_go_with_it(tmp_path, end):
         parent.kill()
 
 
-def test_a_childs_temporary_folder_is_made_where_its_own_would_be_and_never_nests(tmp_path):
+def test_a_childs_temporary_folder_is_made_where_its_own_would_be_and_never_nests(tmp_path_factory):
     """In the child's own ``TMPDIR`` (a cell's ``env.TMPDIR=`` is what it gets), and for a child of a child (a
     cell's served model) beside its parent's, not inside it: a Unix socket's path is at most 107 bytes, and
     vLLM's ZMQ socket under /tmp is 89 already (session 33's review: nested, a base of 23 characters broke it)."""
     from evalparity import procs
 
+    tmp_path = tmp_path_factory.mktemp("t")  # short, as above
     user = tmp_path / "scratch"
     user.mkdir()
     env, mine = procs.private_tmp_env({"TMPDIR": str(user)})
@@ -323,3 +325,7 @@ def test_a_childs_temporary_folder_is_made_where_its_own_would_be_and_never_nest
     assert env2["TORCHINDUCTOR_CACHE_DIR"] == env["TORCHINDUCTOR_CACHE_DIR"]
     assert procs.private_tmp_env({"TMPDIR": str(tmp_path / "missing")}) == ({"TMPDIR": str(tmp_path / "missing")},
                                                                             None)  # left as it would have been
+    deep = tmp_path / ("d" * max(1, 48 - len(str(tmp_path))))  # 48 bytes: a socket in a folder in it would not fit
+    deep.mkdir()
+    assert len(str(deep)) >= 47 and procs.private_tmp_env({"TMPDIR": str(deep)}) == ({"TMPDIR": str(deep)}, None)
+    assert not any(deep.iterdir())

@@ -254,14 +254,19 @@ def _served_run(ctx: ahead.Context):
     def work():
         port = server_process.free_port()
         url = f"http://127.0.0.1:{port}"
+        (root / "tmp").mkdir()  # the user's server's temporary files (vLLM leaves sockets there) kept in the test's
         with open(root / "user-server.log", "wb") as log:
-            user = ctx.popen(["env", *ON_CPU, sys.executable, "-m", server_process.__name__, str(model), *USER_SERVER,
+            user = ctx.popen(["env", *ON_CPU, f"TMPDIR={root / 'tmp'}", sys.executable, "-m", server_process.__name__,
+                              str(model), *USER_SERVER,
                               "--host", "127.0.0.1", "--port", str(port)], stdin=subprocess.DEVNULL, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
+        mine = {"TMPDIR": str(root / "t")}  # the run's temporary folder: what its cells leave there
+        (root / "t").mkdir()
         try:
-            first = ctx.run(cli(*served_args(model, tasks, out, *served, "--single-cell")))
+            first = ctx.run(cli(*served_args(model, tasks, out, *served, "--single-cell")), env=mine)
             ready = _healthy(url, user)
-            second = ctx.run(cli(*served_args(model, tasks, out, *served, "--cell", f"prod=server:fp32:url={url}/v1")))
+            second = ctx.run(cli(*served_args(model, tasks, out, *served, "--cell", f"prod=server:fp32:url={url}/v1")),
+                             env=mine)
         finally:
             _stop_group(user)
         return out, first, ready, second, url
@@ -306,6 +311,11 @@ def test_served_cells_score_as_the_in_process_vllm_cell(served_run, tiny_run, ti
     assert started["server"]["argv"][:3] == ["vllm", "serve", str(tiny_model)]
     assert "--dtype" in started["server"]["argv"] and started["server"]["dtype"] == "float32 (vllm serve --dtype)"
     assert given["server"]["form"] == "the user's (nothing started)" and given["server"]["version"] == version
+    # the server evalparity started left its sockets and rendezvous file (8 files, session 33) in a folder of its
+    # own, removed with it: the run's temporary folder holds nothing but torch's compile cache (its default)
+    if procs.tmp_fits(str(out.parent / "t")):  # with pytest's base folder as deep as in CI (/tmp/pytest-of-...)
+        left = [p.name for p in (out.parent / "t").iterdir()]
+        assert all(name.startswith("torchinductor_") for name in left), left
     assert given["server"]["url"] == url and given["server"]["served_model"] == "tiny"
     assert "declared by the user" in given["server"]["dtype"] and "argv" not in given["server"]
     for s in (started, given):
