@@ -317,7 +317,7 @@ def cell_meta(spec: RunSpec, cell: CellSpec, model_path: str, backend, args: dic
                   "model": cell.model or spec.model, "interpreter": interpreter(),
                   "model_path": model_path, "spec_identity": spec.identity(),
                   "run_cells": [c.name for c in spec.cells],  # records.verify_run: none taken out of the spec later
-                  "model_fingerprint": (spec.model_fingerprint or {}).get("digest"),
+                  "model_fingerprint": spec.model_digest,
                   "device": spec.device, "device_name": device_name(spec.device), "versions": versions(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "pid": os.getpid(),
                   "host": platform.node(), "placement": placement_meta(spec, cell), "model_args": args}

@@ -136,9 +136,9 @@ def private_tmp_env(env: dict[str, str] | None) -> tuple[dict[str, str], str | N
     The engines leave files in the temporary folder and never remove them (vLLM 0.32's ``vllm serve``: ZMQ
     sockets and a ``vllm_dist_<hex>`` rendezvous file, 8 files per managed server measured on a CPU; its
     multi-process paths use the same folder): they were left in /tmp, outside the output folder. The folder is
-    removed with the child
-    (``ended``, ``kill_all``), or, where no exit path of this process runs (it was killed by SIGKILL, or it
-    is a Ray worker whose task Ray cancelled), by the child's guard (``_GUARD``) once it has killed the child.
+    removed with the child (``ended``, ``kill_all``), or, where no exit path of this process runs (it was
+    killed by SIGKILL, or it is a Ray worker whose task Ray cancelled), by the child's guard (``_GUARD``) once
+    it has killed the child.
 
     The folder is made in the temporary folder the child would have had (``env``'s ``TMPDIR``: a cell's
     ``env.TMPDIR=`` is honoured), or, for a child of a child (a cell's served model), beside its parent's

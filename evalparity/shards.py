@@ -87,6 +87,16 @@ def _short(value: object) -> str:
     return json.dumps(value, sort_keys=True, default=str)[:120]
 
 
+def verify_finished(spec: RunSpec, cell: CellSpec, parts: list[tuple[Path, dict]]) -> None:
+    """Each of ``cell``'s parts to be merged (folder, its place: ``records.verify_part``) verified, and
+    finished: a resume merges parts that an earlier process published. One-line refusal otherwise."""
+    identity = spec.identity()
+    for folder, place in parts:
+        if records.verify_part(folder, identity, cell, spec.model_digest, place) is None:
+            raise EvalParityError(f"{folder}: this part of {cell.name} has not finished: rerun the same command to "
+                                  "score it")
+
+
 def stage_merged(run_dir: Path, cell: str, dirs: list[Path], parts: str = "shards", folder: str = CELLS):
     """The merged table of the unit folders ``dirs`` written into the temp folder of the unit ``cell`` (in
     ``folder``) and sealed, ready for its record and publish: (temp folder, table, seal, the parts' records).
@@ -121,12 +131,8 @@ def merge(run_dir: Path, spec: RunSpec, cell: CellSpec) -> dict:
     """Write and publish ``cells/<cell>`` from its finished shards, each verified as a part of the cell
     (``records.verify_part``: a resumed run merges shards an earlier attempt published); return its cell.json."""
     dirs = shard_dirs(run_dir, cell)
-    fingerprint = (spec.model_fingerprint or {}).get("digest")
-    for k, d in enumerate(dirs):
-        place = {"shard": {"index": k, "of": cell.shards}, "round": None}
-        if records.verify_part(d, spec.identity(), cell, fingerprint, place) is None:
-            raise EvalParityError(f"{d}: shard {k + 1} of {cell.shards} of {cell.name} has not finished: rerun the "
-                                  "same command to score it")
+    verify_finished(spec, cell, [(d, {"shard": {"index": k, "of": cell.shards}, "round": None})
+                                 for k, d in enumerate(dirs)])
     out, table, seal, metas = stage_merged(run_dir, cell.name, dirs)
     layout.log_file(out).write_text("".join(f"shard {k}: {layout.log_file(d).relative_to(run_dir)}\n"
                                           for k, d in enumerate(dirs)))

@@ -174,6 +174,12 @@ class RunSpec:
         d["pythons"] = [list(x) for x in self.pythons]
         return d
 
+    @property
+    def model_digest(self) -> str | None:
+        """The digest of the model's fingerprint (``model_fingerprint``), as every cell records it; None for a
+        model that has none (a hub id resolved nowhere, a synthetic spec)."""
+        return (self.model_fingerprint or {}).get("digest")
+
     def identity(self) -> str:
         """A hash of what the results depend on: the same identity means the same experiment. The cells
         are left out so that a rerun may add cells to a run directory; the repeat cells' settings are

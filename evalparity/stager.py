@@ -37,7 +37,7 @@ from evalparity.errors import EvalParityError
 from evalparity.rundir import layout, records, rounds, units
 from evalparity.rundir.records import STATUS_FAILED, STATUS_OK
 from evalparity.rundir.reuse import Source
-from evalparity.shards import aggregate, check_one_cell, stage_merged
+from evalparity.shards import aggregate, check_one_cell, stage_merged, verify_finished
 from evalparity.spec import CellSpec, RunSpec
 from evalparity.staging import StagingPlan
 
@@ -59,12 +59,11 @@ def read_parts(run_dir: Path, spec: RunSpec, upto: int) -> tuple[dict[str, pd.Da
     after round ``upto`` reads. A part is verified (record, identity, seal) like a cell."""
     tables, metas = {}, {}
     identity = spec.identity()
-    fingerprint = (spec.model_fingerprint or {}).get("digest")
     for cell in spec.cells:
         parts, seen = [], []
         for r in range(upto + 1):
             folder = rounds.part_dir(run_dir, cell.name, r)
-            rec = records.verify_part(folder, identity, cell, fingerprint, {"round": r, "shard": None})
+            rec = records.verify_part(folder, identity, cell, spec.model_digest, {"round": r, "shard": None})
             if rec is None:
                 break
             parts.append(samples.read_table(layout.table(folder)))
@@ -95,9 +94,10 @@ def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, side_by
     share is in: each verified as a part is (of this cell, round, spec and model, its table the one it
     sealed, the replica it says) and to hold exactly its share of the round's docs
     (``RoundRequest.replica_share``); the replicas must agree on what makes a cell's numbers
-    (``shards.check_one_cell``: device, versions, precision, interpreter). Merged into one table, recorded like an
-    unsharded part (timings: the slowest replica's when they ran ``side_by_side``, else their sum) and
-    published with one rename. Whether the cell's part is in (a cell with one replica publishes it itself)."""
+    (``shards.check_one_cell``: device, versions, precision, interpreter, provenance). Merged into one
+    table, recorded like an unsharded part (timings: the slowest replica's when they ran ``side_by_side``,
+    else their sum) and published with one rename. Whether the cell's part is in (a cell with one replica
+    publishes it itself)."""
     if has_part(run_dir, spec, cell.name, r):
         return True
     n = cell.shards
@@ -107,12 +107,11 @@ def merge_replicas(run_dir: Path, spec: RunSpec, cell: CellSpec, r: int, side_by
     if request is None:
         return False
     dirs = [rounds.replica_part_dir(run_dir, cell.name, r, k, n) for k in range(n)]
-    fingerprint = (spec.model_fingerprint or {}).get("digest")
     metas = []
     for k, folder in enumerate(dirs):
         fix = f"remove {folder} and rerun the same command to score that share again"
         place = {"round": r, "shard": {"index": k, "of": n}}
-        if records.verify_part(folder, spec.identity(), cell, fingerprint, place) is None:
+        if records.verify_part(folder, spec.identity(), cell, spec.model_digest, place) is None:
             return False
         metas.append(units.read_cell_json(folder) or {})
         rows = samples.read_table(layout.table(folder))
@@ -175,11 +174,7 @@ def merge_parts(run_dir: Path, spec: RunSpec, cell, n_rounds: int, wall: float) 
     unstaged cell's, a record whose timings are the parts' (load once, evaluation summed). Each part verified
     again as it is merged (a resume merges parts that an earlier process published)."""
     dirs = [rounds.part_dir(run_dir, cell.name, r) for r in range(n_rounds)]
-    fingerprint = (spec.model_fingerprint or {}).get("digest")
-    for r, d in enumerate(dirs):
-        if records.verify_part(d, spec.identity(), cell, fingerprint, {"round": r, "shard": None}) is None:
-            raise EvalParityError(f"{d}: {cell.name}'s part of round {r + 1} has not finished: rerun the same "
-                                  "command to score it")
+    verify_finished(spec, cell, [(d, {"round": r, "shard": None}) for r, d in enumerate(dirs)])
     out, table, seal, metas = stage_merged(run_dir, cell.name, dirs, "rounds")
     homes = [layout.log_file(units.tmp_dir(run_dir, rounds.replica_name(cell.name, k, cell.shards), STAGES))
              for k in range(cell.shards)]

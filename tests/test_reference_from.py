@@ -108,7 +108,7 @@ def put_cell(run: Path, spec: RunSpec, name: str, table: pd.DataFrame, folder: s
     tmp.mkdir(parents=True, exist_ok=True)
     write_table(table, layout.table(tmp))
     versions = dict(spec.software)
-    write_cell_record(tmp, spec, name, len(table), model_fingerprint=(spec.model_fingerprint or {}).get("digest"),
+    write_cell_record(tmp, spec, name, len(table), model_fingerprint=spec.model_digest,
                       versions=versions,
                       started="2026-01-01T10:00:00+0000", finished="2026-01-01T10:05:00+0000", load_s=3.0, **extra)
     units.publish(run, unit, "ok", folder)

@@ -384,7 +384,7 @@ def _spec_of(run_dir: Path) -> tuple[str, dict, str, list[str], dict[str, CellSp
         data = check_spec(spec_path)
         spec = RunSpec.from_json(data)
         entries = {c.name: c for c in spec.cells}
-        return "run", data, spec.identity(), list(entries), entries, (spec.model_fingerprint or {}).get("digest")
+        return "run", data, spec.identity(), list(entries), entries, spec.model_digest
     if compare_path.exists():
         data = check_compare_json(compare_path, "rerun the same `evalparity compare` into a new --out")
         return ("compare", data, compare_identity(data["inputs"], data["names"]), list(data["names"]),

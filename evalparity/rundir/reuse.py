@@ -137,7 +137,7 @@ class Source:
             "batch_size": entry.batch_size, "tag": entry.tag, "tf32": entry.tf32, "base_cell": entry.base_name,
             "variant": entry.variant(), "spec_identity": spec.identity(),
             "run_cells": [c.name for c in spec.cells],  # this run's cells, not the source's (records.verify_run)
-            "model_fingerprint": (spec.model_fingerprint or {}).get("digest"), "table": seal.to_json(),
+            "model_fingerprint": spec.model_digest, "table": seal.to_json(),
             "n_rows": int(n_rows), "aggregate": aggregate, "reused_from": self.reused_from()} | extra
 
     def check_published(self, folder: Path) -> None:
